@@ -1,0 +1,60 @@
+"""The project's own errors, one module for all layers."""
+
+from __future__ import annotations
+
+
+class VmcpError(Exception):
+    """Base of every error raised by vmcp-actors."""
+
+
+class ConfigError(VmcpError):
+    """The config file is invalid; ``errors`` holds one ``path: message`` line per problem."""
+
+    def __init__(self, errors: list[str] | tuple[str, ...]):
+        self.errors = tuple(errors)
+        super().__init__("invalid config:\n" + "\n".join(f"  {e}" for e in self.errors))
+
+
+class BackendError(VmcpError):
+    """A backend exchange failed.
+
+    The message names the backend, never its URL: these messages may reach MCP clients.
+    """
+
+    def __init__(self, backend: str, message: str):
+        self.backend = backend
+        super().__init__(message)
+
+
+class BackendTimeout(BackendError):
+    """The backend did not answer within its configured timeout."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend could not be reached (connection refused, reset, DNS)."""
+
+
+class BackendHTTPError(BackendError):
+    """The backend answered with an unexpected HTTP status."""
+
+    def __init__(self, backend: str, message: str, status: int):
+        self.status = status
+        super().__init__(backend, message)
+
+
+class BackendSessionExpired(BackendHTTPError):
+    """The backend answered 404 to our session id: it restarted or forgot us."""
+
+
+class BackendProtocolError(BackendError):
+    """The backend's answer is not valid MCP over streamable HTTP."""
+
+
+class BackendRpcError(BackendError):
+    """The backend answered with a JSON-RPC error object."""
+
+    def __init__(self, backend: str, code: int, message: str, data: object = None):
+        self.code = code
+        self.rpc_message = message
+        self.data = data
+        super().__init__(backend, f"backend {backend!r} answered error {code}: {message}")
