@@ -17,13 +17,18 @@ REQUEST_TIMEOUT = -32001
 
 
 class JsonRpcError(Exception):
-    """An error that becomes a JSON-RPC error object for the client."""
+    """An error that becomes a JSON-RPC error object for the client.
 
-    def __init__(self, code: int, message: str, data: Any = None):
+    ``http_status`` is the status of the HTTP answer that carries it: 200 for ordinary
+    method errors, 4xx/5xx where the transport rules call for one.
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None, *, http_status: int = 200):
         super().__init__(message)
         self.code = code
         self.message = message
         self.data = data
+        self.http_status = http_status
 
     def to_dict(self) -> dict[str, Any]:
         error: dict[str, Any] = {"code": self.code, "message": self.message}

@@ -1,0 +1,15 @@
+"""The backend edge: one BackendConnection actor per backend per session."""
+
+from vmcp_actors.backends._actor import BackendConnection
+from vmcp_actors.backends._http import McpHttpClient, PostResult
+from vmcp_actors.backends._models import BackendCapabilities, ConnectionSnapshot, ConnectionState, Handshake
+
+__all__ = [
+    "BackendCapabilities",
+    "BackendConnection",
+    "ConnectionSnapshot",
+    "ConnectionState",
+    "Handshake",
+    "McpHttpClient",
+    "PostResult",
+]

@@ -1,0 +1,439 @@
+"""MCP streamable HTTP, client side: one thread-safe HTTP client per backend.
+
+The client holds no MCP session state: the BackendConnection actor owns the session id and
+the negotiated protocol version and passes them to every call. Many threads call
+``McpHttpClient.post`` at once on the same instance, so nothing per call lives on ``self``.
+
+Error messages name the backend, never its URL nor any header value: they may reach MCP
+clients. Logs never carry the URL, header values (tokens) or the session id either; failures
+are logged by exception class name only, because requests' messages embed the URL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+import urllib3.exceptions
+from requests.adapters import HTTPAdapter
+from requests.structures import CaseInsensitiveDict
+
+from vmcp_actors.exceptions import (
+    BackendError,
+    BackendHTTPError,
+    BackendProtocolError,
+    BackendSessionExpired,
+    BackendTimeout,
+    BackendUnavailable,
+)
+from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from vmcp_actors.protocol.sse import iter_sse_events
+
+logger = logging.getLogger(__name__)
+
+_JSON = "application/json"
+_SSE = "text/event-stream"
+_ACCEPT = f"{_JSON}, {_SSE}"
+
+# Largest read from the socket at once. read1() returns what has arrived (up to this), so
+# SSE events are handed over as soon as they arrive, whatever their size.
+_CHUNK = 64 * 1024
+# How much of a body we read only to let the connection go back to the pool (202 answers,
+# the tail of an answered SSE stream); beyond it the connection is dropped instead.
+_DRAIN_LIMIT = 64 * 1024
+# How long we wait for a backend to end an SSE stream after it sent our response (it
+# SHOULD end it at once); ending it lets the keep-alive connection be reused.
+_DRAIN_GRACE = 0.05
+# Body prefix read for the DEBUG log of an unexpected HTTP status.
+_ERROR_BODY_PREFIX = 200
+
+
+@dataclass(frozen=True)
+class PostResult:
+    status: int
+    """HTTP status (200 or 202)."""
+    session_id: str | None
+    """The ``Mcp-Session-Id`` response header, if any."""
+    message: dict | None
+    """The JSON-RPC response (``result`` or ``error``) to a request; None for a 202."""
+
+
+def _exc_chain(exc: BaseException) -> str:
+    """Class names of an exception and its causes: safe to log (no URL, no header value)."""
+    names: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(names) < 6:
+        seen.add(id(current))
+        names.append(type(current).__name__)
+        nxt = getattr(current, "reason", None)  # urllib3 MaxRetryError
+        if not isinstance(nxt, BaseException):
+            nxt = current.args[0] if current.args and isinstance(current.args[0], BaseException) else None
+        current = nxt or current.__cause__ or current.__context__
+    return "/".join(names)
+
+
+def _media_type(resp: requests.Response) -> str:
+    return resp.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+
+
+def _same_id(a: Any, b: Any) -> bool:
+    # JSON-RPC ids are strings or integers; True == 1 in Python but not in JSON-RPC.
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Lines of a byte stream without terminators (CR, LF or CRLF, even across chunks).
+
+    Partial lines are kept as a list of parts, so a multi-megabyte data line arriving in
+    many chunks is joined once, not copied once per chunk.
+    """
+    parts: list[bytes] = []
+    skip_lf = False
+    for chunk in chunks:
+        if skip_lf:
+            skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+        if not chunk:
+            continue
+        lines = chunk.splitlines()
+        terminated = chunk[-1] in (0x0A, 0x0D)
+        tail = b"" if terminated else lines.pop()
+        if lines:
+            if parts:
+                parts.append(lines[0])
+                lines[0] = b"".join(parts)
+                parts = []
+            yield from lines
+        if terminated:
+            skip_lf = chunk[-1] == 0x0D
+        else:
+            parts.append(tail)
+    if parts:
+        yield b"".join(parts)
+
+
+class McpHttpClient:
+    """MCP streamable HTTP exchanges with one backend; thread-safe, no per-call state."""
+
+    def __init__(
+        self,
+        backend_name: str,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        http: requests.Session | None = None,
+        pool_size: int = 64,
+    ):
+        self._name = backend_name
+        self._url = url
+        self._static_headers = dict(headers or {})
+        self._owns_http = http is None
+        if http is None:
+            http = requests.Session()
+            adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size)
+            http.mount("http://", adapter)
+            http.mount("https://", adapter)
+        self._http = http
+
+    def __repr__(self) -> str:  # never the URL nor the headers
+        return f"McpHttpClient(backend={self._name!r})"
+
+    @property
+    def backend_name(self) -> str:
+        return self._name
+
+    # ------------------------------------------------------------------ public API
+
+    def post(
+        self,
+        message: dict,
+        *,
+        session_id: str | None,
+        protocol_version: str | None,
+        timeout: float,
+        on_notification: Callable[[dict], None] | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> PostResult:
+        """POST one JSON-RPC message; for a request, return its response.
+
+        ``timeout`` bounds the whole exchange, SSE stream included. A JSON-RPC error
+        response is returned, not raised. Raises a BackendError subclass otherwise.
+        """
+        deadline = time.monotonic() + timeout
+        is_request = "method" in message and "id" in message
+        headers = self._headers(session_id, protocol_version, extra_headers)
+        headers["Content-Type"] = _JSON
+        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        resp = self._send("POST", headers, body, deadline, timeout)
+        try:
+            self._check_status(resp, session_id, deadline, timeout)
+            new_session = resp.headers.get(SESSION_HEADER)
+            if not is_request:
+                self._drain(resp, deadline, timeout)
+                return PostResult(resp.status_code, new_session, None)
+            if resp.status_code in (202, 204):
+                raise BackendProtocolError(
+                    self._name, f"backend {self._name!r} answered HTTP {resp.status_code} to a request"
+                )
+            media = _media_type(resp)
+            if media == _JSON:
+                answer = self._read_json(resp, message["id"], deadline, timeout)
+            elif media == _SSE:
+                answer = self._read_sse(resp, message["id"], deadline, timeout, on_notification)
+            else:
+                raise BackendProtocolError(
+                    self._name, f"backend {self._name!r} answered with unexpected content type {media!r}"
+                )
+            return PostResult(resp.status_code, new_session, answer)
+        finally:
+            resp.close()
+
+    def delete_session(self, session_id: str, *, protocol_version: str | None, timeout: float) -> None:
+        """End a backend session (HTTP DELETE), best effort: every failure is swallowed."""
+        deadline = time.monotonic() + timeout
+        try:
+            resp = self._send("DELETE", self._headers(session_id, protocol_version, None), None, deadline, timeout)
+            try:
+                logger.debug("backend %r answered HTTP %d to the session DELETE", self._name, resp.status_code)
+                if 200 <= resp.status_code < 300:
+                    self._drain(resp, deadline, timeout)
+            finally:
+                resp.close()
+        except Exception as exc:  # best effort by contract
+            logger.debug("deleting the session on backend %r failed: %s", self._name, _exc_chain(exc))
+
+    def close(self) -> None:
+        """Close the pooled connections (only when this client created the requests.Session)."""
+        if self._owns_http:
+            self._http.close()
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _headers(
+        self, session_id: str | None, protocol_version: str | None, extra: Mapping[str, str] | None
+    ) -> CaseInsensitiveDict:
+        headers: CaseInsensitiveDict = CaseInsensitiveDict()
+        headers.update(self._static_headers)
+        if extra:
+            headers.update(extra)
+        # Transport headers last: static or extra headers cannot clobber them.
+        headers["Accept"] = _ACCEPT
+        if session_id is not None:
+            headers[SESSION_HEADER] = session_id
+        else:
+            headers.pop(SESSION_HEADER, None)
+        if protocol_version is not None:
+            headers[PROTOCOL_VERSION_HEADER] = protocol_version
+        return headers
+
+    def _remaining(self, deadline: float, timeout: float) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._timeout_error(timeout)
+        return remaining
+
+    def _timeout_error(self, timeout: float) -> BackendTimeout:
+        return BackendTimeout(self._name, f"backend {self._name!r} did not answer within {timeout:g}s")
+
+    def _send(
+        self, method: str, headers: CaseInsensitiveDict, body: bytes | None, deadline: float, timeout: float
+    ) -> requests.Response:
+        remaining = self._remaining(deadline, timeout)
+        try:
+            return self._http.request(
+                method,
+                self._url,
+                data=body,
+                headers=headers,
+                timeout=(remaining, remaining),
+                stream=True,
+                # A redirect would replay our headers (tokens) to wherever it points.
+                allow_redirects=False,
+            )
+        except Exception as exc:
+            # `from None`: requests' messages carry the URL; keep it out of tracebacks.
+            raise self._map_exception(exc, timeout) from None
+
+    def _map_exception(self, exc: Exception, timeout: float) -> Exception:
+        """Translate a requests/urllib3 failure; other exceptions pass through unchanged."""
+        if isinstance(exc, BackendError):
+            return exc
+        logger.debug("exchange with backend %r failed: %s", self._name, _exc_chain(exc))
+        if isinstance(exc, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)):
+            return self._timeout_error(timeout)
+        if isinstance(exc, (requests.exceptions.ContentDecodingError, urllib3.exceptions.DecodeError)):
+            return BackendProtocolError(self._name, f"backend {self._name!r} sent a body that cannot be decoded")
+        if isinstance(
+            exc,
+            (
+                requests.exceptions.ConnectionError,
+                requests.exceptions.ChunkedEncodingError,
+                urllib3.exceptions.HTTPError,
+                OSError,
+            ),
+        ):
+            return BackendUnavailable(self._name, f"backend {self._name!r} is unreachable")
+        if isinstance(exc, requests.exceptions.RequestException):
+            return BackendError(self._name, f"backend {self._name!r} request failed ({type(exc).__name__})")
+        return exc
+
+    def _check_status(
+        self, resp: requests.Response, session_id: str | None, deadline: float, timeout: float
+    ) -> None:
+        status = resp.status_code
+        if 200 <= status < 300:
+            return
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "backend %r answered HTTP %d; body starts %r",
+                self._name,
+                status,
+                self._body_prefix(resp, deadline),
+            )
+        if status == 404 and session_id is not None:
+            raise BackendSessionExpired(
+                self._name, f"backend {self._name!r} no longer knows our session (HTTP 404)", status=404
+            )
+        raise BackendHTTPError(self._name, f"backend {self._name!r} answered HTTP {status}", status=status)
+
+    def _body_prefix(self, resp: requests.Response, deadline: float) -> bytes:
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return b""
+            self._set_read_timeout(resp, min(remaining, 1.0))
+            read1 = getattr(resp.raw, "read1", None)
+            if read1 is not None:
+                return read1(_ERROR_BODY_PREFIX, decode_content=True) or b""
+            return next(resp.iter_content(_ERROR_BODY_PREFIX), b"")
+        except Exception:
+            return b""
+
+    # ------------------------------------------------------------------ bodies
+
+    @staticmethod
+    def _set_read_timeout(resp: requests.Response, seconds: float) -> None:
+        # Narrow the socket timeout to what is left of the deadline, so one stalled read
+        # cannot overrun it. urllib3 resets the timeout when it reuses the connection.
+        sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.settimeout(max(seconds, 0.001))
+            except OSError:
+                pass
+
+    def _iter_chunks(self, resp: requests.Response, deadline: float, timeout: float) -> Iterator[bytes]:
+        """Body bytes as they arrive, checking the deadline before every read."""
+        try:
+            read1 = getattr(resp.raw, "read1", None)
+            if read1 is None:  # not a urllib3 2 response: blocks until a chunk is full
+                for chunk in resp.iter_content(_CHUNK):
+                    self._remaining(deadline, timeout)
+                    yield chunk
+                return
+            while True:
+                self._set_read_timeout(resp, self._remaining(deadline, timeout))
+                chunk = read1(_CHUNK, decode_content=True)
+                if not chunk:
+                    return
+                yield chunk
+        except Exception as exc:
+            raise self._map_exception(exc, timeout) from None
+
+    def _drain(self, resp: requests.Response, deadline: float, timeout: float) -> None:
+        """Read a short body to its end so the connection returns to the pool."""
+        read = 0
+        try:
+            for chunk in self._iter_chunks(resp, deadline, timeout):
+                read += len(chunk)
+                if read > _DRAIN_LIMIT:
+                    return  # resp.close() drops the connection instead
+        except BackendError:
+            pass
+
+    def _read_json(self, resp: requests.Response, request_id: Any, deadline: float, timeout: float) -> dict:
+        body = b"".join(self._iter_chunks(resp, deadline, timeout))
+        msg = self._parse(body)
+        answer = self._as_answer(msg, request_id)
+        if answer is None:
+            raise BackendProtocolError(
+                self._name, f"backend {self._name!r} answered with something else than the response to our request"
+            )
+        return answer
+
+    def _read_sse(
+        self,
+        resp: requests.Response,
+        request_id: Any,
+        deadline: float,
+        timeout: float,
+        on_notification: Callable[[dict], None] | None,
+    ) -> dict:
+        try:
+            for event in iter_sse_events(_split_lines(self._iter_chunks(resp, deadline, timeout))):
+                if not event.data.strip():
+                    continue  # priming event (carries only an event id) or keep-alive
+                msg = self._parse(event.data)
+                answer = self._as_answer(msg, request_id)
+                if answer is not None:
+                    self._finish_stream(resp, deadline)
+                    return answer
+                self._dispatch(msg, on_notification)
+                self._remaining(deadline, timeout)  # the callback may have taken a while
+        except UnicodeDecodeError:
+            raise BackendProtocolError(self._name, f"backend {self._name!r} sent an event that is not UTF-8") from None
+        raise BackendProtocolError(
+            self._name, f"backend {self._name!r} ended the event stream without answering the request"
+        )
+
+    def _finish_stream(self, resp: requests.Response, deadline: float) -> None:
+        """Briefly wait for the end of an answered stream, to keep the connection alive."""
+        if getattr(resp.raw, "connection", None) is None or not hasattr(resp.raw, "read1"):
+            return
+        grace_deadline = min(deadline, time.monotonic() + _DRAIN_GRACE)
+        self._drain(resp, grace_deadline, _DRAIN_GRACE)
+
+    # ------------------------------------------------------------------ messages
+
+    def _parse(self, data: bytes | str) -> dict:
+        try:
+            msg = json.loads(data)
+        except ValueError:  # includes UnicodeDecodeError
+            raise BackendProtocolError(self._name, f"backend {self._name!r} sent invalid JSON") from None
+        if not isinstance(msg, dict):
+            raise BackendProtocolError(self._name, f"backend {self._name!r} sent a JSON-RPC batch or a non-object")
+        return msg
+
+    def _as_answer(self, msg: dict, request_id: Any) -> dict | None:
+        """``msg`` if it is the response to our request, else None."""
+        if "method" in msg or ("result" not in msg and "error" not in msg):
+            return None
+        msg_id = msg.get("id")
+        if _same_id(msg_id, request_id):
+            return msg
+        if msg_id is None and "error" in msg:
+            # An error the backend could not tie to an id (e.g. it failed to parse our
+            # body): one request per POST, so it is ours. Give it our id back.
+            logger.debug("backend %r answered an error with a null id", self._name)
+            return {**msg, "id": request_id}
+        return None
+
+    def _dispatch(self, msg: dict, on_notification: Callable[[dict], None] | None) -> None:
+        method = msg.get("method")
+        if method is None:
+            logger.debug("backend %r sent a response for another request id; skipped", self._name)
+        elif "id" in msg:
+            logger.warning(
+                "backend %r sent a server-to-client request %r, which is not supported yet; skipped",
+                self._name,
+                method,
+            )
+        elif on_notification is not None:
+            on_notification(msg)

@@ -1,0 +1,105 @@
+"""The loaded config: frozen dataclasses, safe to pass between actors as messages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+DEFAULT_TRANSPORT = "streamable-http"
+DEFAULT_PREFIX_FORMAT = "{workload}_"
+WORKLOAD_PLACEHOLDER = "{workload}"
+
+
+def _freeze_mapping(obj: object, attr: str) -> None:
+    # Copy as well as wrap, so that a caller mutating its own dict cannot change the config.
+    object.__setattr__(obj, attr, MappingProxyType(dict(getattr(obj, attr))))
+
+
+def _freeze_sequence(obj: object, attr: str) -> None:
+    value: Iterable = getattr(obj, attr)
+    object.__setattr__(obj, attr, tuple(value))
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """One MCP server behind the gateway; ``name`` becomes its tools' prefix."""
+
+    name: str
+    url: str
+    transport: str = DEFAULT_TRANSPORT
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """How the backends' tools are merged into one list."""
+
+    conflict_resolution: str = "prefix"
+    prefix_format: str = DEFAULT_PREFIX_FORMAT
+
+    def prefix_for(self, workload: str) -> str:
+        """The prefix that ``prefix_format`` gives the tools of backend ``workload``."""
+        return self.prefix_format.replace(WORKLOAD_PLACEHOLDER, workload)
+
+
+@dataclass(frozen=True)
+class TimeoutsConfig:
+    """Seconds to wait for a backend's answer; ``per_workload`` overrides ``default`` by name."""
+
+    default: float = 30.0
+    # Left out of the hash: a mapping proxy is not hashable, and equal configs still hash equal.
+    per_workload: Mapping[str, float] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        _freeze_mapping(self, "per_workload")
+
+    def for_backend(self, name: str) -> float:
+        return self.per_workload.get(name, self.default)
+
+
+@dataclass(frozen=True)
+class OperationalConfig:
+    """Timeouts and limits of the running gateway."""
+
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    session_ttl: float = 1800.0
+    page_size: int = 100
+    max_request_body_bytes: int = 4 * 1024 * 1024
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "allowed_hosts")
+        _freeze_sequence(self, "allowed_origins")
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    """``token_env`` is the NAME of the env var holding the admin token, never the token."""
+
+    token_env: str | None = None
+
+
+@dataclass(frozen=True)
+class IncomingAuthConfig:
+    """How MCP clients authenticate to the gateway."""
+
+    type: str = "anonymous"
+
+
+@dataclass(frozen=True)
+class VmcpConfig:
+    """A whole virtual MCP server: its name, its backends and how they are served."""
+
+    name: str
+    backends: tuple[BackendConfig, ...]
+    incoming_auth: IncomingAuthConfig = field(default_factory=IncomingAuthConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    operational: OperationalConfig = field(default_factory=OperationalConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "backends")
+
+    def backend(self, name: str) -> BackendConfig | None:
+        return next((b for b in self.backends if b.name == name), None)

@@ -1,0 +1,26 @@
+"""Sessions: the SessionActor, aggregation into a catalog, and the core capability interface."""
+
+from vmcp_actors.sessions._actor import SessionActor, discovery_timeout
+from vmcp_actors.sessions._aggregation import Catalog, Route, advertised_name, build_catalog
+from vmcp_actors.sessions._capabilities import AggregatedBackends, Capabilities, NoBackendsAvailable, to_jsonrpc_error
+from vmcp_actors.sessions._dispatch import McpDispatcher
+from vmcp_actors.sessions._relay import Relay, RelayEvent
+from vmcp_actors.sessions._uri_template import compile_uri_template, uri_matches_template
+
+__all__ = [
+    "AggregatedBackends",
+    "Capabilities",
+    "Catalog",
+    "McpDispatcher",
+    "NoBackendsAvailable",
+    "Relay",
+    "RelayEvent",
+    "Route",
+    "SessionActor",
+    "advertised_name",
+    "build_catalog",
+    "compile_uri_template",
+    "discovery_timeout",
+    "to_jsonrpc_error",
+    "uri_matches_template",
+]

@@ -1,0 +1,107 @@
+"""MCP methods for an established session: parameter checks, pagination, routing.
+
+The web layer hands each JSON-RPC request here and writes out the Relay's events.
+``initialize`` is not here: it creates the session, which is the gateway's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
+from vmcp_actors.sessions._capabilities import Capabilities
+from vmcp_actors.sessions._pagination import paginate
+from vmcp_actors.sessions._relay import Relay
+
+LOGGING_LEVELS = frozenset({"debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"})
+
+
+class McpDispatcher:
+    def __init__(self, capabilities: Capabilities, *, page_size: int, request_timeout: float):
+        self._capabilities = capabilities
+        self._page_size = page_size
+        self._request_timeout = request_timeout
+        self._methods: dict[str, Callable[[Identity | None, dict[str, Any], Relay], Any]] = {
+            "ping": lambda identity, params, relay: {},
+            "tools/list": self._list("tools", capabilities.list_tools),
+            "resources/list": self._list("resources", capabilities.list_resources),
+            "resources/templates/list": self._list("resourceTemplates", capabilities.list_resource_templates),
+            "prompts/list": self._list("prompts", capabilities.list_prompts),
+            "tools/call": self._call_tool,
+            "resources/read": self._read_resource,
+            "prompts/get": self._get_prompt,
+            "completion/complete": self._complete,
+            "logging/setLevel": self._set_logging_level,
+        }
+
+    def handle(self, identity: Identity | None, request: Message) -> Relay:
+        handler = self._methods.get(request.method or "")
+        if handler is None:
+            return Relay.failed(request.id, JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}"))
+        params = request.params if request.params is not None else {}
+        relay = Relay(request.id, self._request_timeout)
+        try:
+            if not isinstance(params, dict):
+                raise JsonRpcError(INVALID_PARAMS, "params must be an object")
+            outcome = handler(identity, params, relay)
+        except JsonRpcError as error:
+            return Relay.failed(request.id, error)
+        if isinstance(outcome, dict):
+            return Relay.answered(request.id, outcome)
+        return relay.settle(outcome)
+
+    # -- handlers: return a result dict, or a future of one ----------------------------
+
+    def _list(self, key: str, lister: Callable[[Identity | None], tuple[dict[str, Any], ...]]):
+        def handler(identity: Identity | None, params: dict[str, Any], relay: Relay) -> dict[str, Any]:
+            return paginate(lister(identity), key, params, self._page_size)
+
+        return handler
+
+    def _call_tool(self, identity, params, relay):
+        name = _required_string(params, "name")
+        return self._capabilities.call_tool(
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), relay.notify
+        )
+
+    def _read_resource(self, identity, params, relay):
+        uri = _required_string(params, "uri")
+        return self._capabilities.read_resource(identity, uri, _optional_object(params, "_meta"), relay.notify)
+
+    def _get_prompt(self, identity, params, relay):
+        name = _required_string(params, "name")
+        return self._capabilities.get_prompt(
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), relay.notify
+        )
+
+    def _complete(self, identity, params, relay):
+        ref = params.get("ref")
+        if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
+            raise JsonRpcError(INVALID_PARAMS, "ref must be an object of type ref/prompt or ref/resource")
+        _required_string(ref, "name" if ref["type"] == "ref/prompt" else "uri", where="ref.")
+        argument = params.get("argument")
+        if not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
+            raise JsonRpcError(INVALID_PARAMS, "argument must be an object with a name")
+        return self._capabilities.complete(identity, params)
+
+    def _set_logging_level(self, identity, params, relay):
+        level = params.get("level")
+        if level not in LOGGING_LEVELS:
+            raise JsonRpcError(INVALID_PARAMS, f"level must be one of {', '.join(sorted(LOGGING_LEVELS))}")
+        return self._capabilities.set_logging_level(identity, level)
+
+
+def _required_string(params: dict[str, Any], key: str, where: str = "") -> str:
+    value = params.get(key)
+    if not isinstance(value, str) or not value:
+        raise JsonRpcError(INVALID_PARAMS, f"{where}{key} is required and must be a string")
+    return value
+
+
+def _optional_object(params: dict[str, Any], key: str) -> dict[str, Any] | None:
+    value = params.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise JsonRpcError(INVALID_PARAMS, f"{key} must be an object")
+    return value

@@ -1,0 +1,30 @@
+"""DNS-rebinding protection: the Host and Origin of a request must be ours."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from vmcp_actors.web._runtime import Runtime
+
+
+def _hostname(host_header: str) -> str:
+    if host_header.startswith("["):  # [::1]:4483
+        return host_header[1 : host_header.find("]")].lower()
+    return host_header.rsplit(":", 1)[0].lower() if host_header.count(":") == 1 else host_header.lower()
+
+
+def host_allowed(runtime: Runtime, host_header: str | None) -> bool:
+    if runtime.any_host:
+        return True
+    return bool(host_header) and _hostname(host_header) in runtime.allowed_hosts
+
+
+def origin_allowed(runtime: Runtime, origin: str | None) -> bool:
+    if origin is None:
+        return True  # not a browser request
+    if origin in runtime.config.operational.allowed_origins:
+        return True
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    return runtime.any_host or parts.hostname.lower() in runtime.allowed_hosts

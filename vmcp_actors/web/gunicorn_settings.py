@@ -1,0 +1,38 @@
+"""gunicorn settings for serving the gateway (used by `vmcp-actors serve` and deploy/gunicorn.conf.py).
+
+One worker process with threads: sessions live in that process's actors. Actors must
+start inside the worker (the app factory runs there; never preload), because actors
+started before a fork look alive in the child and never answer.
+"""
+
+from __future__ import annotations
+
+import pykka
+
+worker_class = "gthread"
+workers = 1
+threads = 32
+preload_app = False
+max_requests = 0
+# SSE answers and slow backends hold a thread; gthread keeps them off the accept loop.
+timeout = 120
+graceful_timeout = 5
+keepalive = 5
+
+
+def worker_exit(server, worker):  # noqa: ANN001 - gunicorn hook signature
+    """Stop every actor so SIGTERM ends the worker in a moment, not after graceful_timeout."""
+    pykka.ActorRegistry.stop_all(block=True, timeout=2)
+
+
+SETTINGS = {
+    "worker_class": worker_class,
+    "workers": workers,
+    "threads": threads,
+    "preload_app": preload_app,
+    "max_requests": max_requests,
+    "timeout": timeout,
+    "graceful_timeout": graceful_timeout,
+    "keepalive": keepalive,
+    "worker_exit": worker_exit,
+}

@@ -1,0 +1,172 @@
+"""The MCP endpoint: streamable HTTP, one JSON-RPC message per POST.
+
+Thin on purpose: HTTP and envelope checks, session lookup, identity, forward, then
+write the answer as JSON or SSE. MCP semantics live in the sessions package.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pykka
+from flask import Blueprint, Response, request
+
+from vmcp_actors import __version__
+from vmcp_actors.concurrency import ASK_TIMEOUT
+from vmcp_actors.gateway import short_id
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import (
+    ACCEPTED_PROTOCOL_HEADER_VERSIONS,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    JsonRpcError,
+    encode_sse_event,
+    error_response,
+    negotiate_protocol_version,
+    parse_message,
+    result_response,
+)
+from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from vmcp_actors.sessions import RelayEvent
+from vmcp_actors.web._responses import json_response, rpc_error
+from vmcp_actors.web._runtime import current_runtime
+from vmcp_actors.web._security import host_allowed, origin_allowed
+
+logger = logging.getLogger("vmcp_actors.requests")
+
+bp = Blueprint("mcp", __name__)
+
+# What the gateway implements towards clients, whatever the backends turn out to have.
+SERVER_CAPABILITIES = {
+    "tools": {"listChanged": False},
+    "resources": {"subscribe": False, "listChanged": False},
+    "prompts": {"listChanged": False},
+    "logging": {},
+    "completions": {},
+}
+
+
+class Unavailable(Exception):
+    """The actor system did not answer: the process is shutting down or overloaded."""
+
+
+@bp.before_request
+def protect_from_dns_rebinding() -> Response | None:
+    runtime = current_runtime()
+    if not host_allowed(runtime, request.host) or not origin_allowed(runtime, request.headers.get("Origin")):
+        return rpc_error(403, INVALID_REQUEST, "Forbidden: Host or Origin not allowed")
+    return None
+
+
+@bp.get("/mcp")
+def open_stream() -> Response:
+    response = rpc_error(405, INVALID_REQUEST, "Method Not Allowed: this server offers no standalone SSE stream")
+    response.headers["Allow"] = "POST, DELETE"
+    return response
+
+
+@bp.delete("/mcp")
+def end_session() -> Response:
+    session_id = request.headers.get(SESSION_HEADER)
+    if not session_id:
+        return rpc_error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
+    if not _ask(current_runtime().gateway.end_session(session_id, _identity())):
+        return rpc_error(404, INVALID_REQUEST, "Session not found")
+    return Response(status=200)
+
+
+@bp.post("/mcp")
+def post_message() -> Response:
+    started = time.monotonic()
+    accept = request.accept_mimetypes
+    if "application/json" not in accept or "text/event-stream" not in accept:
+        return rpc_error(406, INVALID_REQUEST, "Not Acceptable: Accept must include application/json and text/event-stream")
+    if request.mimetype != "application/json":
+        return rpc_error(415, INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json")
+    try:
+        message = parse_message(request.get_data(cache=False))
+    except JsonRpcError as error:
+        return json_response(error_response(None, error), 400)
+
+    if message.is_request and message.method == "server/discover":
+        # The stateless revision (2026-07-28) is not served yet: SDK clients in auto mode
+        # take this error as the cue to fall back to initialize.
+        return json_response(error_response(message.id, JsonRpcError(METHOD_NOT_FOUND, "Method not found: server/discover")))
+    header_version = request.headers.get(PROTOCOL_VERSION_HEADER)
+    if header_version is not None and header_version not in ACCEPTED_PROTOCOL_HEADER_VERSIONS:
+        return rpc_error(400, INVALID_REQUEST, f"Bad Request: unsupported {PROTOCOL_VERSION_HEADER}: {header_version[:40]}")
+
+    identity = _identity()
+    try:
+        if message.is_request and message.method == "initialize":
+            return _initialize(message, identity, started)
+        session_id = request.headers.get(SESSION_HEADER)
+        if not session_id:
+            return rpc_error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header", message.id)
+        handle = _ask(current_runtime().gateway.find_session(session_id, identity))
+        if handle is None:
+            return rpc_error(404, INVALID_REQUEST, "Session not found", message.id)
+        if not message.is_request:
+            return Response(status=202)  # notifications and client responses need no answer
+        relay = handle.dispatcher.handle(identity, message)
+        return _write_relay(relay.events(), message.method, session_id, started)
+    except Unavailable:
+        return rpc_error(503, INTERNAL_ERROR, "Service Unavailable: the gateway is shutting down or overloaded", message.id)
+
+
+def _initialize(message: Any, identity: Identity | None, started: float) -> Response:
+    params = message.params if isinstance(message.params, dict) else {}
+    if not isinstance(params.get("protocolVersion"), str):
+        return json_response(error_response(message.id, JsonRpcError(INVALID_PARAMS, "protocolVersion is required")))
+    runtime = current_runtime()
+    version = negotiate_protocol_version(params["protocolVersion"])
+    handle = _ask(runtime.gateway.create_session(identity, version))
+    result = {
+        "protocolVersion": version,
+        "capabilities": SERVER_CAPABILITIES,
+        "serverInfo": {"name": runtime.config.name, "version": __version__},
+    }
+    _log("initialize", handle.session_id, started, 200)
+    return json_response(result_response(message.id, result), headers={SESSION_HEADER: handle.session_id})
+
+
+def _write_relay(events: Iterator[RelayEvent], method: str, session_id: str, started: float) -> Response:
+    first = next(events)
+    if first.final:
+        _log(method, session_id, started, first.http_status)
+        return json_response(first.message, first.http_status)
+
+    def stream() -> Iterator[str]:
+        yield encode_sse_event(first.message)
+        for event in events:
+            yield encode_sse_event(event.message)
+        _log(method, session_id, started, 200, streamed=True)
+
+    return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _identity() -> Identity | None:
+    return None  # incomingAuth anonymous; OIDC identities arrive with a later issue
+
+
+def _ask(future: Any) -> Any:
+    try:
+        return future.get(timeout=ASK_TIMEOUT)
+    except (pykka.ActorDeadError, pykka.Timeout):
+        raise Unavailable() from None
+
+
+def _log(method: str, session_id: str, started: float, status: int, streamed: bool = False) -> None:
+    logger.info(
+        "%s session=%s status=%s%s duration_ms=%.1f",
+        method,
+        short_id(session_id),
+        status,
+        " sse" if streamed else "",
+        (time.monotonic() - started) * 1000,
+    )

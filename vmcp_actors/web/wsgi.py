@@ -1,0 +1,15 @@
+"""WSGI entry for running under a plain `gunicorn` command line.
+
+    VMCP_CONFIG=/etc/vmcp/config.yaml gunicorn -c deploy/gunicorn.conf.py vmcp_actors.web.wsgi:application
+
+The app (and its actors) is built on first import, which gunicorn does in the worker.
+"""
+
+from __future__ import annotations
+
+import os
+
+from vmcp_actors.config import load_config
+from vmcp_actors.web import create_app
+
+application = create_app(load_config(os.environ["VMCP_CONFIG"]), host=os.environ.get("VMCP_HOST", "127.0.0.1"))
