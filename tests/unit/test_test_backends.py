@@ -2,13 +2,21 @@
 
 import asyncio
 import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.backends import (
+# The plain `pytest` entry point does not put the repository root on sys.path, and
+# `tests` is imported as a package from there.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from tests.backends import (  # noqa: E402
     SHARED_README_URI,
     decode_cursor,
     delayed_backend,
@@ -20,7 +28,7 @@ from tests.backends import (
     sdk_backend,
     sse_backend,
 )
-from vmcp_actors.demo._serve import serve_asgi_in_thread
+from vmcp_actors.demo._serve import serve_asgi_in_thread  # noqa: E402
 
 ACCEPT = "application/json, text/event-stream"
 
@@ -351,6 +359,7 @@ def test_sse_backend_streams_progress_log_then_result(started):
     client = RawClient(backend)
     client.initialize()
     assert client.request("tools/list").headers["content-type"].startswith("application/json")
+    request_id = client.next_id
     response = client.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": "tok"}})
     assert response.headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
@@ -358,7 +367,7 @@ def test_sse_backend_streams_progress_log_then_result(started):
         "notifications/progress", "notifications/progress", "notifications/message", None,
     ]
     assert all(e["params"]["progressToken"] == "tok" for e in events[:2])
-    assert events[-1]["id"] == 2 and events[-1]["result"]["content"][0]["text"] == "sse:hi"
+    assert events[-1]["id"] == request_id and events[-1]["result"]["content"][0]["text"] == "sse:hi"
 
 
 def test_sse_backend_via_official_client(started):

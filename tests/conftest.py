@@ -1,0 +1,29 @@
+"""Shared fixtures: every test stops the actors and servers it starts."""
+
+from __future__ import annotations
+
+import pykka
+import pytest
+
+from tests.gateway import GatewayServer
+
+
+@pytest.fixture(autouse=True)
+def stop_all_actors():
+    yield
+    pykka.ActorRegistry.stop_all(block=True, timeout=5)
+
+
+@pytest.fixture
+def start_gateway():
+    """Factory: start the gateway on a real HTTP server for a config mapping; stopped after the test."""
+    started: list[GatewayServer] = []
+
+    def start(config: dict, **kwargs) -> GatewayServer:
+        server = GatewayServer(config, **kwargs).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in reversed(started):
+        server.stop()

@@ -1,0 +1,158 @@
+"""The gateway on a real HTTP server, and small clients for driving it in tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import requests
+from werkzeug.serving import make_server
+
+from vmcp_actors.config import config_from_mapping
+from vmcp_actors.web import create_app, stop_app
+
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def backend_entry(name: str, served: Any) -> dict[str, str]:
+    """A config `backends` entry for a served test backend."""
+    return {"name": name, "url": served.url + "/mcp"}
+
+
+class GatewayServer:
+    """create_app + a threaded werkzeug server on an ephemeral loopback port."""
+
+    def __init__(self, config: dict, host: str = "127.0.0.1"):
+        self.config = config_from_mapping(config)
+        self.host = host
+        self.app = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> GatewayServer:
+        self.app = create_app(self.config, host=self.host)
+        self._server = make_server(self.host, 0, self.app, threaded=True)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gateway-http", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.base + "/mcp"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = None
+        if self.app is not None:
+            stop_app(self.app)
+            self.app = None
+
+    # -- raw protocol helpers ----------------------------------------------------------
+
+    def post(self, message: Any, session_id: str | None = None, headers: dict | None = None, **kwargs) -> requests.Response:
+        sent = dict(MCP_HEADERS)
+        if session_id:
+            sent["Mcp-Session-Id"] = session_id
+        sent.update(headers or {})
+        if isinstance(message, (bytes, str)):
+            return requests.post(self.url, data=message, headers=sent, timeout=30, **kwargs)
+        return requests.post(self.url, json=message, headers=sent, timeout=30, **kwargs)
+
+    def initialize(self, version: str = "2025-11-25") -> str:
+        """Open a session the raw way; returns its id."""
+        response = self.post(
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+             "params": {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+        )
+        response.raise_for_status()
+        session_id = response.headers["Mcp-Session-Id"]
+        self.post({"jsonrpc": "2.0", "method": "notifications/initialized"}, session_id)
+        return session_id
+
+    def rpc(self, session_id: str, method: str, params: dict | None = None, request_id: int = 1) -> dict:
+        """One request on a session; the JSON-RPC answer (JSON, or the last SSE event)."""
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        response = self.post(message, session_id)
+        return answer_of(response)
+
+
+def answer_of(response: requests.Response) -> dict:
+    if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+        return sse_messages(response)[-1]
+    return response.json()
+
+
+def sse_messages(response: requests.Response) -> list[dict]:
+    import json
+
+    from vmcp_actors.protocol.sse import iter_sse_events
+
+    return [json.loads(event.data) for event in iter_sse_events(response.text.splitlines())]
+
+
+def run_client(url: str, work: Callable[[Any], Awaitable[Any]], mode: str = "legacy") -> Any:
+    """Run ``work(client)`` with the official SDK client connected to ``url``."""
+    import mcp
+
+    async def main() -> Any:
+        async with mcp.Client(url, mode=mode) as client:
+            return await work(client)
+
+    return asyncio.run(main())
+
+
+# -- small generic helpers (integration tests) -------------------------------------------
+
+
+def closed_port_url() -> str:
+    """A loopback MCP URL on a port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/mcp"
+
+
+def list_all(gateway: GatewayServer, session_id: str, method: str, key: str) -> list[dict]:
+    """Every item of a ``*/list`` method, following the gateway's ``nextCursor`` to the end."""
+    items: list[dict] = []
+    cursor = None
+    for _ in range(1000):
+        answer = gateway.rpc(session_id, method, {"cursor": cursor} if cursor else {})
+        if "error" in answer:
+            raise AssertionError(f"{method} failed: {answer['error']}")
+        items.extend(answer["result"][key])
+        cursor = answer["result"].get("nextCursor")
+        if not cursor:
+            return items
+    raise AssertionError(f"{method} paged too often")
+
+
+def admin_get(gateway: GatewayServer, path: str = "/admin/state", token: str | None = None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return requests.get(gateway.base + path, headers=headers, timeout=30)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
+    """Poll ``condition`` until it is truthy; its last value (falsy after the timeout)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)

@@ -1,0 +1,79 @@
+import json
+
+import pytest
+
+from vmcp_actors.protocol import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    JsonRpcError,
+    encode_sse_event,
+    iter_sse_events,
+    negotiate_protocol_version,
+    parse_message,
+)
+from vmcp_actors.sessions._pagination import paginate
+
+
+@pytest.mark.parametrize(
+    "body, code",
+    [
+        (b"{not json", PARSE_ERROR),
+        (b"\xff\xfe", PARSE_ERROR),
+        (b"[]", INVALID_REQUEST),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', INVALID_REQUEST),
+        (b'"text"', INVALID_REQUEST),
+        (b'{"id":1,"method":"ping"}', INVALID_REQUEST),
+        (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":true,"method":"ping"}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"method":""}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"method":"ping","params":3}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0"}', INVALID_REQUEST),
+    ],
+)
+def test_bad_messages_are_rejected_with_their_code(body, code):
+    with pytest.raises(JsonRpcError) as caught:
+        parse_message(body)
+    assert caught.value.code == code
+
+
+def test_message_kinds():
+    assert parse_message(b'{"jsonrpc":"2.0","id":"a","method":"ping"}').kind == "request"
+    assert parse_message(b'{"jsonrpc":"2.0","method":"notifications/initialized"}').kind == "notification"
+    assert parse_message(b'{"jsonrpc":"2.0","id":3,"result":{}}').kind == "response"
+
+
+def test_version_negotiation_prefers_the_clients_known_version():
+    assert negotiate_protocol_version("2025-06-18") == "2025-06-18"
+    assert negotiate_protocol_version("2025-11-25") == "2025-11-25"
+    assert negotiate_protocol_version("2024-01-01") == "2025-11-25"
+    assert negotiate_protocol_version(None) == "2025-11-25"
+
+
+def test_sse_round_trip_keeps_order_and_skips_comments():
+    text = encode_sse_event({"a": 1}) + ": keep-alive\n\n" + encode_sse_event({"b": 2}, event_id="7")
+    events = list(iter_sse_events(text.splitlines()))
+    assert [json.loads(e.data) for e in events] == [{"a": 1}, {"b": 2}]
+    assert events[1].id == "7"
+
+
+def test_pagination_pages_through_everything_once():
+    items = tuple({"name": str(i)} for i in range(7))
+    seen, params = [], {}
+    while True:
+        page = paginate(items, "tools", params, 3)
+        seen += [i["name"] for i in page["tools"]]
+        if "nextCursor" not in page:
+            break
+        params = {"cursor": page["nextCursor"]}
+    assert seen == [str(i) for i in range(7)]
+
+
+@pytest.mark.parametrize("cursor", ["garbage", "", "!!!", 5, "WyJwcm9tcHRzIiwyXQ"])
+def test_invalid_cursor_is_invalid_params(cursor):
+    items = tuple({"name": str(i)} for i in range(7))
+    with pytest.raises(JsonRpcError) as caught:
+        paginate(items, "tools", {"cursor": cursor}, 3)
+    assert caught.value.code == INVALID_PARAMS
