@@ -7,6 +7,7 @@
 # One gthread worker, threads for concurrency, actors started inside the worker (never
 # preload), and a worker_exit hook that stops all actors so SIGTERM is prompt.
 from vmcp_actors.web.gunicorn_settings import (  # noqa: F401
+    control_socket_disable,
     graceful_timeout,
     keepalive,
     max_requests,

@@ -115,6 +115,8 @@ class Gateway(pykka.ThreadingActor):
     # -- internals -----------------------------------------------------------------------
 
     def _schedule_reaping(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()  # one timer chain, however reap_idle was reached
         interval = min(max(self._config.operational.session_ttl / 4, 0.05), 30.0)
         proxy = self.actor_ref.proxy()
 

@@ -17,7 +17,12 @@ max_requests = 0
 # SSE answers and slow backends hold a thread; gthread keeps them off the accept loop.
 timeout = 120
 graceful_timeout = 5
-keepalive = 5
+# gthread lets idle kept-alive connections linger up to 2 s after SIGTERM; a short
+# keep-alive keeps shutdown prompt, and reconnecting costs a client little.
+keepalive = 1
+# gunicorn's control socket path is shared by every instance of one user: two gateways
+# on one VM would take over each other's socket.
+control_socket_disable = True
 
 
 def worker_exit(server, worker):  # noqa: ANN001 - gunicorn hook signature
@@ -34,5 +39,6 @@ SETTINGS = {
     "timeout": timeout,
     "graceful_timeout": graceful_timeout,
     "keepalive": keepalive,
+    "control_socket_disable": control_socket_disable,
     "worker_exit": worker_exit,
 }

@@ -1,0 +1,502 @@
+"""Shared benchmark helpers: timing and percentiles, tables and targets, a raw MCP client,
+and the gateway served the way production serves it.
+
+The gateway runs as ``vmcp-actors serve --config FILE --port P`` in a subprocess (gunicorn,
+gthread, 1 worker, 32 threads: vmcp_actors/web/gunicorn_settings.py) over a YAML config
+generated in a temp dir that points at test backends served in this process
+(tests/backends.py). ``--server werkzeug`` runs tests.gateway.GatewayServer in-process
+instead, for comparison.
+
+TCP_NODELAY on the in-process test backends: ``vmcp_actors.demo._serve.ServedApp`` creates
+its listening socket with ``proto=0``, so asyncio's ``_set_nodelay`` (which only acts on
+``proto == IPPROTO_TCP``) skips every accepted connection. uvicorn writes the response
+head and body separately, Nagle holds the body until the client's delayed ACK, and every
+answer of every test backend takes ~44 ms instead of ~1 ms. That would swamp everything
+measured here, so this module sets TCP_NODELAY on those connections (see
+:func:`fix_test_backend_nodelay`). ``VMCP_BENCH_KEEP_NAGLE=1`` keeps the unpatched behaviour.
+
+``VMCP_BENCH_LOG_DIR=DIR`` keeps each gunicorn gateway's log (one INFO line per request
+with the gateway's own duration_ms) in DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio.base_events
+import contextlib
+import ctypes
+import datetime
+import faulthandler
+import itertools
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PROTOCOL_VERSION = "2025-11-25"
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+GUNICORN_LABEL = "gunicorn gthread, 1 worker, 32 threads (vmcp-actors serve, subprocess)"
+WERKZEUG_LABEL = "werkzeug threaded server (tests.gateway.GatewayServer, in-process)"
+WATCHDOG_SECONDS = 115.0  # every script must finish within 2 minutes
+
+
+# ----------------------------------------------------------------------------------
+# The test backends' missing TCP_NODELAY (see the module docstring)
+# ----------------------------------------------------------------------------------
+
+NODELAY_FIXED = False
+
+
+def fix_test_backend_nodelay() -> bool:
+    """Make asyncio set TCP_NODELAY on accepted TCP sockets created with ``proto=0``."""
+    global NODELAY_FIXED
+    if os.environ.get("VMCP_BENCH_KEEP_NAGLE") == "1":
+        return False
+    if NODELAY_FIXED:
+        return True
+
+    def _set_nodelay(sock: socket.socket) -> None:
+        if (
+            sock.family in (socket.AF_INET, socket.AF_INET6)
+            and sock.type == socket.SOCK_STREAM
+            and sock.proto in (0, socket.IPPROTO_TCP)
+        ):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    asyncio.base_events._set_nodelay = _set_nodelay  # type: ignore[attr-defined]
+    NODELAY_FIXED = True
+    return True
+
+
+fix_test_backend_nodelay()
+
+
+# ----------------------------------------------------------------------------------
+# Numbers
+# ----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile (numpy's default), ``p`` in 0..100."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    k = (len(ordered) - 1) * p / 100.0
+    low = math.floor(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Latency samples summarized, in milliseconds."""
+
+    n: int
+    p50: float
+    p99: float
+    mean: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> Stats:
+        ms = [s * 1000.0 for s in seconds]
+        return cls(len(ms), percentile(ms, 50), percentile(ms, 99), sum(ms) / len(ms), min(ms), max(ms))
+
+
+def ms(value: float) -> str:
+    return f"{value:.1f} ms" if value >= 100 else f"{value:.2f} ms"
+
+
+# ----------------------------------------------------------------------------------
+# Output: tables, targets, the run header
+# ----------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+
+
+@dataclass(frozen=True)
+class Check:
+    """One target: what was measured against what was wanted."""
+
+    name: str
+    measured: str
+    target: str
+    ok: bool
+
+
+def report(checks: Sequence[Check]) -> int:
+    """Print the targets table; 0 if every target is met, else 1."""
+    print()
+    print(table(["target", "measured", "wanted", "result"],
+                [(c.name, c.measured, c.target, "MET" if c.ok else "MISSED") for c in checks]))
+    missed = [c.name for c in checks if not c.ok]
+    print()
+    print("RESULT:", "all targets met" if not missed else f"MISSED {len(missed)}: {', '.join(missed)}")
+    return 0 if not missed else 1
+
+
+def print_header(title: str, server: str, extra: Sequence[str] = ()) -> None:
+    print(f"== {title} ==")
+    print(f"date: {datetime.date.today().isoformat()}   python {platform.python_version()}   "
+          f"cpus: {os.cpu_count()}   host: {platform.machine()}")
+    print(f"gateway served by: {server_label(server)}")
+    print("test backends: uvicorn in this process; TCP_NODELAY "
+          + ("set by the bench (see bench/_common.py)" if NODELAY_FIXED else "NOT set (VMCP_BENCH_KEEP_NAGLE=1)"))
+    for line in extra:
+        print(line)
+    print()
+
+
+def server_label(server: str) -> str:
+    return GUNICORN_LABEL if server == "gunicorn" else WERKZEUG_LABEL
+
+
+def parse_args(description: str, argv: Sequence[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--server", choices=("gunicorn", "werkzeug"), default="gunicorn",
+                        help="how to serve the gateway (default: gunicorn, as in production)")
+    if extra is not None:
+        extra(parser)
+    return parser.parse_args(argv)
+
+
+def settle_heap() -> None:
+    """Keep this process's own GC pauses out of the numbers.
+
+    This process hosts the load-generating clients and the test backends (mcp SDK,
+    pydantic, starlette: a big heap); a full collection here takes ~90 ms and lands on
+    whichever call is in flight. Freezing what exists moves it out of the collector's
+    reach. The gateway's process is left alone: its pauses are part of what we measure.
+    """
+    import gc
+    import importlib
+
+    for module in ("mcp.server.mcpserver", "starlette.applications", "uvicorn", "tests.backends", "tests.gateway"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    gc.collect()
+    gc.freeze()
+
+
+def run_benchmark(body: Callable[[], Sequence[Check]]) -> None:
+    """Run ``body`` with a watchdog; stop every actor of this process; exit 0 iff all targets met."""
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
+    settle_heap()
+    code = 1
+    try:
+        code = report(body())
+    finally:
+        import pykka
+
+        pykka.ActorRegistry.stop_all(block=True, timeout=5)
+        faulthandler.cancel_dump_traceback_later()
+    sys.exit(code)
+
+
+# ----------------------------------------------------------------------------------
+# A raw MCP client (requests, keep-alive), the same code for the gateway and backends
+# ----------------------------------------------------------------------------------
+
+
+class RpcFailure(Exception):
+    pass
+
+
+class McpClient:
+    """One MCP session over one ``requests.Session`` (one keep-alive connection).
+
+    Not thread-safe: use :meth:`fork` for another thread on the same MCP session.
+    """
+
+    def __init__(self, url: str, *, timeout: float = 30.0, session_id: str | None = None,
+                 ids: Iterator[int] | None = None):
+        self.url = url
+        self.timeout = timeout
+        self.session_id = session_id
+        self.http = requests.Session()
+        self._ids = ids if ids is not None else itertools.count(1)
+
+    def fork(self) -> McpClient:
+        """Another client on the same MCP session, with its own HTTP connection."""
+        return McpClient(self.url, timeout=self.timeout, session_id=self.session_id, ids=self._ids)
+
+    def _headers(self) -> dict[str, str]:
+        headers = dict(MCP_HEADERS)
+        if self.session_id is not None:
+            headers["Mcp-Session-Id"] = self.session_id
+            headers["MCP-Protocol-Version"] = PROTOCOL_VERSION
+        return headers
+
+    def post(self, message: dict[str, Any], timeout: float | None = None) -> requests.Response:
+        body = json.dumps(message, separators=(",", ":"))
+        return self.http.post(self.url, data=body, headers=self._headers(), timeout=timeout or self.timeout)
+
+    def initialize(self) -> str | None:
+        """initialize + notifications/initialized; returns the session id (None if stateless)."""
+        message = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                   "params": {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                              "clientInfo": {"name": "vmcp-bench", "version": "1"}}}
+        response = self.post(message)
+        if response.status_code != 200:
+            raise RpcFailure(f"initialize: HTTP {response.status_code}: {response.text[:200]}")
+        answer = _answer(response, 0)
+        if "result" not in answer:
+            raise RpcFailure(f"initialize failed: {answer}")
+        self.session_id = response.headers.get("Mcp-Session-Id")
+        note = self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if note.status_code != 202:
+            raise RpcFailure(f"notifications/initialized: HTTP {note.status_code}")
+        return self.session_id
+
+    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> dict:
+        """One request; its result, or RpcFailure on an HTTP or JSON-RPC error."""
+        request_id = next(self._ids)
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        response = self.post(message, timeout)
+        if response.status_code != 200:
+            raise RpcFailure(f"{method}: HTTP {response.status_code}: {response.text[:200]}")
+        answer = _answer(response, request_id)
+        if "error" in answer:
+            raise RpcFailure(f"{method}: {answer['error']}")
+        return answer["result"]
+
+    def call_tool(self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None) -> dict:
+        result = self.request("tools/call", {"name": name, "arguments": arguments or {}}, timeout)
+        if result.get("isError"):
+            raise RpcFailure(f"tools/call {name}: isError: {result.get('content')}")
+        return result
+
+    def list_tools(self) -> list[str]:
+        return [tool["name"] for tool in self.request("tools/list")["tools"]]
+
+    def close(self) -> None:
+        """End the MCP session (best effort) and close the connection."""
+        try:
+            if self.session_id is not None:
+                self.http.delete(self.url, headers=self._headers(), timeout=2)
+        except requests.RequestException:
+            pass
+        finally:
+            self.http.close()
+
+    def __enter__(self) -> McpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _answer(response: requests.Response, request_id: Any) -> dict[str, Any]:
+    """The JSON-RPC response to ``request_id``: the JSON body, or the matching SSE event."""
+    if not response.headers.get("Content-Type", "").startswith("text/event-stream"):
+        return response.json()
+    data: list[str] = []
+    for line in response.text.splitlines() + [""]:
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+        elif not line and data:
+            message = json.loads("\n".join(data))
+            data = []
+            if isinstance(message, dict) and message.get("id") == request_id and "method" not in message:
+                return message
+    raise RpcFailure(f"no answer to request {request_id} in the event stream")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds ``fn()`` took (perf_counter)."""
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def run_threads(count: int, work: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
+    """Run ``work(i)`` on ``count`` threads started together; their results (or exceptions)."""
+    results: list[Any] = [None] * count
+    barrier = threading.Barrier(count)
+
+    def target(index: int) -> None:
+        try:
+            barrier.wait(timeout)
+            results[index] = work(index)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            results[index] = exc
+
+    threads = [threading.Thread(target=target, args=(i,), name=f"bench-client-{i}", daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in threads):
+        raise RuntimeError(f"benchmark threads still running after {timeout:g}s")
+    return results
+
+
+def raise_failures(results: Sequence[Any]) -> None:
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {len(results)} client threads failed; first: {errors[0]!r}") from errors[0]
+
+
+# ----------------------------------------------------------------------------------
+# Backends and the gateway
+# ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunningGateway:
+    url: str
+    base: str
+    server: str
+    log_path: Path | None = None
+
+    def client(self, timeout: float = 30.0) -> McpClient:
+        return McpClient(self.url, timeout=timeout)
+
+
+def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A gateway config for ``{backend name: MCP URL}``."""
+    config: dict[str, Any] = {"name": "bench", "backends": [{"name": n, "url": u} for n, u in backends.items()]}
+    if operational:
+        config["operational"] = dict(operational)
+    return config
+
+
+@contextlib.contextmanager
+def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
+            operational: Mapping[str, Any] | None = None) -> Iterator[RunningGateway]:
+    """The gateway over ``backends`` ({name: MCP URL}), stopped (and its actors) on exit."""
+    config = config_mapping(backends, operational)
+    if server == "werkzeug":
+        from tests.gateway import GatewayServer
+
+        served = GatewayServer(config).start()
+        try:
+            yield RunningGateway(served.url, served.base, WERKZEUG_LABEL)
+        finally:
+            served.stop()
+        return
+    with tempfile.TemporaryDirectory(prefix="vmcp-bench-") as tmp:
+        config_path = Path(tmp) / "config.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        log_path = Path(tmp) / "gateway.log"
+        try:
+            with _gunicorn(config_path, log_path) as base:
+                yield RunningGateway(base + "/mcp", base, GUNICORN_LABEL, log_path)
+        finally:
+            keep = os.environ.get("VMCP_BENCH_LOG_DIR")
+            if keep and log_path.exists():
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                kept = Path(keep) / f"gateway-{os.getpid()}-{time.strftime('%H%M%S')}.log"
+                kept.write_bytes(log_path.read_bytes())
+                print(f"(gateway log kept: {kept})")
+
+
+def _vmcp_actors_command() -> list[str]:
+    script = Path(sys.executable).parent / "vmcp-actors"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "vmcp_actors.cli"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+try:
+    _LIBC: Any = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not Linux
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the benchmark dies (Linux), so no gateway is left behind."""
+    if _LIBC is not None:
+        with contextlib.suppress(Exception):
+            _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _gunicorn(config_path: Path, log_path: Path, ready_timeout: float = 30.0) -> Iterator[str]:
+    last_error = "not started"
+    for _attempt in range(3):  # the free port may be taken between probing and binding
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [*_vmcp_actors_command(), "serve", "--config", str(config_path), "--host", "127.0.0.1",
+                 "--port", str(port)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                preexec_fn=_die_with_parent,
+            )
+        try:
+            if _wait_ready(proc, base, ready_timeout):
+                yield base
+                return
+            last_error = _tail(log_path)
+        finally:
+            _stop_process(proc)
+    raise RuntimeError(f"the gateway did not become ready; log tail:\n{last_error}")
+
+
+def _wait_ready(proc: subprocess.Popen, base: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            if requests.get(base + "/readyz", timeout=1).status_code == 200:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def _stop_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
