@@ -69,14 +69,32 @@ def config_for(*backends: tuple[str, Any], **operational: Any) -> dict:
     return config
 
 
-@pytest.fixture
-def gateway(start_gateway, sdk_pair):
+@pytest.fixture(autouse=True)
+def stop_all_actors():
+    """Overrides the conftest fixture: this module shares one gateway (and session) across
+    its wire-level tests, so its actors must outlive a test. Gateways started per test are
+    still stopped by ``start_gateway``; everything else stops at the end of the module."""
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_actors_after_module():
+    yield
+    pykka.ActorRegistry.stop_all(block=True, timeout=5)
+
+
+@pytest.fixture(scope="module")
+def gateway(sdk_pair):
+    """One gateway for the module's wire-level tests (discovery is the costly part)."""
     alpha, beta = sdk_pair
-    return start_gateway(config_for(("alpha", alpha), ("beta", beta)))
+    server = QuickStopGatewayServer(config_for(("alpha", alpha), ("beta", beta))).start()
+    yield server
+    server.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def session(gateway) -> str:
+    """The module's shared session: every bad input is sent on it, and it must keep working."""
     return gateway.initialize()
 
 
@@ -512,9 +530,12 @@ def test_sdk_client_connects_lists_and_calls(gateway, mode):
     async def work(client):
         tools = await client.list_tools()
         called = await client.call_tool("beta_echo", {"text": mode})
-        return [t.name for t in tools.tools], called
+        return [t.name for t in tools.tools], called, client.protocol_version, client.server_info
 
-    names, called = run_client(gateway.url, work, mode=mode)
+    names, called, version, server_info = run_client(gateway.url, work, mode=mode)
+    # Auto mode probed server/discover, got the error and fell back to initialize.
+    assert version in ("2025-06-18", "2025-11-25")
+    assert server_info is not None and server_info.name == "edge"
     assert {"alpha_echo", "beta_echo"} <= set(names)
     assert called.content[0].text == f"beta:{mode}"
     assert not called.is_error
@@ -756,12 +777,16 @@ def _bad_inputs(gateway, session_id: str) -> list[tuple[str, Any]]:
     return inputs
 
 
-def test_actors_survive_every_bad_input(gateway, session):
+def test_actors_survive_every_bad_input(start_gateway, sdk_pair):
+    alpha, beta = sdk_pair
+    gateway = start_gateway(config_for(("alpha", alpha), ("beta", beta)))
+    existing = {ref.actor_urn for ref in pykka.ActorRegistry.get_all()}
+    session = gateway.initialize()
     assert_session_works(gateway, session)
-    before = {ref.actor_urn: ref for ref in pykka.ActorRegistry.get_all()}
-    session_actors = [ref for ref in before.values() if ref.actor_class.__name__ == "SessionActor"]
-    connections = [ref for ref in before.values() if ref.actor_class.__name__ == "BackendConnection"]
-    assert len(session_actors) == 1 and len(connections) == 2
+    mine = [ref for ref in pykka.ActorRegistry.get_all() if ref.actor_urn not in existing]
+    session_actors = [ref for ref in mine if ref.actor_class.__name__ == "SessionActor"]
+    connections = [ref for ref in mine if ref.actor_class.__name__ == "BackendConnection"]
+    assert len(session_actors) == 1 and len(connections) == 2, [ref.actor_class.__name__ for ref in mine]
 
     statuses: dict[str, int] = {}
     for label, send in _bad_inputs(gateway, session):
@@ -770,7 +795,7 @@ def test_actors_survive_every_bad_input(gateway, session):
         assert response.status_code < 500, (label, response.status_code, response.text[:300])
 
     assert all(ref.is_alive() for ref in session_actors + connections)
-    after = {ref.actor_urn for ref in pykka.ActorRegistry.get_all()}
-    assert set(before) <= after
+    alive = {ref.actor_urn for ref in pykka.ActorRegistry.get_all()}
+    assert {ref.actor_urn for ref in session_actors + connections} <= alive
     assert_session_works(gateway, session, text="after every bad input")
     assert statuses["response"] == 202 and statuses["notification"] == 202

@@ -132,10 +132,12 @@ def test_one_info_line_per_mcp_request(start_gateway, caplog):
             return [r for r in caplog.records if r.name == "vmcp_actors.requests"]
 
         # the streamed request is logged when its stream ends
-        assert wait_until(lambda: len(request_lines()) >= 5, timeout=3)
+        assert wait_until(lambda: len(request_lines()) >= 6, timeout=3)
         lines = request_lines()
         methods = [r.getMessage().split()[0] for r in lines]
-        assert methods == ["initialize", "tools/list", "tools/call", "tools/call", "tools/call"], methods
+        assert methods == [
+            "initialize", "notifications/initialized", "tools/list", "tools/call", "tools/call", "tools/call"
+        ], methods
         for record in lines:
             assert record.levelno == logging.INFO
             message = record.getMessage()

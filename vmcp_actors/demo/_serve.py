@@ -43,7 +43,10 @@ class ServedApp:
     ) -> None:
         uvicorn = require_demo_extra("uvicorn")
         self.host = host
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
+        # proto says TCP, and without it every keep-alive response waits ~40 ms on Nagle.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))

@@ -35,6 +35,7 @@ class SessionRecord:
     owner: tuple[str, str] | None
     created: float
     last_used: float  # time.monotonic()
+    in_flight: int = 0  # requests being served; such a session is never idle
 
 
 class Gateway(pykka.ThreadingActor):
@@ -69,12 +70,19 @@ class Gateway(pykka.ThreadingActor):
         return handle
 
     def find_session(self, session_id: str, identity: Identity | None) -> SessionHandle | None:
-        """The session, if it exists and belongs to this caller; its idle clock restarts."""
+        """The session, if it exists and belongs to this caller. The caller must tell
+        ``request_finished`` when done: until then the session is not idle."""
         record = self._sessions.get(session_id)
         if record is None or record.owner != identity_key(identity):
             return None  # another person's session looks exactly like a missing one
-        self._sessions[session_id] = replace(record, last_used=self._clock())
+        self._sessions[session_id] = replace(record, last_used=self._clock(), in_flight=record.in_flight + 1)
         return record.handle
+
+    def request_finished(self, session_id: str) -> None:
+        """A request found with ``find_session`` is answered: the idle clock starts now."""
+        record = self._sessions.get(session_id)
+        if record is not None:
+            self._sessions[session_id] = replace(record, last_used=self._clock(), in_flight=max(0, record.in_flight - 1))
 
     def end_session(self, session_id: str, identity: Identity | None) -> bool:
         record = self._sessions.get(session_id)
@@ -88,7 +96,9 @@ class Gateway(pykka.ThreadingActor):
     def reap_idle(self) -> int:
         ttl = self._config.operational.session_ttl
         now = self._clock()
-        idle = [sid for sid, record in self._sessions.items() if now - record.last_used >= ttl]
+        idle = [
+            sid for sid, record in self._sessions.items() if record.in_flight == 0 and now - record.last_used >= ttl
+        ]
         for session_id in idle:
             _stop_quietly(self._sessions.pop(session_id).actor)
             logger.info("session %s reaped after %gs idle", short_id(session_id), ttl)
@@ -104,7 +114,11 @@ class Gateway(pykka.ThreadingActor):
         return {
             "uptime": time.time() - self._started,
             "sessions": [
-                (record.actor, {"created": record.created, "idleSeconds": round(now - record.last_used, 3)})
+                (record.actor, {
+                    "created": record.created,
+                    "idleSeconds": round(now - record.last_used, 3),
+                    "inFlight": record.in_flight,
+                })
                 for record in self._sessions.values()
             ],
         }

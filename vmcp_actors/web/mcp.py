@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
@@ -80,9 +81,35 @@ def end_session() -> Response:
     return Response(status=200)
 
 
+@dataclass
+class _Served:
+    """What one POST turned out to be, for its log line and the session's idle clock."""
+
+    started: float
+    gateway: Any  # captured here: an SSE stream finishes outside the app context
+    method: str = "-"
+    session_id: str | None = None
+    session_found: bool = False
+
+    def finish(self, status: int, streamed: bool = False) -> None:
+        if self.session_found:
+            try:
+                self.gateway.request_finished(self.session_id)
+            except pykka.ActorDeadError:
+                pass
+        _log(self.method, self.session_id, self.started, status, streamed)
+
+
 @bp.post("/mcp")
 def post_message() -> Response:
-    started = time.monotonic()
+    served = _Served(time.monotonic(), current_runtime().gateway)
+    response = _serve_post(served)
+    if not response.is_streamed:
+        served.finish(response.status_code)
+    return response
+
+
+def _serve_post(served: _Served) -> Response:
     accept = request.accept_mimetypes
     if "application/json" not in accept or "text/event-stream" not in accept:
         return rpc_error(406, INVALID_REQUEST, "Not Acceptable: Accept must include application/json and text/event-stream")
@@ -92,6 +119,7 @@ def post_message() -> Response:
         message = parse_message(request.get_data(cache=False))
     except JsonRpcError as error:
         return json_response(error_response(None, error), 400)
+    served.method = message.method or message.kind
 
     if message.is_request and message.method == "server/discover":
         # The stateless revision (2026-07-28) is not served yet: SDK clients in auto mode
@@ -104,48 +132,50 @@ def post_message() -> Response:
     identity = _identity()
     try:
         if message.is_request and message.method == "initialize":
-            return _initialize(message, identity, started)
-        session_id = request.headers.get(SESSION_HEADER)
-        if not session_id:
+            return _initialize(message, identity, served)
+        served.session_id = request.headers.get(SESSION_HEADER)
+        if not served.session_id:
             return rpc_error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header", message.id)
-        handle = _ask(current_runtime().gateway.find_session(session_id, identity))
+        handle = _ask(current_runtime().gateway.find_session(served.session_id, identity))
         if handle is None:
             return rpc_error(404, INVALID_REQUEST, "Session not found", message.id)
+        served.session_found = True
         if not message.is_request:
             return Response(status=202)  # notifications and client responses need no answer
         relay = handle.dispatcher.handle(identity, message)
-        return _write_relay(relay.events(), message.method, session_id, started)
+        return _write_relay(relay.events(), served)
     except Unavailable:
         return rpc_error(503, INTERNAL_ERROR, "Service Unavailable: the gateway is shutting down or overloaded", message.id)
 
 
-def _initialize(message: Any, identity: Identity | None, started: float) -> Response:
+def _initialize(message: Any, identity: Identity | None, served: _Served) -> Response:
     params = message.params if isinstance(message.params, dict) else {}
     if not isinstance(params.get("protocolVersion"), str):
         return json_response(error_response(message.id, JsonRpcError(INVALID_PARAMS, "protocolVersion is required")))
     runtime = current_runtime()
     version = negotiate_protocol_version(params["protocolVersion"])
     handle = _ask(runtime.gateway.create_session(identity, version))
+    served.session_id = handle.session_id
     result = {
         "protocolVersion": version,
         "capabilities": SERVER_CAPABILITIES,
         "serverInfo": {"name": runtime.config.name, "version": __version__},
     }
-    _log("initialize", handle.session_id, started, 200)
     return json_response(result_response(message.id, result), headers={SESSION_HEADER: handle.session_id})
 
 
-def _write_relay(events: Iterator[RelayEvent], method: str, session_id: str, started: float) -> Response:
+def _write_relay(events: Iterator[RelayEvent], served: _Served) -> Response:
     first = next(events)
     if first.final:
-        _log(method, session_id, started, first.http_status)
         return json_response(first.message, first.http_status)
 
     def stream() -> Iterator[str]:
-        yield encode_sse_event(first.message)
-        for event in events:
-            yield encode_sse_event(event.message)
-        _log(method, session_id, started, 200, streamed=True)
+        try:
+            yield encode_sse_event(first.message)
+            for event in events:
+                yield encode_sse_event(event.message)
+        finally:  # also when the client goes away mid-stream
+            served.finish(200, streamed=True)
 
     return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -161,11 +191,11 @@ def _ask(future: Any) -> Any:
         raise Unavailable() from None
 
 
-def _log(method: str, session_id: str, started: float, status: int, streamed: bool = False) -> None:
+def _log(method: str, session_id: str | None, started: float, status: int, streamed: bool = False) -> None:
     logger.info(
         "%s session=%s status=%s%s duration_ms=%.1f",
         method,
-        short_id(session_id),
+        short_id(session_id) if session_id else "-",
         status,
         " sse" if streamed else "",
         (time.monotonic() - started) * 1000,
