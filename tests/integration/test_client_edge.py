@@ -466,12 +466,15 @@ def test_dns_rebinding_is_403(gateway, session, headers):
 
 def test_dns_rebinding_checked_on_initialize_and_delete(gateway, session):
     init = gateway.post(
-        request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+        request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                               "clientInfo": {"name": "t", "version": "1"}}),
         headers={"Host": "evil.example.com"},
     )
     assert init.status_code == 403
     assert "Mcp-Session-Id" not in init.headers
-    deleted = requests.delete(gateway.url, headers={"Mcp-Session-Id": session, "Origin": "http://evil.example.com"}, timeout=10)
+    deleted = requests.delete(
+        gateway.url, headers={"Mcp-Session-Id": session, "Origin": "http://evil.example.com"}, timeout=10
+    )
     assert deleted.status_code == 403
     assert_session_works(gateway, session)
 
@@ -663,7 +666,9 @@ def test_set_logging_level_valid(gateway, session, level):
     assert_session_works(gateway, session)
 
 
-@pytest.mark.parametrize("params", [{"level": "loud"}, {"level": "INFO"}, {"level": 3}, {}], ids=["loud", "upper", "int", "missing"])
+@pytest.mark.parametrize(
+    "params", [{"level": "loud"}, {"level": "INFO"}, {"level": 3}, {}], ids=["loud", "upper", "int", "missing"]
+)
 def test_set_logging_level_invalid_is_invalid_params(gateway, session, params):
     answer = gateway.rpc(session, "logging/setLevel", params)
     assert error_code(answer) == INVALID_PARAMS
@@ -754,12 +759,14 @@ def _bad_inputs(gateway, session_id: str) -> list[tuple[str, Any]]:
     for method in ("foo/bar", "resources/subscribe"):
         inputs.append((f"method:{method}", lambda m=method: gateway.post(request(m, {}), session_id)))
     inputs += [
-        ("header:version", lambda: gateway.post(request("tools/list"), session_id, headers={"MCP-Protocol-Version": "1999-01-01"})),
+        ("header:version", lambda: gateway.post(request("tools/list"), session_id,
+                                                headers={"MCP-Protocol-Version": "1999-01-01"})),
         ("header:accept", lambda: gateway.post(request("tools/list"), session_id, headers={"Accept": "application/json"})),
         ("header:content-type", lambda: gateway.post(json.dumps(request("tools/list")), session_id,
                                                      headers={"Content-Type": "text/plain"})),
         ("header:host", lambda: gateway.post(request("tools/list"), session_id, headers={"Host": "evil.example.com"})),
-        ("header:origin", lambda: gateway.post(request("tools/list"), session_id, headers={"Origin": "http://evil.example.com"})),
+        ("header:origin", lambda: gateway.post(request("tools/list"), session_id,
+                                               headers={"Origin": "http://evil.example.com"})),
         ("cursor:garbage", lambda: gateway.post(request("tools/list", {"cursor": "garbage"}), session_id)),
         ("log:level", lambda: gateway.post(request("logging/setLevel", {"level": "loud"}), session_id)),
         ("complete:unknown", lambda: gateway.post(request("completion/complete", {

@@ -180,7 +180,8 @@ def test_sdk_backend_via_official_client(started):
             assert [p.name for p in (await client.list_prompts()).prompts] == ["greet"]
             greeting = await client.get_prompt("greet", {"who": "bob"})
             assert greeting.messages[0].content.text == "Hello bob, from alpha!"
-            completion = await client.complete(PromptReference(type="ref/prompt", name="greet"), {"name": "who", "value": "al"})
+            greet_ref = PromptReference(type="ref/prompt", name="greet")
+            completion = await client.complete(greet_ref, {"name": "who", "value": "al"})
             assert completion.completion.values == ["alice", "albert"]
 
     run(scenario())
@@ -224,7 +225,8 @@ def test_raw_session_rules_and_recording(started):
     assert backend.methods()[:2] == ["initialize", "notifications/initialized"]
 
     # No session header -> 400, unknown -> 404, GET -> 405.
-    assert requests.post(backend.mcp_url, json={"jsonrpc": "2.0", "id": 9, "method": "ping"}, timeout=5).status_code == 400
+    no_session = requests.post(backend.mcp_url, json={"jsonrpc": "2.0", "id": 9, "method": "ping"}, timeout=5)
+    assert no_session.status_code == 400
     assert requests.get(backend.mcp_url, timeout=5).status_code == 405
 
     # Restart: the old session is gone; one re-initialize works again.
@@ -320,7 +322,8 @@ def test_delayed_backend_overlaps_concurrent_requests(started):
     elapsed = time.monotonic() - start
     assert sorted(results) == [f"slow:{i}" for i in range(5)]
     assert 0.3 <= elapsed < 1.2, elapsed  # five 0.3 s requests overlap
-    assert client.result("tools/call", {"name": "sleep", "arguments": {"seconds": 0.05}})["content"][0]["text"] == "slept"
+    slept = client.result("tools/call", {"name": "sleep", "arguments": {"seconds": 0.05}})
+    assert slept["content"][0]["text"] == "slept"
 
 
 def test_hanging_backend_never_answers_and_stops_promptly():
@@ -360,7 +363,8 @@ def test_sse_backend_streams_progress_log_then_result(started):
     client.initialize()
     assert client.request("tools/list").headers["content-type"].startswith("application/json")
     request_id = client.next_id
-    response = client.request("tools/call", {"name": "echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": "tok"}})
+    params = {"name": "echo", "arguments": {"text": "hi"}, "_meta": {"progressToken": "tok"}}
+    response = client.request("tools/call", params)
     assert response.headers["content-type"].startswith("text/event-stream")
     events = [json.loads(line[len("data: "):]) for line in response.text.splitlines() if line.startswith("data: ")]
     assert [e.get("method") for e in events] == [

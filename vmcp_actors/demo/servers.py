@@ -55,7 +55,11 @@ _SEED_NOTES: tuple[dict[str, Any], ...] = (
         "body": "Yesterday: pagination for tools/list. Today: search across backends. Blockers: none.",
         "tags": ["work"],
     },
-    {"title": "Trip to Lisbon", "body": "Pack light layers; check the weather server before leaving.", "tags": ["travel"]},
+    {
+        "title": "Trip to Lisbon",
+        "body": "Pack light layers; check the weather server before leaving.",
+        "tags": ["travel"],
+    },
 )
 
 

@@ -16,7 +16,10 @@ def _hostname(host_header: str) -> str:
 def host_allowed(runtime: Runtime, host_header: str | None) -> bool:
     if runtime.any_host:
         return True
-    return bool(host_header) and _hostname(host_header) in runtime.allowed_hosts
+    if not host_header:
+        return False
+    # allowedHosts entries may be bare names (any port) or name:port (that port only).
+    return _hostname(host_header) in runtime.allowed_hosts or host_header.lower() in runtime.allowed_hosts
 
 
 def origin_allowed(runtime: Runtime, origin: str | None) -> bool:
@@ -27,4 +30,4 @@ def origin_allowed(runtime: Runtime, origin: str | None) -> bool:
     parts = urlsplit(origin)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return False
-    return runtime.any_host or parts.hostname.lower() in runtime.allowed_hosts
+    return runtime.any_host or parts.hostname.lower() in runtime.allowed_hosts or parts.netloc.lower() in runtime.allowed_hosts

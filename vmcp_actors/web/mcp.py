@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pykka
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, current_app, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from vmcp_actors import __version__
 from vmcp_actors.concurrency import ASK_TIMEOUT
@@ -110,13 +111,13 @@ def post_message() -> Response:
 
 
 def _serve_post(served: _Served) -> Response:
-    accept = request.accept_mimetypes
-    if "application/json" not in accept or "text/event-stream" not in accept:
+    accept = request.accept_mimetypes  # quality() honours wildcards and q=0 refusals
+    if accept.quality("application/json") <= 0 or accept.quality("text/event-stream") <= 0:
         return rpc_error(406, INVALID_REQUEST, "Not Acceptable: Accept must include application/json and text/event-stream")
     if request.mimetype != "application/json":
         return rpc_error(415, INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json")
     try:
-        message = parse_message(request.get_data(cache=False))
+        message = parse_message(_read_body())
     except JsonRpcError as error:
         return json_response(error_response(None, error), 400)
     served.method = message.method or message.kind
@@ -178,6 +179,24 @@ def _write_relay(events: Iterator[RelayEvent], served: _Served) -> Response:
             served.finish(200, streamed=True)
 
     return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _read_body() -> bytes:
+    """The body, refusing more than MAX_CONTENT_LENGTH bytes (413) even without a Content-Length:
+    werkzeug's limited stream stops quietly at the limit, which would parse a truncated body."""
+    if request.content_length is not None:
+        return request.get_data(cache=False)
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := request.stream.read(65536):
+        size += len(chunk)
+        if size > limit:
+            raise RequestEntityTooLarge()
+        chunks.append(chunk)
+    if request.stream.read(1):  # data beyond the limit that the stream held back
+        raise RequestEntityTooLarge()
+    return b"".join(chunks)
 
 
 def _identity() -> Identity | None:
