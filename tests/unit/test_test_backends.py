@@ -2,21 +2,13 @@
 
 import asyncio
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
-# The plain `pytest` entry point does not put the repository root on sys.path, and
-# `tests` is imported as a package from there.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from tests.backends import (  # noqa: E402
+from tests.backends import (
     SHARED_README_URI,
     decode_cursor,
     delayed_backend,
