@@ -159,6 +159,9 @@ def report(checks: Sequence[Check]) -> int:
     print(table(["target", "measured", "wanted", "result"],
                 [(c.name, c.measured, c.target, "MET" if c.ok else "MISSED") for c in checks]))
     missed = [c.name for c in checks if not c.ok]
+    if STALE_RETRIES:
+        print(f"\nnote: {len(STALE_RETRIES)} request(s) were retried once because the gateway closed the "
+              "kept-alive connection as the client reused it (gunicorn keepalive timeout)")
     print()
     print("RESULT:", "all targets met" if not missed else f"MISSED {len(missed)}: {', '.join(missed)}")
     return 0 if not missed else 1
@@ -259,7 +262,15 @@ class McpClient:
 
     def post(self, message: dict[str, Any], timeout: float | None = None) -> requests.Response:
         body = json.dumps(message, separators=(",", ":"))
-        return self.http.post(self.url, data=body, headers=self._headers(), timeout=timeout or self.timeout)
+        try:
+            return self.http.post(self.url, data=body, headers=self._headers(), timeout=timeout or self.timeout)
+        except requests.ConnectionError as exc:
+            if not _stale_keepalive(exc):
+                raise
+            # The server closed this kept-alive connection as we reused it (gunicorn's
+            # keepalive timeout): nothing reached the application. Retry once, fresh.
+            STALE_RETRIES.append(time.monotonic())
+            return self.http.post(self.url, data=body, headers=self._headers(), timeout=timeout or self.timeout)
 
     def initialize(self) -> str | None:
         """initialize + notifications/initialized; returns the session id (None if stateless)."""
@@ -316,6 +327,16 @@ class McpClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Requests retried because the server closed the kept-alive connection as it was reused.
+STALE_RETRIES: list[float] = []
+
+
+def _stale_keepalive(exc: requests.ConnectionError) -> bool:
+    """A POST that died on a kept-alive connection the server had just closed."""
+    text = repr(exc)
+    return "RemoteDisconnected" in text or "ConnectionResetError" in text or "BrokenPipeError" in text
 
 
 def _answer(response: requests.Response, request_id: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from tests.backends import (
     sdk_backend,
 )
 from tests.gateway import backend_entry, list_all, run_client, wait_until
+from vmcp_actors.sessions import _actor as session_module
 
 
 def _call(gateway, session_id, name, arguments=None, request_id=1):
@@ -305,3 +306,52 @@ def test_a_session_with_a_call_in_flight_is_not_reaped(start_gateway):
         assert answer.get("result", {}).get("content", [{}])[0].get("text") == "slept", answer
         # and the session is still there right after the long call
         assert gateway.rpc(sid, "ping", request_id=8) == {"jsonrpc": "2.0", "id": 8, "result": {}}
+
+
+def test_a_backend_that_failed_discovery_joins_the_session_when_it_recovers(start_gateway, monkeypatch):
+
+    monkeypatch.setattr(session_module, "RETRY_FAILED_AFTER", 0.2)
+    with sdk_backend("alpha", tools=("echo",)) as alpha, hanging_backend(name="flaky") as flaky:
+        gateway = start_gateway({
+            "name": "t",
+            "backends": [backend_entry("alpha", alpha), backend_entry("flaky", flaky)],
+            "operational": {"timeouts": {"perWorkload": {"flaky": "200ms"}}},
+        })
+        sid = gateway.initialize()
+        first = gateway.rpc(sid, "tools/list")
+        assert [t["name"] for t in first["result"]["tools"]] == ["alpha_echo"]
+
+        flaky.hang = False  # the backend recovers
+        time.sleep(0.3)
+        # The retry runs in the background: requests meanwhile are served at once from the
+        # current catalog, and once the retry lands the recovered backend's tools appear.
+        started = time.monotonic()
+        gateway.rpc(sid, "tools/list")
+        assert time.monotonic() - started < 0.5
+
+        def flaky_listed():
+            names = [t["name"] for t in gateway.rpc(sid, "tools/list")["result"]["tools"]]
+            return "flaky_echo" in names
+
+        assert wait_until(flaky_listed, timeout=5)
+        answer = gateway.rpc(sid, "tools/call", {"name": "flaky_echo", "arguments": {"text": "back"}})
+        assert "error" not in answer
+
+
+def test_a_hanging_backend_delays_no_request_after_the_first_discovery(start_gateway, monkeypatch):
+
+    monkeypatch.setattr(session_module, "RETRY_FAILED_AFTER", 0.05)
+    with sdk_backend("alpha", tools=("echo",)) as alpha, hanging_backend(name="stuck") as stuck:
+        gateway = start_gateway({
+            "name": "t",
+            "backends": [backend_entry("alpha", alpha), backend_entry("stuck", stuck)],
+            "operational": {"timeouts": {"perWorkload": {"stuck": "300ms"}}},
+        })
+        sid = gateway.initialize()
+        gateway.rpc(sid, "tools/list")  # pays for the first discovery once
+        for _ in range(5):
+            time.sleep(0.1)
+            started = time.monotonic()
+            answer = gateway.rpc(sid, "tools/call", {"name": "alpha_echo", "arguments": {"text": "x"}})
+            assert "error" not in answer
+            assert time.monotonic() - started < 0.25  # retries of 'stuck' run in the background

@@ -21,6 +21,9 @@ from vmcp_actors.sessions._dispatch import McpDispatcher
 
 logger = logging.getLogger(__name__)
 
+# A backend that failed discovery is tried again this long after, on the next request.
+RETRY_FAILED_AFTER = 10.0
+
 
 def discovery_timeout(config: VmcpConfig) -> float:
     """How long one discovery may take: the handshake and the paged lists of the slowest backend."""
@@ -36,16 +39,19 @@ class SessionActor(pykka.ThreadingActor):
         self._config = config
         self._created = time.time()
         self._catalog: cf.Future[Catalog] | None = None
+        self._catalog_done_at: float | None = None  # when the served catalog was first seen complete
+        self._refresh: cf.Future[Catalog] | None = None
         self._connections: dict[str, Any] = {}
 
     def on_start(self) -> None:
+        self._self = self.actor_ref.proxy()
         timeouts = self._config.operational.timeouts
         for backend in sorted(self._config.backends, key=lambda b: b.name):
             self._connections[backend.name] = BackendConnection.start(
                 backend, timeout=timeouts.for_backend(backend.name)
             ).proxy()
         self._dispatcher = McpDispatcher(
-            AggregatedBackends(self.actor_ref.proxy(), dict(self._connections), discovery_timeout(self._config)),
+            AggregatedBackends(self._self, dict(self._connections), discovery_timeout(self._config)),
             page_size=self._config.operational.page_size,
             request_timeout=discovery_timeout(self._config) + max(
                 timeouts.for_backend(b.name) for b in self._config.backends
@@ -65,23 +71,51 @@ class SessionActor(pykka.ThreadingActor):
         return self._dispatcher
 
     def catalog(self, identity: Identity | None) -> cf.Future[Catalog]:
-        """The aggregated catalog, discovered on first need. A catalog without any
-        working backend is not kept: the next request tries discovery again."""
-        stale = self._catalog is not None and self._catalog.done() and (
-            self._catalog.exception() is not None or not self._catalog.result().has_backends
-        )
-        if self._catalog is None or stale:
-            # Fan out to every backend at once; the gathering waits off the actor thread.
-            discoveries = {name: conn.discover(identity) for name, conn in self._connections.items()}
-            pending = {name: future.get(timeout=ASK_TIMEOUT) for name, future in discoveries.items()}
-            self._catalog = run_in_thread(
-                _gather_catalog,
-                pending,
-                self._config.aggregation,
-                {name: self._config.operational.timeouts.for_backend(name) * 3 for name in pending},
-                name="vmcp-gather",
-            )
+        """The aggregated catalog, discovered on first need.
+
+        A catalog without any working backend is not kept: the next request tries again.
+        A catalog missing some backends is served as it is while the missing ones are
+        retried in the background (at most every RETRY_FAILED_AFTER seconds), so a
+        backend that comes back joins the session and a hanging one delays nobody.
+        """
+        current = self._catalog
+        if current is None or (current.done() and not _usable(current)):
+            self._catalog = self._discover(identity)
+            self._catalog_done_at = None
+        elif current.done() and current.result().failures and self._refresh is None:
+            if self._catalog_done_at is None:
+                self._catalog_done_at = time.monotonic()
+            elif time.monotonic() - self._catalog_done_at >= RETRY_FAILED_AFTER:
+                self._refresh = self._discover(identity)
+                self._refresh.add_done_callback(self._report_refresh)
         return self._catalog
+
+    def refresh_finished(self, refresh: cf.Future[Catalog]) -> None:
+        if refresh is not self._refresh:
+            return
+        self._refresh = None
+        self._catalog_done_at = time.monotonic()
+        if _usable(refresh):
+            self._catalog = refresh
+
+    def _discover(self, identity: Identity | None) -> cf.Future[Catalog]:
+        # Fan out to every backend at once (a backend already discovered answers from
+        # its cache); the gathering waits off the actor thread.
+        discoveries = {name: conn.discover(identity) for name, conn in self._connections.items()}
+        pending = {name: future.get(timeout=ASK_TIMEOUT) for name, future in discoveries.items()}
+        return run_in_thread(
+            _gather_catalog,
+            pending,
+            self._config.aggregation,
+            {name: self._config.operational.timeouts.for_backend(name) * 3 for name in pending},
+            name="vmcp-gather",
+        )
+
+    def _report_refresh(self, refresh: cf.Future[Catalog]) -> None:
+        try:
+            self._self.refresh_finished(refresh)  # fire and forget, from the gathering thread
+        except pykka.ActorDeadError:
+            pass
 
     def snapshot(self) -> dict[str, Any]:
         snapshots = {name: conn.snapshot() for name, conn in self._connections.items()}
@@ -97,6 +131,10 @@ class SessionActor(pykka.ThreadingActor):
             "created": self._created,
             "backends": backends,
         }
+
+
+def _usable(catalog: cf.Future[Catalog]) -> bool:
+    return catalog.exception() is None and catalog.result().has_backends
 
 
 def _gather_catalog(
