@@ -7,14 +7,6 @@ generated in a temp dir that points at test backends served in this process
 (tests/backends.py). ``--server werkzeug`` runs tests.gateway.GatewayServer in-process
 instead, for comparison.
 
-TCP_NODELAY on the in-process test backends: ``vmcp_actors.demo._serve.ServedApp`` creates
-its listening socket with ``proto=0``, so asyncio's ``_set_nodelay`` (which only acts on
-``proto == IPPROTO_TCP``) skips every accepted connection. uvicorn writes the response
-head and body separately, Nagle holds the body until the client's delayed ACK, and every
-answer of every test backend takes ~44 ms instead of ~1 ms. That would swamp everything
-measured here, so this module sets TCP_NODELAY on those connections (see
-:func:`fix_test_backend_nodelay`). ``VMCP_BENCH_KEEP_NAGLE=1`` keeps the unpatched behaviour.
-
 ``VMCP_BENCH_LOG_DIR=DIR`` keeps each gunicorn gateway's log (one INFO line per request
 with the gateway's own duration_ms) in DIR.
 """
@@ -22,7 +14,6 @@ with the gateway's own duration_ms) in DIR.
 from __future__ import annotations
 
 import argparse
-import asyncio.base_events
 import contextlib
 import ctypes
 import datetime
@@ -53,37 +44,6 @@ MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": 
 GUNICORN_LABEL = "gunicorn gthread, 1 worker, 32 threads (vmcp-actors serve, subprocess)"
 WERKZEUG_LABEL = "werkzeug threaded server (tests.gateway.GatewayServer, in-process)"
 WATCHDOG_SECONDS = 115.0  # every script must finish within 2 minutes
-
-
-# ----------------------------------------------------------------------------------
-# The test backends' missing TCP_NODELAY (see the module docstring)
-# ----------------------------------------------------------------------------------
-
-NODELAY_FIXED = False
-
-
-def fix_test_backend_nodelay() -> bool:
-    """Make asyncio set TCP_NODELAY on accepted TCP sockets created with ``proto=0``."""
-    global NODELAY_FIXED
-    if os.environ.get("VMCP_BENCH_KEEP_NAGLE") == "1":
-        return False
-    if NODELAY_FIXED:
-        return True
-
-    def _set_nodelay(sock: socket.socket) -> None:
-        if (
-            sock.family in (socket.AF_INET, socket.AF_INET6)
-            and sock.type == socket.SOCK_STREAM
-            and sock.proto in (0, socket.IPPROTO_TCP)
-        ):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    asyncio.base_events._set_nodelay = _set_nodelay  # type: ignore[attr-defined]
-    NODELAY_FIXED = True
-    return True
-
-
-fix_test_backend_nodelay()
 
 
 # ----------------------------------------------------------------------------------
@@ -172,8 +132,7 @@ def print_header(title: str, server: str, extra: Sequence[str] = ()) -> None:
     print(f"date: {datetime.date.today().isoformat()}   python {platform.python_version()}   "
           f"cpus: {os.cpu_count()}   host: {platform.machine()}")
     print(f"gateway served by: {server_label(server)}")
-    print("test backends: uvicorn in this process; TCP_NODELAY "
-          + ("set by the bench (see bench/_common.py)" if NODELAY_FIXED else "NOT set (VMCP_BENCH_KEEP_NAGLE=1)"))
+    print("test backends: tests/backends.py, served by uvicorn in the benchmark's process")
     for line in extra:
         print(line)
     print()

@@ -308,16 +308,20 @@ def test_a_session_with_a_call_in_flight_is_not_reaped(start_gateway):
         assert gateway.rpc(sid, "ping", request_id=8) == {"jsonrpc": "2.0", "id": 8, "result": {}}
 
 
-def test_a_backend_that_failed_discovery_joins_the_session_when_it_recovers(start_gateway, monkeypatch):
+def _alpha_and_hanging(start_gateway, alpha, hanging, hanging_timeout: str):
+    """A gateway over a good backend and a hanging one with a short timeout; a new session id."""
+    gateway = start_gateway({
+        "name": "t",
+        "backends": [backend_entry("alpha", alpha), backend_entry(hanging.name, hanging)],
+        "operational": {"timeouts": {"perWorkload": {hanging.name: hanging_timeout}}},
+    })
+    return gateway, gateway.initialize()
 
+
+def test_a_backend_that_failed_discovery_joins_the_session_when_it_recovers(start_gateway, monkeypatch):
     monkeypatch.setattr(session_module, "RETRY_FAILED_AFTER", 0.2)
     with sdk_backend("alpha", tools=("echo",)) as alpha, hanging_backend(name="flaky") as flaky:
-        gateway = start_gateway({
-            "name": "t",
-            "backends": [backend_entry("alpha", alpha), backend_entry("flaky", flaky)],
-            "operational": {"timeouts": {"perWorkload": {"flaky": "200ms"}}},
-        })
-        sid = gateway.initialize()
+        gateway, sid = _alpha_and_hanging(start_gateway, alpha, flaky, "200ms")
         first = gateway.rpc(sid, "tools/list")
         assert [t["name"] for t in first["result"]["tools"]] == ["alpha_echo"]
 
@@ -339,15 +343,9 @@ def test_a_backend_that_failed_discovery_joins_the_session_when_it_recovers(star
 
 
 def test_a_hanging_backend_delays_no_request_after_the_first_discovery(start_gateway, monkeypatch):
-
     monkeypatch.setattr(session_module, "RETRY_FAILED_AFTER", 0.05)
     with sdk_backend("alpha", tools=("echo",)) as alpha, hanging_backend(name="stuck") as stuck:
-        gateway = start_gateway({
-            "name": "t",
-            "backends": [backend_entry("alpha", alpha), backend_entry("stuck", stuck)],
-            "operational": {"timeouts": {"perWorkload": {"stuck": "300ms"}}},
-        })
-        sid = gateway.initialize()
+        gateway, sid = _alpha_and_hanging(start_gateway, alpha, stuck, "300ms")
         gateway.rpc(sid, "tools/list")  # pays for the first discovery once
         for _ in range(5):
             time.sleep(0.1)
