@@ -83,10 +83,6 @@ class Stats:
         return cls(len(ms), percentile(ms, 50), percentile(ms, 99), sum(ms) / len(ms), min(ms), max(ms))
 
 
-def ms(value: float) -> str:
-    return f"{value:.1f} ms" if value >= 100 else f"{value:.2f} ms"
-
-
 # ----------------------------------------------------------------------------------
 # Output: tables, targets, the run header
 # ----------------------------------------------------------------------------------
@@ -115,6 +111,9 @@ class Check:
 
 def report(checks: Sequence[Check]) -> int:
     """Print the targets table; 0 if every target is met, else 1."""
+    if not checks:
+        print("\n(diagnostic: no targets)")
+        return 0
     print()
     print(table(["target", "measured", "wanted", "result"],
                 [(c.name, c.measured, c.target, "MET" if c.ok else "MISSED") for c in checks]))
@@ -131,11 +130,24 @@ def print_header(title: str, server: str, extra: Sequence[str] = ()) -> None:
     print(f"== {title} ==")
     print(f"date: {datetime.date.today().isoformat()}   python {platform.python_version()}   "
           f"cpus: {os.cpu_count()}   host: {platform.machine()}")
+    print(f"code: {code_version()}")
     print(f"gateway served by: {server_label(server)}")
-    print("test backends: tests/backends.py, served by uvicorn in the benchmark's process")
+    print("test backends: tests/backends.py on uvicorn, in the benchmark's process unless said below")
     for line in extra:
         print(line)
     print()
+
+
+def code_version() -> str:
+    """The commit measured (read-only git), marked when vmcp_actors/ has uncommitted changes."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "vmcp_actors"], cwd=ROOT, capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    return f"{commit or 'unknown'}{' + uncommitted changes in vmcp_actors/' if dirty else ''}"
 
 
 def server_label(server: str) -> str:
@@ -314,13 +326,6 @@ def _answer(response: requests.Response, request_id: Any) -> dict[str, Any]:
     raise RpcFailure(f"no answer to request {request_id} in the event stream")
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds ``fn()`` took (perf_counter)."""
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
 def run_threads(count: int, work: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:
     """Run ``work(i)`` on ``count`` threads started together; their results (or exceptions)."""
     results: list[Any] = [None] * count
@@ -361,9 +366,46 @@ class RunningGateway:
     base: str
     server: str
     log_path: Path | None = None
+    pid: int | None = None  # the gunicorn worker (None: in this process)
 
     def client(self, timeout: float = 30.0) -> McpClient:
         return McpClient(self.url, timeout=timeout)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the gunicorn worker has used so far."""
+        return process_cpu_seconds(self.pid) if self.pid is not None else None
+
+
+def process_cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` (default: this process), from /proc."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class BackendProcess:
+    name: str
+    mcp_url: str
+    pid: int
+
+
+@contextlib.contextmanager
+def backend_process(kind: str, name: str, *tools: str) -> Iterator[BackendProcess]:
+    """A test backend (``sdk`` or ``raw``) served in its own process (bench/_backend_server.py)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench._backend_server", kind, name, *tools], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+    try:
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError(f"backend process {name!r} did not start")
+        yield BackendProcess(name, url, proc.pid)
+    finally:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        _stop_process(proc)
 
 
 def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -380,7 +422,11 @@ def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
     """The gateway over ``backends`` ({name: MCP URL}), stopped (and its actors) on exit."""
     config = config_mapping(backends, operational)
     if server == "werkzeug":
+        import logging
+
         from tests.gateway import GatewayServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no access log line per request
 
         served = GatewayServer(config).start()
         try:
@@ -393,8 +439,8 @@ def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         log_path = Path(tmp) / "gateway.log"
         try:
-            with _gunicorn(config_path, log_path) as base:
-                yield RunningGateway(base + "/mcp", base, GUNICORN_LABEL, log_path)
+            with _gunicorn(config_path, log_path) as (base, worker):
+                yield RunningGateway(base + "/mcp", base, GUNICORN_LABEL, log_path, worker)
         finally:
             keep = os.environ.get("VMCP_BENCH_LOG_DIR")
             if keep and log_path.exists():
@@ -429,26 +475,32 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _gunicorn(config_path: Path, log_path: Path, ready_timeout: float = 30.0) -> Iterator[str]:
+def _gunicorn(config_path: Path, log_path: Path) -> Iterator[tuple[str, int | None]]:
+    with serve_subprocess(lambda port: [*_vmcp_actors_command(), "serve", "--config", str(config_path),
+                                        "--host", "127.0.0.1", "--port", str(port)], log_path) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serve_subprocess(command: Callable[[int], list[str]], log_path: Path,
+                     ready_timeout: float = 30.0) -> Iterator[tuple[str, int | None]]:
+    """Run ``command(port)`` (a gunicorn server) until its /readyz answers 200; yields
+    (base URL, worker pid); SIGTERM on exit."""
     last_error = "not started"
     for _attempt in range(3):  # the free port may be taken between probing and binding
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                [*_vmcp_actors_command(), "serve", "--config", str(config_path), "--host", "127.0.0.1",
-                 "--port", str(port)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
-                preexec_fn=_die_with_parent,
-            )
+            proc = subprocess.Popen(command(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=ROOT, preexec_fn=_die_with_parent)
         try:
             if _wait_ready(proc, base, ready_timeout):
-                yield base
+                yield base, _only_child(proc.pid)
                 return
             last_error = _tail(log_path)
         finally:
             _stop_process(proc)
-    raise RuntimeError(f"the gateway did not become ready; log tail:\n{last_error}")
+    raise RuntimeError(f"the server did not become ready; log tail:\n{last_error}")
 
 
 def _wait_ready(proc: subprocess.Popen, base: str, timeout: float) -> bool:
@@ -463,6 +515,15 @@ def _wait_ready(proc: subprocess.Popen, base: str, timeout: float) -> bool:
             pass
         time.sleep(0.05)
     return False
+
+
+def _only_child(pid: int) -> int | None:
+    """The gunicorn master's one worker."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(children[0]) if len(children) == 1 else None
 
 
 def _stop_process(proc: subprocess.Popen) -> None:

@@ -1,6 +1,11 @@
 """Overhead: the same client code calling a trivial echo tool on one official-SDK backend,
 (a) directly and (b) through the gateway, side by side in one run.
 
+The backend runs in its own process by default (as backends do in production): in the
+clients' process, the 16 client threads and the backend would share one GIL, capping the
+direct mode at one core while the gateway mode gets a second process, which flatters the
+gateway. ``--backend inprocess`` measures that variant anyway.
+
 * Concurrent: 16 client threads, each with its own MCP session and requests.Session per
   mode; after a warm-up, N calls per thread per mode, in rounds alternating the two modes
   (D G G D D G G D ...) so machine noise lands on both alike. Latency p50/p99 and
@@ -8,7 +13,7 @@
 * Sequential: one thread, calls alternating direct/gateway one by one: the cleanest p50
   overhead.
 
-    .venv/bin/python -m bench.overhead [--server werkzeug] [--calls 200] [--threads 16]
+    .venv/bin/python -m bench.overhead [--server werkzeug] [--calls 200] [--threads 16] [--backend inprocess]
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from bench._common import (
     Check,
     McpClient,
     Stats,
+    backend_process,
     gateway,
     parse_args,
     print_header,
+    process_cpu_seconds,
     raise_failures,
     run_benchmark,
     run_threads,
@@ -43,18 +50,22 @@ def echo(client: McpClient, tool: str, text: str) -> None:
         raise RuntimeError(f"unexpected answer {result}")
 
 
-def body(server: str, threads: int, calls: int) -> list[Check]:
+def body(server: str, threads: int, calls: int, backend_where: str) -> list[Check]:
     from tests.backends import sdk_backend
 
     per_round = max(1, calls // ROUNDS)
+    where = "in its own process" if backend_where == "process" else "in this (the clients') process"
     print_header("overhead: echo tool, direct vs through the gateway", server, [
-        "backend: tests.backends.sdk_backend('echo') (official MCP SDK, stateful, SSE answers), in this process",
+        f"backend: tests.backends.sdk_backend('echo') (official MCP SDK, stateful, SSE answers), {where}",
         f"concurrent: {threads} threads x {per_round * ROUNDS} calls per mode after {WARMUP} warm-up calls, "
         f"{ROUNDS} rounds alternating modes (D G G D ...)",
         f"sequential: 1 thread, {SEQUENTIAL_CALLS} calls per mode, alternating call by call",
     ])
     with contextlib.ExitStack() as stack:
-        backend = stack.enter_context(sdk_backend("echo", tools=["echo"]))
+        if backend_where == "process":
+            backend = stack.enter_context(backend_process("sdk", "echo", "echo"))
+        else:
+            backend = stack.enter_context(sdk_backend("echo", tools=["echo"]))
         gw = stack.enter_context(gateway({"echo": backend.mcp_url}, server=server))
         modes = {"direct": (backend.mcp_url, "echo"), "gateway": (gw.url, "echo_echo")}
         clients = {mode: [stack.enter_context(McpClient(url)) for _ in range(threads)] for mode, (url, _) in modes.items()}
@@ -72,6 +83,8 @@ def body(server: str, threads: int, calls: int) -> list[Check]:
         # -- concurrent, rounds alternating the modes -------------------------------------
         latencies: dict[str, list[float]] = {"direct": [], "gateway": []}
         wall = {"direct": 0.0, "gateway": 0.0}
+        cpu = {"direct": 0.0, "gateway": 0.0}  # the gateway worker's CPU seconds in each mode
+        backend_cpu = {"direct": 0.0, "gateway": 0.0}  # the backend process's, when it has its own
         order = []
         for round_no in range(ROUNDS):
             order.extend(("direct", "gateway") if round_no % 2 == 0 else ("gateway", "direct"))
@@ -87,9 +100,15 @@ def body(server: str, threads: int, calls: int) -> list[Check]:
                     samples.append(time.perf_counter() - started)
                 return samples
 
+            cpu_before = gw.cpu_seconds()
+            backend_before = process_cpu_seconds(backend.pid) if backend_where == "process" else 0.0
             started = time.perf_counter()
             results = run_threads(threads, work, timeout=60)
             wall[mode] += time.perf_counter() - started
+            if cpu_before is not None:
+                cpu[mode] += gw.cpu_seconds() - cpu_before
+            if backend_where == "process":
+                backend_cpu[mode] += process_cpu_seconds(backend.pid) - backend_before
             raise_failures(results)
             for samples in results:
                 latencies[mode].extend(samples)
@@ -111,6 +130,12 @@ def body(server: str, threads: int, calls: int) -> list[Check]:
     ratio = rate["gateway"] / rate["direct"]
 
     print(f"concurrent ({threads} threads, {len(latencies['direct'])} calls per mode)")
+    calls_per_mode = len(latencies["gateway"])
+    if gw.pid is not None:
+        print(f"CPU per call: gateway worker {cpu['gateway'] / calls_per_mode * 1000:.2f} ms"
+              + (f"; backend process {backend_cpu['direct'] / calls_per_mode * 1000:.2f} ms (direct), "
+                 f"{backend_cpu['gateway'] / calls_per_mode * 1000:.2f} ms (through the gateway)"
+                 if backend_where == "process" else ""))
     print(table(["mode", "p50", "p99", "mean", "max", "throughput"], [
         (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.max:.1f} ms", f"{rate[mode]:.0f} calls/s")
         for mode, s in conc.items()
@@ -136,9 +161,11 @@ def main() -> None:
     def extra(parser) -> None:
         parser.add_argument("--threads", type=int, default=16)
         parser.add_argument("--calls", type=int, default=200, help="calls per thread per mode")
+        parser.add_argument("--backend", choices=("process", "inprocess"), default="process",
+                            help="serve the backend in its own process (default) or in the clients' process")
 
     args = parse_args(__doc__.splitlines()[0], extra=extra)
-    run_benchmark(lambda: body(args.server, args.threads, args.calls))
+    run_benchmark(lambda: body(args.server, args.threads, args.calls, args.backend))
 
 
 if __name__ == "__main__":
