@@ -1,16 +1,21 @@
 """Running blocking work off actor threads.
 
 Actors own state and must never hold their message loop on network I/O (DESIGN rule 2).
-HTTP exchanges therefore run on their own short-lived threads and report back through
+HTTP exchanges therefore run on worker threads and report back through
 ``concurrent.futures.Future`` values, which any number of threads may wait on.
-A thread per exchange (rather than a bounded pool) cannot deadlock when one exchange
-waits for another (a list call waiting for the handshake), and the number of exchanges
-in flight is already bounded by the web server's threads and the per-backend timeouts.
+
+The workers form an elastic pool: a job goes to an idle worker, and a new worker starts
+only when none is idle. So, unlike a bounded pool, a job that waits for another job (a
+list call waiting for the handshake) can never starve it, while a steady load reuses
+threads instead of paying for a new one per exchange. The number of jobs in flight is
+bounded by the web server's threads and the per-backend timeouts; idle workers leave after
+a minute. Workers are daemon threads so a hung exchange never holds up process exit.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,21 +23,62 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+class ElasticPool:
+    """Reusable daemon worker threads; a new one starts only when none is idle."""
+
+    def __init__(self, idle_exit: float = 60.0, name: str = "vmcp-io"):
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], cf.Future[Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # waiting workers not yet claimed by a submitted job
+        self._workers = 0
+        self._idle_exit = idle_exit
+        self._name = name
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> cf.Future[T]:
+        future: cf.Future[T] = cf.Future()
+        future.set_running_or_notify_cancel()
+        with self._lock:
+            start_worker = self._idle == 0
+            if start_worker:
+                self._workers += 1
+            else:
+                self._idle -= 1  # claim an idle worker for this job
+        self._jobs.put((fn, args, future))
+        if start_worker:
+            threading.Thread(target=self._work, name=self._name, daemon=True).start()
+        return future
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    def _work(self) -> None:
+        while True:
+            try:
+                fn, args, future = self._jobs.get(timeout=self._idle_exit)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # nobody claimed a waiting worker: one of us leaves
+                        self._idle -= 1
+                        self._workers -= 1
+                        return
+                continue  # a job was claimed and is on its way
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                future.set_exception(exc)
+            del fn, args, future  # drop references before idling
+            with self._lock:
+                self._idle += 1
+
+
+_POOL = ElasticPool()
+
+
 def run_in_thread(fn: Callable[..., T], *args: Any, name: str = "vmcp-io") -> cf.Future[T]:
-    """Run ``fn(*args)`` on a new daemon thread; its outcome lands in the returned future."""
-    future: cf.Future[T] = cf.Future()
-    future.set_running_or_notify_cancel()
-
-    def work() -> None:
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-
-    threading.Thread(target=work, name=name, daemon=True).start()
-    return future
+    """Run ``fn(*args)`` on a worker thread; its outcome lands in the returned future.
+    (``name`` is kept for call sites' readability; pooled workers share one name.)"""
+    return _POOL.submit(fn, *args)
 
 
 def resolved(value: T) -> cf.Future[T]:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ import requests
 import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
+from requests.utils import get_environ_proxies
 
 from vmcp_actors.exceptions import (
     BackendError,
@@ -48,7 +50,7 @@ _CHUNK = 64 * 1024
 _DRAIN_LIMIT = 64 * 1024
 # How long we wait for a backend to end an SSE stream after it sent our response (it
 # SHOULD end it at once); ending it lets the keep-alive connection be reused.
-_DRAIN_GRACE = 0.05
+_DRAIN_GRACE = 0.01
 # Body prefix read for the DEBUG log of an unexpected HTTP status.
 _ERROR_BODY_PREFIX = 200
 
@@ -140,6 +142,12 @@ class McpHttpClient:
             adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size)
             http.mount("http://", adapter)
             http.mount("https://", adapter)
+            # Read the proxy and CA settings once: with trust_env, requests re-reads the
+            # environment and ~/.netrc on every call (a tenth of the gateway's CPU per
+            # call), and netrc credentials would be sent to any backend listed there.
+            http.proxies = get_environ_proxies(url)
+            http.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+            http.trust_env = False
         self._http = http
 
     def __repr__(self) -> str:  # never the URL nor the headers
@@ -167,31 +175,42 @@ class McpHttpClient:
         response is returned, not raised. Raises a BackendError subclass otherwise.
         """
         deadline = time.monotonic() + timeout
-        is_request = "method" in message and "id" in message
-        headers = self._headers(session_id, protocol_version, extra_headers)
-        headers["Content-Type"] = _JSON
-        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        resp = self._send("POST", headers, body, deadline, timeout)
+        resp = self._open(message, session_id, protocol_version, extra_headers, deadline, timeout)
         try:
-            self._check_status(resp, session_id, deadline, timeout)
             new_session = resp.headers.get(SESSION_HEADER)
-            if not is_request:
+            if not ("method" in message and "id" in message):
                 self._drain(resp, deadline, timeout)
                 return PostResult(resp.status_code, new_session, None)
-            if resp.status_code in (202, 204):
-                raise BackendProtocolError(
-                    self._name, f"backend {self._name!r} answered HTTP {resp.status_code} to a request"
-                )
-            media = _media_type(resp)
-            if media == _JSON:
-                answer = self._read_json(resp, message["id"], deadline, timeout)
-            elif media == _SSE:
-                answer = self._read_sse(resp, message["id"], deadline, timeout, on_notification)
-            else:
-                raise BackendProtocolError(
-                    self._name, f"backend {self._name!r} answered with unexpected content type {media!r}"
-                )
-            return PostResult(resp.status_code, new_session, answer)
+            messages = self._messages(resp, message["id"], deadline, timeout)
+            while True:
+                try:
+                    notification = next(messages)
+                except StopIteration as answered:
+                    return PostResult(resp.status_code, new_session, answered.value)
+                if on_notification is not None:
+                    on_notification(notification)
+        finally:
+            resp.close()
+
+    def exchange(
+        self,
+        request: dict,
+        *,
+        session_id: str | None,
+        protocol_version: str | None,
+        timeout: float,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> Generator[dict, None, dict]:
+        """POST one request; yield each notification the backend streams as it arrives,
+        then return its response (a JSON-RPC error response is returned, not raised).
+
+        The caller drives it, so whoever waits for the answer also relays the stream:
+        no thread hand-off. Closing the generator early closes the HTTP response.
+        """
+        deadline = time.monotonic() + timeout
+        resp = self._open(request, session_id, protocol_version, extra_headers, deadline, timeout)
+        try:
+            return (yield from self._messages(resp, request["id"], deadline, timeout))
         finally:
             resp.close()
 
@@ -215,6 +234,41 @@ class McpHttpClient:
             self._http.close()
 
     # ------------------------------------------------------------------ HTTP
+
+    def _open(
+        self,
+        message: dict,
+        session_id: str | None,
+        protocol_version: str | None,
+        extra_headers: Mapping[str, str] | None,
+        deadline: float,
+        timeout: float,
+    ) -> requests.Response:
+        headers = self._headers(session_id, protocol_version, extra_headers)
+        headers["Content-Type"] = _JSON
+        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        resp = self._send("POST", headers, body, deadline, timeout)
+        try:
+            self._check_status(resp, session_id, deadline, timeout)
+        except BaseException:
+            resp.close()
+            raise
+        return resp
+
+    def _messages(
+        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float
+    ) -> Generator[dict, None, dict]:
+        """The notifications streamed before the response to ``request_id``; returns the response."""
+        if resp.status_code in (202, 204):
+            raise BackendProtocolError(
+                self._name, f"backend {self._name!r} answered HTTP {resp.status_code} to a request"
+            )
+        media = _media_type(resp)
+        if media == _JSON:
+            return self._read_json(resp, request_id, deadline, timeout)
+        if media == _SSE:
+            return (yield from self._read_sse(resp, request_id, deadline, timeout))
+        raise BackendProtocolError(self._name, f"backend {self._name!r} answered with unexpected content type {media!r}")
 
     def _headers(
         self, session_id: str | None, protocol_version: str | None, extra: Mapping[str, str] | None
@@ -369,13 +423,8 @@ class McpHttpClient:
         return answer
 
     def _read_sse(
-        self,
-        resp: requests.Response,
-        request_id: Any,
-        deadline: float,
-        timeout: float,
-        on_notification: Callable[[dict], None] | None,
-    ) -> dict:
+        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float
+    ) -> Generator[dict, None, dict]:
         try:
             for event in iter_sse_events(_split_lines(self._iter_chunks(resp, deadline, timeout))):
                 if not event.data.strip():
@@ -385,8 +434,9 @@ class McpHttpClient:
                 if answer is not None:
                     self._finish_stream(resp, deadline)
                     return answer
-                self._dispatch(msg, on_notification)
-                self._remaining(deadline, timeout)  # the callback may have taken a while
+                if self._is_notification(msg):
+                    yield msg
+                    self._remaining(deadline, timeout)  # relaying it may have taken a while
         except UnicodeDecodeError:
             raise BackendProtocolError(self._name, f"backend {self._name!r} sent an event that is not UTF-8") from None
         raise BackendProtocolError(
@@ -425,15 +475,16 @@ class McpHttpClient:
             return {**msg, "id": request_id}
         return None
 
-    def _dispatch(self, msg: dict, on_notification: Callable[[dict], None] | None) -> None:
+    def _is_notification(self, msg: dict) -> bool:
         method = msg.get("method")
         if method is None:
             logger.debug("backend %r sent a response for another request id; skipped", self._name)
-        elif "id" in msg:
+            return False
+        if "id" in msg:
             logger.warning(
                 "backend %r sent a server-to-client request %r, which is not supported yet; skipped",
                 self._name,
                 method,
             )
-        elif on_notification is not None:
-            on_notification(msg)
+            return False
+        return True

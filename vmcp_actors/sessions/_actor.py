@@ -50,13 +50,13 @@ class SessionActor(pykka.ThreadingActor):
             self._connections[backend.name] = BackendConnection.start(
                 backend, timeout=timeouts.for_backend(backend.name)
             ).proxy()
-        self._dispatcher = McpDispatcher(
-            AggregatedBackends(self._self, dict(self._connections), discovery_timeout(self._config)),
-            page_size=self._config.operational.page_size,
-            request_timeout=discovery_timeout(self._config) + max(
-                timeouts.for_backend(b.name) for b in self._config.backends
-            ),
+        channels = {name: conn.channel() for name, conn in self._connections.items()}
+        self._aggregated = AggregatedBackends(
+            self._self,
+            {name: future.get(timeout=ASK_TIMEOUT) for name, future in channels.items()},
+            discovery_timeout(self._config),
         )
+        self._dispatcher = McpDispatcher(self._aggregated, page_size=self._config.operational.page_size)
 
     def on_stop(self) -> None:
         for connection in self._connections.values():
@@ -88,6 +88,7 @@ class SessionActor(pykka.ThreadingActor):
             elif time.monotonic() - self._catalog_done_at >= RETRY_FAILED_AFTER:
                 self._refresh = self._discover(identity)
                 self._refresh.add_done_callback(self._report_refresh)
+        self._aggregated.publish(self._catalog)
         return self._catalog
 
     def refresh_finished(self, refresh: cf.Future[Catalog]) -> None:
@@ -97,6 +98,7 @@ class SessionActor(pykka.ThreadingActor):
         self._catalog_done_at = time.monotonic()
         if _usable(refresh):
             self._catalog = refresh
+            self._aggregated.publish(refresh)
 
     def _discover(self, identity: Identity | None) -> cf.Future[Catalog]:
         # Fan out to every backend at once (a backend already discovered answers from

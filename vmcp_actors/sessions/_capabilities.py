@@ -3,18 +3,21 @@
 ``AggregatedBackends`` is the innermost implementation; decorators (advertising filter,
 composite tools) wrap the same interface. Identity is always an explicit argument.
 Methods block only the calling (web) thread, never an actor: list and lookup methods
-wait for the session's catalog; calls return a future with the backend's result.
+wait for the session's catalog; calls return an Exchange, a generator the caller drives
+on its own thread, which yields the backend's streamed notifications as they arrive and
+returns the result.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Callable, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, Protocol
 
 import pykka
 
-from vmcp_actors.concurrency import ASK_TIMEOUT, failed, resolved
+from vmcp_actors.backends import BackendChannel
+from vmcp_actors.concurrency import ASK_TIMEOUT, run_in_thread
 from vmcp_actors.exceptions import BackendError, BackendRpcError, BackendTimeout
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
@@ -26,7 +29,8 @@ from vmcp_actors.protocol import (
 )
 from vmcp_actors.sessions._aggregation import Catalog, Route
 
-NotificationSink = Callable[[dict[str, Any]], None]
+# Yields notifications (JSON-RPC messages), returns the result object; raises JsonRpcError.
+Exchange = Generator[dict[str, Any], None, dict[str, Any]]
 
 
 class Capabilities(Protocol):
@@ -35,18 +39,17 @@ class Capabilities(Protocol):
     def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
     def lookup_tool(self, identity: Identity | None, name: str) -> Route | None: ...
     def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
-                  meta: dict[str, Any] | None, on_notification: NotificationSink | None = None) -> cf.Future[dict[str, Any]]: ...
+                  meta: dict[str, Any] | None) -> Exchange: ...
     def list_resources(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
     def list_resource_templates(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
     def lookup_resource(self, identity: Identity | None, uri: str) -> str | None: ...
-    def read_resource(self, identity: Identity | None, uri: str, meta: dict[str, Any] | None,
-                      on_notification: NotificationSink | None = None) -> cf.Future[dict[str, Any]]: ...
+    def read_resource(self, identity: Identity | None, uri: str, meta: dict[str, Any] | None) -> Exchange: ...
     def list_prompts(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
     def lookup_prompt(self, identity: Identity | None, name: str) -> Route | None: ...
     def get_prompt(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
-                   meta: dict[str, Any] | None, on_notification: NotificationSink | None = None) -> cf.Future[dict[str, Any]]: ...
-    def complete(self, identity: Identity | None, params: dict[str, Any]) -> cf.Future[dict[str, Any]]: ...
-    def set_logging_level(self, identity: Identity | None, level: str) -> cf.Future[dict[str, Any]]: ...
+                   meta: dict[str, Any] | None) -> Exchange: ...
+    def complete(self, identity: Identity | None, params: dict[str, Any]) -> Exchange | dict[str, Any]: ...
+    def set_logging_level(self, identity: Identity | None, level: str) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -68,32 +71,37 @@ def to_jsonrpc_error(error: BaseException) -> JsonRpcError:
     return JsonRpcError(INTERNAL_ERROR, "Internal error")
 
 
-def _translated(future: cf.Future[Any]) -> cf.Future[Any]:
-    """A future with the same result, whose failure is a JsonRpcError."""
-    out: cf.Future[Any] = cf.Future()
-
-    def copy(done: cf.Future[Any]) -> None:
-        error = done.exception()
-        if error is None:
-            out.set_result(done.result())
-        else:
-            out.set_exception(to_jsonrpc_error(error))
-
-    future.add_done_callback(copy)
-    return out
+def _translated(exchange: Generator[dict[str, Any], None, dict[str, Any]]) -> Exchange:
+    """The same exchange, its failures turned into JsonRpcErrors for the client."""
+    try:
+        return (yield from exchange)
+    except JsonRpcError:
+        raise
+    except Exception as error:  # noqa: BLE001 - every failure becomes a JSON-RPC error
+        raise to_jsonrpc_error(error) from None
 
 
 class AggregatedBackends:
     """The session's backends seen as one server, through the session's catalog."""
 
-    def __init__(self, session: Any, connections: Mapping[str, Any], discovery_timeout: float):
+    def __init__(self, session: Any, channels: Mapping[str, BackendChannel], discovery_timeout: float):
         self._session = session  # ActorProxy[SessionActor]
-        self._connections = connections  # backend name -> ActorProxy[BackendConnection]
+        self._channels = channels
         self._discovery_timeout = discovery_timeout
+        self._published: cf.Future[Catalog] | None = None
 
     # -- catalog -----------------------------------------------------------------------
 
+    def publish(self, catalog: cf.Future[Catalog]) -> None:
+        """Called by the SessionActor whenever its catalog changes (one atomic assignment)."""
+        self._published = catalog
+
     def catalog(self, identity: Identity | None) -> Catalog:
+        published = self._published
+        if published is not None and published.done() and published.exception() is None:
+            ready = published.result()
+            if ready.has_backends and not ready.failures:
+                return ready  # complete: nothing for the SessionActor to decide, no message needed
         try:
             pending = self._session.catalog(identity).get(timeout=ASK_TIMEOUT)
             catalog: Catalog = pending.result(timeout=self._discovery_timeout)
@@ -126,59 +134,54 @@ class AggregatedBackends:
 
     # -- calls -------------------------------------------------------------------------
 
-    def call_tool(self, identity, name, arguments, meta, on_notification=None):
+    def call_tool(self, identity, name, arguments, meta) -> Exchange:
         route = self.lookup_tool(identity, name)
         if route is None:
-            return failed(JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}"))
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
-        return self._request(identity, route.backend, "tools/call", params, on_notification)
+        return self._request(identity, route.backend, "tools/call", params)
 
-    def read_resource(self, identity, uri, meta, on_notification=None):
+    def read_resource(self, identity, uri, meta) -> Exchange:
         backend = self.lookup_resource(identity, uri)
         if backend is None:
-            return failed(JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri}))
-        return self._request(identity, backend, "resources/read", _with_meta({"uri": uri}, meta), on_notification)
+            raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        return self._request(identity, backend, "resources/read", _with_meta({"uri": uri}, meta))
 
-    def get_prompt(self, identity, name, arguments, meta, on_notification=None):
+    def get_prompt(self, identity, name, arguments, meta) -> Exchange:
         route = self.lookup_prompt(identity, name)
         if route is None:
-            return failed(JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {name}"))
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {name}")
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
-        return self._request(identity, route.backend, "prompts/get", params, on_notification)
+        return self._request(identity, route.backend, "prompts/get", params)
 
-    def complete(self, identity, params):
-        ref = params.get("ref")
+    def complete(self, identity, params) -> Exchange | dict[str, Any]:
+        ref = params["ref"]
         catalog = self.catalog(identity)
-        if ref.get("type") == "ref/prompt":
-            route = catalog.prompt_routes.get(ref.get("name"))
+        if ref["type"] == "ref/prompt":
+            route = catalog.prompt_routes.get(ref["name"])
             if route is None:
-                return failed(JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref.get('name')}"))
+                raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref['name']}")
             backend, ref = route.backend, {**ref, "name": route.original_name}
         else:
-            backend = catalog.route_template(ref.get("uri")) or catalog.resource_owners.get(ref.get("uri"))
+            backend = catalog.route_template(ref["uri"]) or catalog.resource_owners.get(ref["uri"])
             if backend is None:
-                return failed(JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": ref.get("uri")}))
+                raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": ref["uri"]})
         if not catalog.backends[backend].supports("completions"):
-            return resolved({"completion": {"values": [], "hasMore": False}})
-        return self._request(identity, backend, "completion/complete", {**params, "ref": ref}, None)
+            return {"completion": {"values": [], "hasMore": False}}
+        return self._request(identity, backend, "completion/complete", {**params, "ref": ref})
 
-    def set_logging_level(self, identity, level):
-        """Forwarded to every backend that has logging; the answer waits for none of them."""
-        catalog = self.catalog(identity)
-        for backend, found in catalog.backends.items():
+    def set_logging_level(self, identity, level) -> dict[str, Any]:
+        """Forwarded to every backend that has logging, in the background: the answer waits for none."""
+        for backend, found in self.catalog(identity).backends.items():
             if found.supports("logging"):
-                self._request(identity, backend, "logging/setLevel", {"level": level}, None)
-        return resolved({})
+                run_in_thread(self._channels[backend].call, identity, "logging/setLevel", {"level": level})
+        return {}
 
     def close(self) -> None:
         """Nothing to release here: the SessionActor owns the connections."""
 
-    def _request(self, identity, backend, method, params, on_notification):
-        try:
-            pending = self._connections[backend].request(identity, method, params, on_notification)
-            return _translated(pending.get(timeout=ASK_TIMEOUT))
-        except (pykka.ActorDeadError, pykka.Timeout):
-            return failed(JsonRpcError(INTERNAL_ERROR, f"backend {backend!r} connection is closed", {"backend": backend}))
+    def _request(self, identity, backend, method, params) -> Exchange:
+        return _translated(self._channels[backend].request(identity, method, params))
 
 
 def _with_meta(params: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:

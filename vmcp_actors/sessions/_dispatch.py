@@ -19,12 +19,11 @@ LOGGING_LEVELS = frozenset({"debug", "info", "notice", "warning", "error", "crit
 
 
 class McpDispatcher:
-    def __init__(self, capabilities: Capabilities, *, page_size: int, request_timeout: float):
+    def __init__(self, capabilities: Capabilities, *, page_size: int):
         self._capabilities = capabilities
         self._page_size = page_size
-        self._request_timeout = request_timeout
-        self._methods: dict[str, Callable[[Identity | None, dict[str, Any], Relay], Any]] = {
-            "ping": lambda identity, params, relay: {},
+        self._methods: dict[str, Callable[[Identity | None, dict[str, Any]], Any]] = {
+            "ping": lambda identity, params: {},
             "tools/list": self._list("tools", capabilities.list_tools),
             "resources/list": self._list("resources", capabilities.list_resources),
             "resources/templates/list": self._list("resourceTemplates", capabilities.list_resource_templates),
@@ -41,42 +40,41 @@ class McpDispatcher:
         if handler is None:
             return Relay.failed(request.id, JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}"))
         params = request.params if request.params is not None else {}
-        relay = Relay(request.id, self._request_timeout)
         try:
             if not isinstance(params, dict):
                 raise JsonRpcError(INVALID_PARAMS, "params must be an object")
-            outcome = handler(identity, params, relay)
+            outcome = handler(identity, params)
         except JsonRpcError as error:
             return Relay.failed(request.id, error)
         if isinstance(outcome, dict):
             return Relay.answered(request.id, outcome)
-        return relay.settle(outcome)
+        return Relay.streaming(request.id, outcome)
 
-    # -- handlers: return a result dict, or a future of one ----------------------------
+    # -- handlers: return a result dict, or an exchange that yields notifications ------
 
     def _list(self, key: str, lister: Callable[[Identity | None], tuple[dict[str, Any], ...]]):
-        def handler(identity: Identity | None, params: dict[str, Any], relay: Relay) -> dict[str, Any]:
+        def handler(identity: Identity | None, params: dict[str, Any]) -> dict[str, Any]:
             return paginate(lister(identity), key, params, self._page_size)
 
         return handler
 
-    def _call_tool(self, identity, params, relay):
+    def _call_tool(self, identity, params):
         name = _required_string(params, "name")
         return self._capabilities.call_tool(
-            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), relay.notify
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta")
         )
 
-    def _read_resource(self, identity, params, relay):
+    def _read_resource(self, identity, params):
         uri = _required_string(params, "uri")
-        return self._capabilities.read_resource(identity, uri, _optional_object(params, "_meta"), relay.notify)
+        return self._capabilities.read_resource(identity, uri, _optional_object(params, "_meta"))
 
-    def _get_prompt(self, identity, params, relay):
+    def _get_prompt(self, identity, params):
         name = _required_string(params, "name")
         return self._capabilities.get_prompt(
-            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), relay.notify
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta")
         )
 
-    def _complete(self, identity, params, relay):
+    def _complete(self, identity, params):
         ref = params.get("ref")
         if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
             raise JsonRpcError(INVALID_PARAMS, "ref must be an object of type ref/prompt or ref/resource")
@@ -86,7 +84,7 @@ class McpDispatcher:
             raise JsonRpcError(INVALID_PARAMS, "argument must be an object with a name")
         return self._capabilities.complete(identity, params)
 
-    def _set_logging_level(self, identity, params, relay):
+    def _set_logging_level(self, identity, params):
         level = params.get("level")
         if level not in LOGGING_LEVELS:
             raise JsonRpcError(INVALID_PARAMS, f"level must be one of {', '.join(sorted(LOGGING_LEVELS))}")

@@ -1,21 +1,18 @@
-"""Carrying one request's outcome from exchange threads back to the web thread.
+"""One request's answer as a sequence of events for the web layer to write.
 
-Notifications a backend streams before its result (progress, logging) are queued in
-arrival order; the final response ends the stream. The web layer answers JSON when
-the first event is already final, and SSE otherwise.
+An exchange yields the notifications a backend streams before its result (progress,
+logging) and then returns the result. The web thread drives it: if the first event is
+already final the answer is JSON, otherwise SSE with every event in arrival order.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
-import queue
-import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from vmcp_actors.protocol import INTERNAL_ERROR, REQUEST_TIMEOUT, JsonRpcError, error_response, result_response
+from vmcp_actors.protocol import INTERNAL_ERROR, JsonRpcError, error_response, result_response
 
 logger = logging.getLogger(__name__)
 
@@ -28,55 +25,42 @@ class RelayEvent:
 
 
 class Relay:
-    def __init__(self, request_id: Any, timeout: float):
+    def __init__(self, request_id: Any, exchange: Generator[dict[str, Any], None, dict[str, Any]] | None = None,
+                 final: RelayEvent | None = None):
         self._request_id = request_id
-        self._timeout = timeout
-        self._events: queue.SimpleQueue[RelayEvent] = queue.SimpleQueue()
+        self._exchange = exchange
+        self._final = final
 
     @classmethod
     def answered(cls, request_id: Any, result: Any) -> Relay:
-        relay = cls(request_id, 0)
-        relay._events.put(RelayEvent(result_response(request_id, result), final=True))
-        return relay
+        return cls(request_id, final=RelayEvent(result_response(request_id, result), final=True))
 
     @classmethod
     def failed(cls, request_id: Any, error: JsonRpcError) -> Relay:
-        relay = cls(request_id, 0)
-        relay._finish_with_error(error)
-        return relay
+        return cls(request_id, final=_error_event(request_id, error))
 
-    def notify(self, message: dict[str, Any]) -> None:
-        """Called from exchange threads for each notification the backend streams."""
-        self._events.put(RelayEvent(message))
-
-    def settle(self, future: cf.Future[Any]) -> Relay:
-        future.add_done_callback(self._on_done)
-        return self
+    @classmethod
+    def streaming(cls, request_id: Any, exchange: Generator[dict[str, Any], None, dict[str, Any]]) -> Relay:
+        return cls(request_id, exchange=exchange)
 
     def events(self) -> Iterator[RelayEvent]:
         """Notifications in arrival order, then exactly one final event."""
-        deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                event = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                yield RelayEvent(
-                    error_response(self._request_id, JsonRpcError(REQUEST_TIMEOUT, "Request timed out")), final=True
-                )
-                return
-            yield event
-            if event.final:
-                return
-
-    def _on_done(self, future: cf.Future[Any]) -> None:
-        error = future.exception()
-        if error is None:
-            self._events.put(RelayEvent(result_response(self._request_id, future.result()), final=True))
-        elif isinstance(error, JsonRpcError):
-            self._finish_with_error(error)
-        else:
+        if self._exchange is None:
+            yield self._final
+            return
+        try:
+            while True:
+                yield RelayEvent(next(self._exchange))
+        except StopIteration as answered:
+            yield RelayEvent(result_response(self._request_id, answered.value), final=True)
+        except JsonRpcError as error:
+            yield _error_event(self._request_id, error)
+        except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
             logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
-            self._finish_with_error(JsonRpcError(INTERNAL_ERROR, "Internal error"))
+            yield _error_event(self._request_id, JsonRpcError(INTERNAL_ERROR, "Internal error"))
+        finally:
+            self._exchange.close()  # the client went away mid-stream: end the backend exchange too
 
-    def _finish_with_error(self, error: JsonRpcError) -> None:
-        self._events.put(RelayEvent(error_response(self._request_id, error), final=True, http_status=error.http_status))
+
+def _error_event(request_id: Any, error: JsonRpcError) -> RelayEvent:
+    return RelayEvent(error_response(request_id, error), final=True, http_status=error.http_status)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ from flask import Flask, current_app
 
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.exceptions import ConfigError
-from vmcp_actors.gateway import Gateway
+from vmcp_actors.gateway import Gateway, SessionDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ EXTENSION_KEY = "vmcp_actors"
 class Runtime:
     config: VmcpConfig
     gateway: Any  # ActorProxy[Gateway]
+    sessions: SessionDirectory  # read by web threads on every request
     admin_token: str | None
     allowed_hosts: frozenset[str]
     any_host: bool
@@ -44,8 +46,9 @@ def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
         logger.warning(
             "listening on all interfaces but operational.allowedHosts is empty: only localhost Host headers are accepted"
         )
-    gateway = Gateway.start(config).proxy()
-    return Runtime(config, gateway, admin_token, frozenset(allowed - {"*"}), "*" in extra_hosts)
+    sessions = SessionDirectory(time.monotonic)
+    gateway = Gateway.start(config, sessions).proxy()
+    return Runtime(config, gateway, sessions, admin_token, frozenset(allowed - {"*"}), "*" in extra_hosts)
 
 
 def current_runtime() -> Runtime:

@@ -18,7 +18,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from vmcp_actors import __version__
 from vmcp_actors.concurrency import ASK_TIMEOUT
-from vmcp_actors.gateway import short_id
+from vmcp_actors.gateway import SessionDirectory, short_id
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
@@ -87,23 +87,20 @@ class _Served:
     """What one POST turned out to be, for its log line and the session's idle clock."""
 
     started: float
-    gateway: Any  # captured here: an SSE stream finishes outside the app context
+    sessions: SessionDirectory  # captured here: an SSE stream finishes outside the app context
     method: str = "-"
     session_id: str | None = None
     session_found: bool = False
 
     def finish(self, status: int, streamed: bool = False) -> None:
         if self.session_found:
-            try:
-                self.gateway.request_finished(self.session_id)
-            except pykka.ActorDeadError:
-                pass
+            self.sessions.finish(self.session_id)
         _log(self.method, self.session_id, self.started, status, streamed)
 
 
 @bp.post("/mcp")
 def post_message() -> Response:
-    served = _Served(time.monotonic(), current_runtime().gateway)
+    served = _Served(time.monotonic(), current_runtime().sessions)
     response = _serve_post(served)
     if not response.is_streamed:
         served.finish(response.status_code)
@@ -137,7 +134,7 @@ def _serve_post(served: _Served) -> Response:
         served.session_id = request.headers.get(SESSION_HEADER)
         if not served.session_id:
             return rpc_error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header", message.id)
-        handle = _ask(current_runtime().gateway.find_session(served.session_id, identity))
+        handle = current_runtime().sessions.find(served.session_id, identity)
         if handle is None:
             return rpc_error(404, INVALID_REQUEST, "Session not found", message.id)
         served.session_found = True
@@ -176,6 +173,7 @@ def _write_relay(events: Iterator[RelayEvent], served: _Served) -> Response:
             for event in events:
                 yield encode_sse_event(event.message)
         finally:  # also when the client goes away mid-stream
+            events.close()
             served.finish(200, streamed=True)
 
     return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
