@@ -17,9 +17,11 @@ max_requests = 0
 # SSE answers and slow backends hold a thread; gthread keeps them off the accept loop.
 timeout = 120
 graceful_timeout = 5
-# gthread lets idle kept-alive connections linger up to 2 s after SIGTERM; a short
-# keep-alive keeps shutdown prompt, and reconnecting costs a client little.
-keepalive = 1
+# Longer than a reverse proxy's idle timeout (nginx: 60 s), so the proxy, not us, closes
+# idle connections: a server closing a kept-alive connection just as a client reuses it
+# makes that request fail (a 1 s keep-alive did, for clients pausing about a second).
+# The price is at shutdown: gthread lets idle connections linger up to 2 s after SIGTERM.
+keepalive = 75
 # gunicorn's control socket path is shared by every instance of one user: two gateways
 # on one VM would take over each other's socket.
 control_socket_disable = True
