@@ -553,3 +553,45 @@ def test_answered_sse_stream_keeps_the_connection_alive(server):
     finally:
         c.close()
     assert len(handler.connections) == 1
+
+
+# --------------------------------------------------------------------------- exchange generator
+
+
+def drive(exchange) -> tuple[list[dict], dict]:
+    seen: list[dict] = []
+    while True:
+        try:
+            seen.append(next(exchange))
+        except StopIteration as answered:
+            return seen, answered.value
+
+
+def test_exchange_yields_streamed_notifications_then_returns_the_response(rsps, client):
+    rsps.post(URL, body=sse(note(1), note(2), RESULT), content_type="text/event-stream")
+    seen, answer = drive(client.exchange(REQUEST, session_id=None, protocol_version="2025-11-25", timeout=5))
+    assert seen == [note(1), note(2)]
+    assert answer == RESULT
+
+
+def test_exchange_of_a_json_answer_yields_nothing(rsps, client):
+    rsps.post(URL, json=RESULT)
+    seen, answer = drive(client.exchange(REQUEST, session_id=None, protocol_version="2025-11-25", timeout=5))
+    assert seen == [] and answer == RESULT
+
+
+def test_closing_an_exchange_early_closes_the_http_response(rsps, client, monkeypatch):
+    rsps.post(URL, body=sse(note(1), note(2), RESULT), content_type="text/event-stream")
+    closed: list[bool] = []
+    original_close = requests.Response.close
+    monkeypatch.setattr(requests.Response, "close", lambda self: (closed.append(True), original_close(self)))
+    exchange = client.exchange(REQUEST, session_id=None, protocol_version="2025-11-25", timeout=5)
+    assert next(exchange) == note(1)
+    exchange.close()  # the client went away mid-stream
+    assert closed
+
+
+def test_exchange_errors_are_raised_before_anything_is_yielded(rsps, client):
+    rsps.post(URL, status=404)
+    with pytest.raises(BackendSessionExpired):
+        next(client.exchange(REQUEST, session_id=SESSION, protocol_version="2025-11-25", timeout=5))
