@@ -730,3 +730,307 @@ __all__ = [
     "text_result",
     "tool_def",
 ]
+
+
+# ----------------------------------------------------------------------------------
+# Backends that require a real user (bearer JWTs) or a given client header
+# ----------------------------------------------------------------------------------
+
+import hmac as _hmac  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+
+REDACTED = "<redacted>"
+
+
+class HeaderDict(dict):
+    """Lower-cased header names; lookups (``[]``, ``get``, ``in``) ignore case."""
+
+    def __init__(self, headers: Iterable[tuple[str, str]] = ()) -> None:
+        super().__init__((k.lower(), v) for k, v in headers)
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key.lower() if isinstance(key, str) else key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(key.lower(), default)
+
+
+@dataclass(frozen=True)
+class AuthedReceivedMessage(ReceivedMessage):
+    """A :class:`ReceivedMessage` from a guarded backend: ``headers`` is a :class:`HeaderDict`
+    (credentials redacted where configured) and, once a bearer token verified, its claims.
+
+    ``subject`` / ``audience`` / ``scope`` come from the verified token; the raw token is
+    never kept.
+    """
+
+    subject: str | None = None
+    audience: Any = None  # str, or a list when the token has several audiences
+    scope: str | None = None
+    claims: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A request a guarded backend refused before handling it (no credentials recorded)."""
+
+    http_method: str
+    status: int
+    reason: str
+    at: float = field(default_factory=time.monotonic)
+
+
+class Unauthorized(Exception):
+    """Raise from an ``authorize`` hook to refuse a request (default HTTP 401)."""
+
+    def __init__(self, reason: str, *, status: int = 401, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+        self.headers = dict(headers or {})
+
+
+class GuardedMcpBackend(RawMcpBackend):
+    """A :class:`RawMcpBackend` with an ``authorize(request)`` hook run before EVERY request.
+
+    The hook (sync hooks run in a worker thread, async ones on the loop) returns a claims
+    mapping or ``None`` to let the request through, or raises :class:`Unauthorized`
+    (answered as ``{"error": ..., "error_description": reason}`` with its status/headers and
+    recorded in ``.rejections``, never in ``.received``). Returned claims land on the
+    request's ``.received`` entries (:class:`AuthedReceivedMessage`). Header values named in
+    ``redact_headers`` are recorded as ``<redacted>`` (scheme kept, e.g. ``Bearer <redacted>``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        handlers: dict[str, Handler] | None = None,
+        *,
+        authorize: Callable[[Any], Any] | None = None,
+        redact_headers: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, handlers, **kwargs)
+        self.authorize = authorize
+        self.redact_headers = frozenset(h.lower() for h in redact_headers)
+        self._rejections: list[Rejection] = []
+
+    @property
+    def rejections(self) -> list[Rejection]:
+        with self._lock:
+            return list(self._rejections)
+
+    async def _endpoint(self, request: Any) -> Any:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        if self.authorize is not None:
+            try:
+                if inspect.iscoroutinefunction(self.authorize):
+                    claims = await self.authorize(request)
+                else:
+                    claims = await run_in_threadpool(self.authorize, request)
+            except Unauthorized as exc:
+                with self._lock:
+                    self._rejections.append(Rejection(request.method, exc.status, exc.reason))
+                error = "invalid_token" if exc.status == 401 else "forbidden"
+                return JSONResponse({"error": error, "error_description": exc.reason},
+                                    status_code=exc.status, headers=exc.headers)
+            request.state.claims = dict(claims) if claims is not None else None
+        return await super()._endpoint(request)
+
+    def _redacted(self, name: str, value: str) -> str:
+        if name.lower() not in self.redact_headers:
+            return value
+        scheme, sep, _ = value.partition(" ")
+        return f"{scheme} {REDACTED}" if sep else REDACTED
+
+    def _record(self, payload: Any, request: Any) -> ReceivedMessage:
+        payload_dict = payload if isinstance(payload, dict) else {}
+        claims = getattr(request.state, "claims", None)
+        message = AuthedReceivedMessage(
+            method=payload_dict.get("method"),
+            id=payload_dict.get("id"),
+            params=payload_dict.get("params"),
+            session_id=request.headers.get(SESSION_HEADER),
+            protocol_version=request.headers.get(PROTOCOL_VERSION_HEADER),
+            headers=HeaderDict((k, self._redacted(k, v)) for k, v in request.headers.items()),
+            payload=payload,
+            subject=claims.get("sub") if claims else None,
+            audience=claims.get("aud") if claims else None,
+            scope=claims.get("scope") if claims else None,
+            claims=claims,
+        )
+        with self._lock:
+            self._received.append(message)
+        return message
+
+
+# Asymmetric algorithms only: HS* (incl. the RSA-public-key-as-HMAC-secret confusion) and
+# "none" are refused whatever the token header says.
+ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+class BearerJwtVerifier:
+    """``authorize`` hook: ``Authorization: Bearer <JWT>`` checked against an IdP's JWKS.
+
+    The JWKS is fetched over HTTP (PyJWT's ``PyJWKClient``), cached for ``jwks_cache_seconds``
+    and refetched at once when a token names an unknown kid. Checks signature (asymmetric
+    algorithms only, and the algorithm of the matching JWK), ``iss``, ``aud``, ``exp``,
+    ``nbf``; requires ``sub``. Failures raise :class:`Unauthorized` with
+    ``WWW-Authenticate: Bearer realm=..., error="invalid_token"`` (also when the token is
+    missing, so clients always see the same challenge).
+    """
+
+    def __init__(self, jwks_url: str, issuer: str, audience: str, *, realm: str = "mcp",
+                 jwks_cache_seconds: float = 300.0, leeway: float = 0.0) -> None:
+        import jwt
+
+        self.issuer = issuer
+        self.audience = audience
+        self.realm = realm
+        self.leeway = leeway
+        self._jwks = jwt.PyJWKClient(jwks_url, cache_keys=False, cache_jwk_set=True, lifespan=jwks_cache_seconds,
+                                     timeout=5, cooldown_duration=0)
+
+    def refresh_jwks(self) -> None:
+        """Drop the cached JWKS (e.g. after ``rotate_rsa_key(drop_old=True)``)."""
+        self._jwks.get_jwk_set(refresh=True)
+
+    def _refuse(self, description: str) -> Unauthorized:
+        challenge = f'Bearer realm="{self.realm}", error="invalid_token", error_description="{description}"'
+        return Unauthorized(description, headers={"WWW-Authenticate": challenge})
+
+    def __call__(self, request: Any) -> dict[str, Any]:
+        import jwt
+
+        header = request.headers.get("authorization")
+        if not header:
+            raise self._refuse("missing bearer token")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise self._refuse("not a bearer token")
+        try:
+            key = self._jwks.get_signing_key_from_jwt(token)
+            if key.algorithm_name not in ASYMMETRIC_ALGORITHMS:
+                raise self._refuse("signing key algorithm not accepted")
+            claims = jwt.decode(
+                token, key.key, algorithms=[key.algorithm_name], audience=self.audience, issuer=self.issuer,
+                leeway=self.leeway, options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.PyJWTError as exc:
+            raise self._refuse(f"token rejected ({type(exc).__name__})") from None
+        if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+            raise self._refuse("token has no subject")
+        return claims
+
+
+class AuthedBackend(GuardedMcpBackend):
+    """A guarded backend whose ``authorize`` is a :class:`BearerJwtVerifier` (``.verifier``)."""
+
+    verifier: BearerJwtVerifier
+
+    def refresh_jwks(self) -> None:
+        self.verifier.refresh_jwks()
+
+
+def authed_backend(
+    name: str,
+    idp: Any,
+    audience: str,
+    tools_by_subject: Mapping[str, Sequence[str]],
+    default_tools: Sequence[str] = (),
+    *,
+    jwks_cache_seconds: float = 300.0,
+) -> AuthedBackend:
+    """A started raw backend that requires a valid bearer JWT from ``idp`` on every request.
+
+    ``idp`` is anything with ``.jwks_url`` and ``.issuer`` (e.g. ``tests.idp.LocalIdP``).
+    Every request, ``initialize`` included, needs ``Authorization: Bearer <JWT>`` signed by
+    a key in the IdP's JWKS (fetched over HTTP), with ``iss == idp.issuer``,
+    ``aud`` containing ``audience`` and not expired; otherwise HTTP 401 with
+    ``WWW-Authenticate: Bearer error="invalid_token"`` (see ``.rejections``).
+
+    ``tools/list`` lists ``tools_by_subject[sub]`` (else ``default_tools``) for the token's
+    ``sub``; ``tools/call`` of one of those answers ``"{name}:{tool}:{sub}"``, of any other
+    tool -32602. ``.received`` entries carry ``.subject``, ``.audience``, ``.scope`` and
+    ``.claims`` of the verified token; the ``Authorization`` header is recorded redacted.
+    """
+    visible = {subject: tuple(tools) for subject, tools in tools_by_subject.items()}
+    default = tuple(default_tools)
+
+    def tools_of(call: RpcCall) -> tuple[str, ...]:
+        subject = getattr(call.message, "subject", None)
+        return visible.get(subject, default) if subject is not None else default
+
+    def list_tools(call: RpcCall) -> dict[str, Any]:
+        return {"tools": [tool_def(tool, f"{tool} on {name}") for tool in tools_of(call)]}
+
+    def call_tool(call: RpcCall) -> dict[str, Any]:
+        tool = call.params.get("name")
+        if tool not in tools_of(call):
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {tool}")
+        return text_result(f"{name}:{tool}:{call.message.subject}")
+
+    verifier = BearerJwtVerifier(idp.jwks_url, idp.issuer, audience, realm=name,
+                                 jwks_cache_seconds=jwks_cache_seconds)
+    backend = AuthedBackend(name, {"tools/list": list_tools, "tools/call": call_tool},
+                            authorize=verifier, redact_headers=("authorization",))
+    backend.verifier = verifier
+    return backend.start()
+
+
+def header_backend(
+    name: str = "headers",
+    required_header: str | None = None,
+    expected_value: str | None = None,
+) -> GuardedMcpBackend:
+    """A started raw backend with ``echo(text)`` -> ``"{name}:{text}"`` and ``whoami()`` -> ``name``.
+
+    With ``required_header``, every request (``initialize`` included) lacking that header
+    - or, with ``expected_value``, carrying another value - gets HTTP 401 (see
+    ``.rejections``). ``.received[i].headers`` holds every request header, unredacted,
+    with case-insensitive lookups, so tests can assert what a client passed through.
+    """
+
+    def authorize(request: Any) -> None:
+        if required_header is None:
+            return None
+        value = request.headers.get(required_header)
+        challenge = {"WWW-Authenticate": f'Bearer realm="{name}"'} if required_header.lower() == "authorization" else {}
+        if value is None:
+            raise Unauthorized(f"missing header {required_header}", headers=challenge)
+        if expected_value is not None and not _hmac.compare_digest(value.encode(), expected_value.encode()):
+            raise Unauthorized(f"wrong value for header {required_header}", headers=challenge)
+        return None
+
+    async def call_tool(call: RpcCall) -> dict[str, Any]:
+        arguments = call.params.get("arguments") or {}
+        tool = call.params.get("name")
+        if tool == "echo":
+            return text_result(f"{name}:{arguments.get('text', '')}")
+        if tool == "whoami":
+            return text_result(name)
+        raise RpcError(INVALID_PARAMS, f"Unknown tool: {tool}")
+
+    tools = [tool_def("echo", "Echo text back", text="string"), tool_def("whoami", "The backend's name")]
+    handlers: dict[str, Handler] = {"tools/list": static_result({"tools": tools}), "tools/call": call_tool}
+    return GuardedMcpBackend(name, handlers, authorize=authorize).start()
+
+
+__all__ += [
+    "ASYMMETRIC_ALGORITHMS",
+    "AuthedBackend",
+    "AuthedReceivedMessage",
+    "BearerJwtVerifier",
+    "GuardedMcpBackend",
+    "HeaderDict",
+    "Rejection",
+    "Unauthorized",
+    "authed_backend",
+    "header_backend",
+]

@@ -58,3 +58,12 @@ class BackendRpcError(BackendError):
         self.rpc_message = message
         self.data = data
         super().__init__(backend, f"backend {backend!r} answered error {code}: {message}")
+
+
+class BackendAuthError(BackendError):
+    """Credentials for a backend could not be obtained for this caller (e.g. a failed token
+    exchange). ``idp_error`` is the identity provider's error code, if it gave one."""
+
+    def __init__(self, backend: str, message: str, idp_error: str | None = None):
+        self.idp_error = idp_error
+        super().__init__(backend, message)

@@ -9,18 +9,25 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+import yaml
 
 from vmcp_actors.config import (
     AdminConfig,
     AggregationConfig,
+    BackendAuthConfig,
     BackendConfig,
+    HeaderInjectionConfig,
     IncomingAuthConfig,
+    OidcConfig,
     OperationalConfig,
+    OutgoingAuthConfig,
     TimeoutsConfig,
+    TokenExchangeConfig,
     VmcpConfig,
     config_from_mapping,
     load_config,
     parse_duration,
+    required_env_vars,
 )
 from vmcp_actors.exceptions import ConfigError
 
@@ -320,7 +327,6 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
     ("overrides", "expected"),
     [
         ({"compositeTools": [{"name": "t"}]}, "compositeTools: compositeTools is not supported yet"),
-        ({"outgoingAuth": {"default": {"type": "unauthenticated"}}}, "outgoingAuth: outgoingAuth is not supported yet"),
         ({"compositeToolRefs": ["t"]}, "compositeToolRefs: compositeToolRefs is not supported yet"),
         ({"groupRef": "engineering"}, "groupRef: groupRef is not supported yet"),
         ({"telemetry": {}}, "telemetry: telemetry is not supported yet"),
@@ -332,20 +338,22 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
             {"aggregation": {"conflictResolutionConfig": {"priorityOrder": ["github"]}}},
             "aggregation.conflictResolutionConfig.priorityOrder: priorityOrder is not supported yet",
         ),
-        ({"operational": {"discoveryCacheTTL": "5m"}}, "operational.discoveryCacheTTL: discoveryCacheTTL is not supported yet"),
-        ({"incomingAuth": {"oidc": {"issuer": "https://idp"}}}, "incomingAuth.oidc: oidc is not supported yet"),
+        ({"incomingAuth": {"authz": {"type": "cedar"}}}, "incomingAuth.authz: authz is not supported yet"),
+        ({"outgoingAuth": {"source": "inline"}}, "outgoingAuth.source: source is not supported yet (backends are configured inline)"),
     ],
 )
 def test_contract_field_not_built_yet_is_rejected_by_name(overrides: dict[str, Any], expected: str) -> None:
     assert errors_of(minimal(**overrides)) == (expected,)
 
 
-def test_oidc_incoming_auth_type_is_not_supported_yet() -> None:
-    assert errors_of(minimal(incomingAuth={"type": "oidc"})) == ("incomingAuth.type: 'oidc' is not supported yet",)
+def test_local_incoming_auth_type_is_not_supported_yet() -> None:
+    assert errors_of(minimal(incomingAuth={"type": "local"})) == ("incomingAuth.type: 'local' is not supported yet",)
 
 
 def test_unknown_incoming_auth_type_lists_the_choices() -> None:
-    assert errors_of(minimal(incomingAuth={"type": "basic"})) == ("incomingAuth.type: must be one of anonymous, oidc",)
+    assert errors_of(minimal(incomingAuth={"type": "basic"})) == (
+        "incomingAuth.type: must be one of anonymous, oidc, local",
+    )
 
 
 @pytest.mark.parametrize("strategy", ["priority", "manual"])
@@ -440,7 +448,7 @@ def test_several_errors_are_reported_together_sorted_by_path() -> None:
         "backends[1].name: duplicate backend name 'a' (also backends[0])",
         "backends[1].ulr: unknown field",
         "compositeTools: compositeTools is not supported yet",
-        "incomingAuth.type: 'oidc' is not supported yet",
+        "incomingAuth.oidc: is required for type oidc",
         "operational.pageSize: must be between 1 and 10000",
         "operational.timeouts.default: invalid duration 'abc' (use e.g. 500ms, 30s, 2m)",
         "operational.timeouts.perWorkload.nosuch: no backend named 'nosuch'",
@@ -522,3 +530,573 @@ def test_directory_instead_of_file_is_reported(tmp_path: Path) -> None:
 def test_non_string_yaml_keys_are_reported_as_unknown_fields() -> None:
     assert errors_of(minimal(**{"5": 1})) == ("5: unknown field",)
     assert errors_of({**minimal(), 5: 1}) == ("5: unknown field",)
+
+
+# --- identity and outgoing auth ---------------------------------------------------------
+
+AUTH_CONFIG = """\
+name: engineering
+backends:
+  - {name: github, url: http://127.0.0.1:8081/mcp}
+  - {name: jira, url: https://jira-mcp.example.com/mcp}
+incomingAuth:
+  type: oidc
+  oidc:
+    issuer: https://idp.example.com
+    audience: vmcp
+    jwksUrl: https://idp.example.com/jwks
+    algorithms: [RS256, EdDSA]
+    clockSkew: 1m
+    resourceUrl: https://gw.example.com/mcp
+outgoingAuth:
+  default: {type: unauthenticated}
+  backends:
+    github:
+      type: header_injection
+      headerInjection: {headerName: X-Api-Key, headerValueEnv: GITHUB_TOKEN}
+    jira:
+      type: token_exchange
+      tokenExchange:
+        tokenUrl: https://idp.example.com/token
+        clientId: vmcp
+        clientSecretEnv: JIRA_EXCHANGE_SECRET
+        audience: jira-api
+        scopes: [read, write]
+  passthroughHeaders: [X-Request-Id, X-Tenant]
+operational:
+  discoveryCacheTTL: 45s
+admin: {tokenEnv: VMCP_ADMIN_TOKEN}
+"""
+
+OIDC = {"issuer": "https://idp.example.com", "audience": "vmcp"}
+SECRET = "sk-live-7Hq2xZ9pLm4Vw8Rt"
+
+
+def yaml_auth_config() -> dict[str, Any]:
+    return yaml.safe_load(AUTH_CONFIG)
+
+
+def two_backends(**overrides: Any) -> dict[str, Any]:
+    return minimal(
+        backends=[
+            {"name": "github", "url": "http://127.0.0.1:8081/mcp"},
+            {"name": "jira", "url": "http://127.0.0.1:8082/mcp"},
+        ],
+        **overrides,
+    )
+
+
+def with_oidc(**oidc: Any) -> dict[str, Any]:
+    return minimal(incomingAuth={"type": "oidc", "oidc": {**OIDC, **oidc}})
+
+
+def with_backend_auth(auth: Any, oidc: bool = False, **overrides: Any) -> dict[str, Any]:
+    """A config whose backend ``github`` authenticates with ``auth``."""
+    data = minimal(outgoingAuth={"backends": {"github": auth}}, **overrides)
+    if oidc:
+        data["incomingAuth"] = {"type": "oidc", "oidc": OIDC}
+    return data
+
+
+def injection(**block: Any) -> dict[str, Any]:
+    return {"type": "header_injection", "headerInjection": {"headerName": "X-Api-Key", **block}}
+
+
+def exchange(**block: Any) -> dict[str, Any]:
+    block = {"tokenUrl": "https://idp.example.com/token", "clientId": "vmcp", **block}
+    return {"type": "token_exchange", "tokenExchange": block}
+
+
+def test_full_auth_config_loads_into_the_right_dataclasses(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, AUTH_CONFIG))
+
+    assert config.incoming_auth == IncomingAuthConfig(
+        type="oidc",
+        oidc=OidcConfig(
+            issuer="https://idp.example.com",
+            audience="vmcp",
+            jwks_url="https://idp.example.com/jwks",
+            algorithms=("RS256", "EdDSA"),
+            clock_skew=60.0,
+            resource_url="https://gw.example.com/mcp",
+        ),
+    )
+    assert config.outgoing_auth == OutgoingAuthConfig(
+        default=BackendAuthConfig(type="unauthenticated"),
+        backends={
+            "github": BackendAuthConfig(
+                type="header_injection",
+                header_injection=HeaderInjectionConfig(header_name="X-Api-Key", header_value_env="GITHUB_TOKEN"),
+            ),
+            "jira": BackendAuthConfig(
+                type="token_exchange",
+                token_exchange=TokenExchangeConfig(
+                    token_url="https://idp.example.com/token",
+                    client_id="vmcp",
+                    client_secret_env="JIRA_EXCHANGE_SECRET",
+                    audience="jira-api",
+                    scopes=("read", "write"),
+                ),
+            ),
+        },
+        passthrough_headers=("X-Request-Id", "X-Tenant"),
+    )
+    assert config.operational.discovery_cache_ttl == 45.0
+
+
+def test_auth_defaults_are_anonymous_and_unauthenticated() -> None:
+    config = config_from_mapping(minimal())
+
+    assert config.incoming_auth == IncomingAuthConfig(type="anonymous", oidc=None)
+    assert config.outgoing_auth == OutgoingAuthConfig()
+    assert config.outgoing_auth.default == BackendAuthConfig(type="unauthenticated")
+    assert dict(config.outgoing_auth.backends) == {}
+    assert config.outgoing_auth.passthrough_headers == ()
+    assert config.operational.discovery_cache_ttl == 30.0
+
+
+def test_oidc_block_gets_the_documented_defaults() -> None:
+    oidc = config_from_mapping(with_oidc()).incoming_auth.oidc
+
+    assert oidc == OidcConfig(issuer="https://idp.example.com", audience="vmcp")
+    assert oidc.jwks_url is None
+    assert oidc.algorithms == ("RS256", "ES256")
+    assert oidc.clock_skew == 30.0
+    assert oidc.resource_url is None
+
+
+def test_empty_auth_sections_get_defaults() -> None:
+    config = config_from_mapping(minimal(outgoingAuth={}, incomingAuth={"type": "anonymous"}))
+    assert config == VmcpConfig(name="engineering", backends=config.backends)
+    config = config_from_mapping(minimal(outgoingAuth={"default": {}, "backends": {}, "passthroughHeaders": []}))
+    assert config == VmcpConfig(name="engineering", backends=config.backends)
+
+
+def test_http_issuer_is_accepted_for_loopback_identity_providers() -> None:
+    oidc = config_from_mapping(with_oidc(issuer="http://127.0.0.1:9000/realms/test")).incoming_auth.oidc
+    assert oidc is not None and oidc.issuer == "http://127.0.0.1:9000/realms/test"
+
+
+def test_for_backend_falls_back_to_the_default() -> None:
+    github = BackendAuthConfig(
+        type="header_injection", header_injection=HeaderInjectionConfig("X-Api-Key", header_value_env="T")
+    )
+    outgoing = OutgoingAuthConfig(default=BackendAuthConfig(), backends={"github": github})
+    assert outgoing.for_backend("github") is github
+    assert outgoing.for_backend("jira") == BackendAuthConfig(type="unauthenticated")
+
+
+def test_auth_dataclasses_are_frozen_hashable_and_copy_their_arguments() -> None:
+    backends = {"github": BackendAuthConfig()}
+    outgoing = OutgoingAuthConfig(backends=backends, passthrough_headers=["X-Tenant"])  # type: ignore[arg-type]
+    backends["jira"] = BackendAuthConfig()
+
+    assert list(outgoing.backends) == ["github"]
+    assert isinstance(outgoing.backends, MappingProxyType)
+    assert outgoing.passthrough_headers == ("X-Tenant",)
+    assert OidcConfig("https://i", "a", algorithms=["RS256"]).algorithms == ("RS256",)  # type: ignore[arg-type]
+    assert TokenExchangeConfig("https://t", "c", scopes=["read"]).scopes == ("read",)  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        outgoing.default = BackendAuthConfig()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        outgoing.backends["x"] = BackendAuthConfig()  # type: ignore[index]
+    assert hash(config_from_mapping(yaml_auth_config())) == hash(config_from_mapping(yaml_auth_config()))
+
+
+# algorithms and clock skew
+
+def test_none_algorithm_is_refused_with_the_reason() -> None:
+    assert errors_of(with_oidc(algorithms=["none"])) == (
+        "incomingAuth.oidc.algorithms[0]: 'none' is not allowed: unsigned tokens would be accepted from anyone",
+    )
+
+
+@pytest.mark.parametrize("algorithm", ["HS256", "HS384", "HS512", "hs256"])
+def test_hmac_algorithms_are_refused_with_the_reason(algorithm: str) -> None:
+    assert errors_of(with_oidc(algorithms=["RS256", algorithm])) == (
+        f"incomingAuth.oidc.algorithms[1]: {algorithm!r} is not allowed: "
+        "HMAC with a public key would let anyone forge tokens",
+    )
+
+
+def test_unknown_algorithm_lists_the_allowed_ones() -> None:
+    assert errors_of(with_oidc(algorithms=["RS1"])) == (
+        "incomingAuth.oidc.algorithms[0]: must be one of RS256, RS384, RS512, PS256, PS384, PS512, "
+        "ES256, ES384, ES512, EdDSA",
+    )
+
+
+def test_every_asymmetric_algorithm_is_accepted() -> None:
+    algorithms = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+    oidc = config_from_mapping(with_oidc(algorithms=algorithms)).incoming_auth.oidc
+    assert oidc is not None and oidc.algorithms == tuple(algorithms)
+
+
+def test_empty_or_repeated_algorithms_are_rejected() -> None:
+    assert errors_of(with_oidc(algorithms=[])) == ("incomingAuth.oidc.algorithms: must list at least one algorithm",)
+    assert errors_of(with_oidc(algorithms=["ES256", "RS256", "ES256"])) == (
+        "incomingAuth.oidc.algorithms[2]: duplicate algorithm 'ES256' (also algorithms[0])",
+    )
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("0", 0.0), ("0s", 0.0), ("500ms", 0.5), ("5m", 300.0)])
+def test_clock_skew_accepts_zero_to_five_minutes(text: str, seconds: float) -> None:
+    oidc = config_from_mapping(with_oidc(clockSkew=text)).incoming_auth.oidc
+    assert oidc is not None and oidc.clock_skew == seconds
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("5m1s", "must be at most 5m"),
+    ("1h", "must be at most 5m"),
+    ("-1s", "invalid duration '-1s': must not be negative (use e.g. 500ms, 30s, 2m)"),
+    ("30", "invalid duration '30': durations need a unit, e.g. 30s"),
+])
+def test_clock_skew_out_of_bounds_is_rejected(text: str, message: str) -> None:
+    assert errors_of(with_oidc(clockSkew=text)) == (f"incomingAuth.oidc.clockSkew: {message}",)
+
+
+# incoming auth type and block
+
+def test_oidc_type_without_oidc_block_is_rejected() -> None:
+    assert errors_of(minimal(incomingAuth={"type": "oidc"})) == ("incomingAuth.oidc: is required for type oidc",)
+    assert errors_of(minimal(incomingAuth={"type": "oidc", "oidc": None})) == (
+        "incomingAuth.oidc: is required for type oidc",
+    )
+
+
+@pytest.mark.parametrize("incoming", [{"type": "anonymous", "oidc": OIDC}, {"oidc": OIDC}])
+def test_anonymous_type_with_oidc_block_is_rejected(incoming: dict[str, Any]) -> None:
+    assert errors_of(minimal(incomingAuth=incoming)) == (
+        "incomingAuth.oidc: must not be set for type anonymous (it is for type oidc)",
+    )
+
+
+def test_oidc_issuer_and_audience_are_required() -> None:
+    assert errors_of(minimal(incomingAuth={"type": "oidc", "oidc": {}})) == (
+        "incomingAuth.oidc.audience: is required",
+        "incomingAuth.oidc.issuer: is required",
+    )
+    assert errors_of(with_oidc(audience=" ")) == ("incomingAuth.oidc.audience: must not be empty",)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("issuer", "idp.example.com", "must be an http(s) URL with a host"),
+    ("issuer", "https://idp.example.com/?tenant=a", "must be an http(s) URL without ?query or #fragment"),
+    ("jwksUrl", "file:///etc/jwks.json", "must be an http(s) URL with a host"),
+    ("resourceUrl", "https://gw.example.com/mcp#top", "must be an http(s) URL without a #fragment (RFC 9728)"),
+    ("resourceUrl", "gw.example.com", "must be an http(s) URL with a host"),
+])
+def test_oidc_urls_are_validated(field: str, value: str, message: str) -> None:
+    assert errors_of(with_oidc(**{field: value})) == (f"incomingAuth.oidc.{field}: {message}",)
+
+
+@pytest.mark.parametrize(("field", "expected"), [
+    ("clientId", "clientId is not supported yet"),
+    ("clientSecretEnv", "clientSecretEnv is not supported yet"),
+    ("scopes", "scopes is not supported yet"),
+    ("resource", "resource is not supported yet (resourceUrl sets the advertised resource)"),
+    ("insecureAllowHttp", "insecureAllowHttp is not supported yet (http issuers are accepted)"),
+    ("protectedResourceAllowPrivateIp", "protectedResourceAllowPrivateIp is not supported yet"),
+])
+def test_toolhive_oidc_fields_not_built_are_rejected_by_name(field: str, expected: str) -> None:
+    assert errors_of(with_oidc(**{field: "x"})) == (f"incomingAuth.oidc.{field}: {expected}",)
+
+
+# outgoing auth type and block
+
+@pytest.mark.parametrize(("auth", "expected"), [
+    ({"type": "header_injection"}, ("headerInjection: is required for type header_injection",)),
+    ({"type": "token_exchange"}, ("tokenExchange: is required for type token_exchange",)),
+    (
+        {"type": "unauthenticated", "headerInjection": {"headerName": "X-Api-Key", "headerValueEnv": "T"}},
+        ("headerInjection: must not be set for type unauthenticated (it is for type header_injection)",),
+    ),
+    (
+        {**exchange(), "headerInjection": {"headerName": "X-Api-Key", "headerValueEnv": "T"}},
+        ("headerInjection: must not be set for type token_exchange (it is for type header_injection)",),
+    ),
+    (
+        {"type": "header_injection", "tokenExchange": exchange()["tokenExchange"]},
+        (
+            "headerInjection: is required for type header_injection",
+            "tokenExchange: must not be set for type header_injection (it is for type token_exchange)",
+        ),
+    ),
+    (
+        {"tokenExchange": exchange()["tokenExchange"]},
+        ("tokenExchange: must not be set for type unauthenticated (it is for type token_exchange)",),
+    ),
+])
+def test_auth_block_must_match_the_type(auth: dict[str, Any], expected: tuple[str, ...]) -> None:
+    assert errors_of(with_backend_auth(auth, oidc=True)) == tuple(
+        f"outgoingAuth.backends.github.{line}" for line in expected
+    )
+
+
+def test_default_auth_block_must_match_the_type_too() -> None:
+    assert errors_of(minimal(outgoingAuth={"default": {"type": "header_injection"}})) == (
+        "outgoingAuth.default.headerInjection: is required for type header_injection",
+    )
+
+
+def test_unknown_outgoing_auth_type_lists_the_choices() -> None:
+    assert errors_of(with_backend_auth({"type": "basic"})) == (
+        "outgoingAuth.backends.github.type: must be one of unauthenticated, header_injection, token_exchange, "
+        "upstream_inject, aws_sts, obo, xaa",
+    )
+
+
+@pytest.mark.parametrize("kind", ["upstream_inject", "aws_sts", "obo", "xaa"])
+def test_toolhive_outgoing_auth_types_not_built_are_rejected_by_name(kind: str) -> None:
+    assert errors_of(with_backend_auth({"type": kind})) == (
+        f"outgoingAuth.backends.github.type: {kind!r} is not supported yet",
+    )
+
+
+def test_outgoing_auth_source_and_backends_shape_are_checked() -> None:
+    assert errors_of(minimal(outgoingAuth={"backends": ["github"]})) == (
+        "outgoingAuth.backends: must be a mapping of backend name to settings",
+    )
+    assert errors_of(with_backend_auth("header_injection")) == ("outgoingAuth.backends.github: must be a mapping",)
+
+
+# header injection
+
+def test_header_injection_needs_exactly_one_of_value_and_env() -> None:
+    assert errors_of(with_backend_auth(injection(headerValue=SECRET, headerValueEnv="GITHUB_TOKEN"))) == (
+        "outgoingAuth.backends.github.headerInjection: set only one of headerValue and headerValueEnv",
+    )
+    assert errors_of(with_backend_auth(injection())) == (
+        "outgoingAuth.backends.github.headerInjection: needs one of headerValueEnv or headerValue",
+    )
+    assert errors_of(with_backend_auth(injection(headerValue=None, headerValueEnv=None))) == (
+        "outgoingAuth.backends.github.headerInjection: needs one of headerValueEnv or headerValue",
+    )
+
+
+def test_header_injection_with_a_literal_value_keeps_it_out_of_repr() -> None:
+    auth = injection(headerName="Authorization", headerValue=f"Bearer {SECRET}")
+    config = config_from_mapping(with_backend_auth(auth))
+    injected = config.outgoing_auth.for_backend("github").header_injection
+
+    assert injected == HeaderInjectionConfig(header_name="Authorization", header_value=f"Bearer {SECRET}")
+    assert SECRET not in repr(config)
+    assert SECRET not in str(config)
+    assert SECRET not in repr(injected)
+
+
+@pytest.mark.parametrize("name", [
+    "Host", "content-length", "Content-Type", "ACCEPT", "Transfer-Encoding", "connection", "Keep-Alive",
+    "Proxy-Authenticate", "proxy-authorization", "TE", "Trailer", "Upgrade", "mcp-session-id", "MCP-Protocol-Version",
+])
+def test_header_injection_refuses_headers_the_gateway_owns(name: str) -> None:
+    (line,) = errors_of(with_backend_auth(injection(headerName=name, headerValueEnv="T")))
+    assert line.startswith(f"outgoingAuth.backends.github.headerInjection.headerName: {name!r} is not allowed: ")
+
+
+@pytest.mark.parametrize("name", ["Authorization", "X-Api-Key", "PRIVATE-TOKEN", "x-goog-api-key"])
+def test_header_injection_accepts_credential_headers(name: str) -> None:
+    config = config_from_mapping(with_backend_auth(injection(headerName=name, headerValueEnv="GITHUB_TOKEN")))
+    assert config.outgoing_auth.backends["github"].header_injection == HeaderInjectionConfig(
+        header_name=name, header_value_env="GITHUB_TOKEN"
+    )
+
+
+@pytest.mark.parametrize("name", ["Authorization: Bearer abc123", "X Api Key", "", "X-Api-Key\n"])
+def test_malformed_header_name_is_rejected_without_echo(name: str) -> None:
+    (line,) = errors_of(with_backend_auth(injection(headerName=name, headerValueEnv="T")))
+    assert line == (
+        "outgoingAuth.backends.github.headerInjection.headerName: "
+        "must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)"
+    )
+
+
+def test_header_value_env_must_be_an_env_var_name() -> None:
+    (line,) = errors_of(with_backend_auth(injection(headerValueEnv="Bearer abc")))
+    assert line.startswith(
+        "outgoingAuth.backends.github.headerInjection.headerValueEnv: must be an environment variable name"
+    )
+    assert "abc" not in line
+
+
+@pytest.mark.parametrize("value", [f"{SECRET}\r\nX-Evil: 1", f" {SECRET}", f"{SECRET}\u00e9", "", 12345])
+def test_bad_header_value_is_rejected_without_echo(value: Any) -> None:
+    (line,) = errors_of(with_backend_auth(injection(headerValue=value)))
+    assert line.startswith("outgoingAuth.backends.github.headerInjection.headerValue: ")
+    assert SECRET not in line
+    assert "12345" not in line
+
+
+def test_header_value_secret_never_appears_in_error_text() -> None:
+    data = two_backends(
+        name="",
+        outgoingAuth={
+            "default": injection(headerName="Host", headerValue=f"Bearer {SECRET}", headerValueEnv="TOKEN"),
+            "backends": {
+                "github": {
+                    "type": "unauthenticated",
+                    "headerInjection": {"headerName": "X-Key", "headerValue": SECRET},
+                },
+                "jira": injection(headerValue=SECRET, extra=SECRET),
+                "nosuch": injection(headerValue=SECRET),
+            },
+            "passthroughHeaders": ["Authorization"],
+        },
+        operational={"pageSize": 0},
+    )
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(data)
+
+    assert len(info.value.errors) >= 6
+    assert SECRET not in str(info.value)
+    assert all(SECRET not in line for line in info.value.errors)
+
+
+# token exchange
+
+def test_token_exchange_needs_oidc_incoming_auth() -> None:
+    assert errors_of(with_backend_auth(exchange())) == (
+        "outgoingAuth.backends.github.type: token_exchange needs incomingAuth.type oidc "
+        "(the caller's token is the subject token)",
+    )
+
+
+def test_token_exchange_as_default_needs_oidc_incoming_auth_too() -> None:
+    assert errors_of(minimal(incomingAuth={"type": "anonymous"}, outgoingAuth={"default": exchange()})) == (
+        "outgoingAuth.default.type: token_exchange needs incomingAuth.type oidc "
+        "(the caller's token is the subject token)",
+    )
+
+
+def test_token_exchange_with_oidc_incoming_auth_loads() -> None:
+    config = config_from_mapping({**with_oidc(), "outgoingAuth": {"default": exchange()}})
+    assert config.outgoing_auth.for_backend("github").token_exchange == TokenExchangeConfig(
+        token_url="https://idp.example.com/token", client_id="vmcp"
+    )
+
+
+@pytest.mark.parametrize(("block", "expected"), [
+    ({"tokenUrl": None}, "tokenUrl: must not be null"),
+    ({"tokenUrl": "idp.example.com/token"}, "tokenUrl: must be an http(s) URL with a host"),
+    ({"clientId": ""}, "clientId: must not be empty"),
+    (
+        {"clientSecretEnv": "s3cret value"},
+        "clientSecretEnv: must be an environment variable name (letters, digits and '_', not starting with a digit)",
+    ),
+    ({"audience": ""}, "audience: must not be empty"),
+    ({"scopes": "read write"}, "scopes: must be a list"),
+    ({"scopes": ["read write"]}, "scopes[0]: must be an OAuth scope: printable ASCII without spaces, '\"' or '\\'"),
+    ({"clientSecret": "s3cret"}, "clientSecret: clientSecret is not supported yet (use clientSecretEnv)"),
+    ({"subjectTokenType": "urn:x:id_token"}, "subjectTokenType: subjectTokenType is not supported yet"),
+    ({"subjectProviderName": "github"}, "subjectProviderName: subjectProviderName is not supported yet"),
+])
+def test_token_exchange_fields_are_validated(block: dict[str, Any], expected: str) -> None:
+    assert errors_of(with_backend_auth(exchange(**block), oidc=True)) == (
+        f"outgoingAuth.backends.github.tokenExchange.{expected}",
+    )
+
+
+def test_token_exchange_client_id_and_url_are_required() -> None:
+    auth = {"type": "token_exchange", "tokenExchange": {}}
+    assert errors_of(with_backend_auth(auth, oidc=True)) == (
+        "outgoingAuth.backends.github.tokenExchange.clientId: is required",
+        "outgoingAuth.backends.github.tokenExchange.tokenUrl: is required",
+    )
+
+
+# passthrough headers and backend references
+
+@pytest.mark.parametrize("name", [
+    "Authorization", "cookie", "Set-Cookie", "HOST", "Proxy-Authorization",
+    "Connection", "keep-alive", "Proxy-Authenticate", "te", "Trailer", "Transfer-Encoding", "upgrade",
+    "Content-Length", "content-type", "Accept", "Mcp-Session-Id", "mcp-protocol-version",
+])
+def test_passthrough_refuses_credentials_hop_by_hop_and_gateway_headers(name: str) -> None:
+    (line,) = errors_of(minimal(outgoingAuth={"passthroughHeaders": ["X-Request-Id", name]}))
+    assert line.startswith(f"outgoingAuth.passthroughHeaders[1]: {name!r} is not allowed: ")
+    assert len(line) > len(f"outgoingAuth.passthroughHeaders[1]: {name!r} is not allowed: ") + 10
+
+
+def test_passthrough_refusal_says_why() -> None:
+    assert errors_of(minimal(outgoingAuth={"passthroughHeaders": ["Authorization", "Connection"]})) == (
+        "outgoingAuth.passthroughHeaders[0]: 'Authorization' is not allowed: it carries the caller's credentials "
+        "for the gateway (outgoingAuth authenticates to backends)",
+        "outgoingAuth.passthroughHeaders[1]: 'Connection' is not allowed: it is a hop-by-hop header, "
+        "meant for one connection only",
+    )
+
+
+def test_duplicate_passthrough_headers_are_rejected_case_insensitively() -> None:
+    assert errors_of(minimal(outgoingAuth={"passthroughHeaders": ["X-Request-Id", "X-Tenant", "x-request-id"]})) == (
+        "outgoingAuth.passthroughHeaders[2]: duplicate header 'x-request-id' (also passthroughHeaders[0])",
+    )
+
+
+def test_passthrough_headers_are_stored_as_given() -> None:
+    config = config_from_mapping(minimal(outgoingAuth={"passthroughHeaders": ["x-request-id", "X-Tenant"]}))
+    assert config.outgoing_auth.passthrough_headers == ("x-request-id", "X-Tenant")
+
+
+def test_malformed_passthrough_header_is_rejected() -> None:
+    assert errors_of(minimal(outgoingAuth={"passthroughHeaders": ["X Tenant"]})) == (
+        "outgoingAuth.passthroughHeaders[0]: must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)",
+    )
+
+
+def test_outgoing_auth_backends_naming_an_unknown_backend_is_rejected() -> None:
+    auth = {"type": "unauthenticated"}
+    assert errors_of(two_backends(outgoingAuth={"backends": {"github": auth, "nosuch": auth, "Jira": auth}})) == (
+        "outgoingAuth.backends.Jira: no backend named 'Jira'",
+        "outgoingAuth.backends.nosuch: no backend named 'nosuch'",
+    )
+
+
+# discovery cache
+
+@pytest.mark.parametrize(("value", "seconds"), [(0, 0.0), ("0", 0.0), ("0s", 0.0), ("0ms", 0.0), ("2m", 120.0)])
+def test_discovery_cache_ttl_of_zero_disables_and_is_allowed(value: Any, seconds: float) -> None:
+    config = config_from_mapping(minimal(operational={"discoveryCacheTTL": value}))
+    assert config.operational.discovery_cache_ttl == seconds
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("-5s", "invalid duration '-5s': must not be negative (use e.g. 500ms, 30s, 2m)"),
+    ("-1", "invalid duration '-1' (use e.g. 500ms, 30s, 2m)"),
+    (30, "invalid duration 30: durations need a unit, e.g. 30s"),
+])
+def test_discovery_cache_ttl_negative_or_unitless_is_refused(value: Any, message: str) -> None:
+    assert errors_of(minimal(operational={"discoveryCacheTTL": value})) == (
+        f"operational.discoveryCacheTTL: {message}",
+    )
+
+
+def test_parse_duration_allows_zero_only_when_asked() -> None:
+    assert parse_duration("0", allow_zero=True) == 0.0
+    assert parse_duration("0s", allow_zero=True) == 0.0
+    assert parse_duration("1m", allow_zero=True) == 60.0
+    with pytest.raises(ValueError, match="durations need a unit"):
+        parse_duration("0")
+    with pytest.raises(ValueError, match="must be greater than 0"):
+        parse_duration("0s")
+
+
+# env vars
+
+def test_required_env_vars_lists_paths_and_names(tmp_path: Path) -> None:
+    data = yaml_auth_config()
+    data["outgoingAuth"]["default"] = injection(headerValueEnv="DEFAULT_KEY")
+    data["backends"].append({"name": "wiki", "url": "http://127.0.0.1:8083/mcp"})
+    data["outgoingAuth"]["backends"]["wiki"] = injection(headerValue=SECRET)
+
+    assert required_env_vars(config_from_mapping(data)) == [
+        ("admin.tokenEnv", "VMCP_ADMIN_TOKEN"),
+        ("outgoingAuth.default.headerInjection.headerValueEnv", "DEFAULT_KEY"),
+        ("outgoingAuth.backends.github.headerInjection.headerValueEnv", "GITHUB_TOKEN"),
+        ("outgoingAuth.backends.jira.tokenExchange.clientSecretEnv", "JIRA_EXCHANGE_SECRET"),
+    ]
+
+
+def test_required_env_vars_is_empty_without_env_references() -> None:
+    assert required_env_vars(config_from_mapping(minimal())) == []
+    public_client = {**with_oidc(), "outgoingAuth": {"default": exchange()}}
+    assert required_env_vars(config_from_mapping(public_client)) == []

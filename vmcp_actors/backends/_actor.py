@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pykka
 
+from vmcp_actors.backends._auth import OutgoingAuth
 from vmcp_actors.backends._channel import BackendChannel
 from vmcp_actors.backends._http import McpHttpClient
 from vmcp_actors.backends._models import BackendCapabilities, ConnectionSnapshot, ConnectionState, Handshake
@@ -52,14 +53,16 @@ def display_url(url: str) -> str:
 class BackendConnection(pykka.ThreadingActor):
     """One backend MCP session on behalf of one user session."""
 
-    def __init__(self, backend: BackendConfig, *, timeout: float, client: McpHttpClient | None = None):
+    def __init__(self, backend: BackendConfig, *, timeout: float, auth: OutgoingAuth | None = None,
+                 client: McpHttpClient | None = None):
         super().__init__()
         self._name = backend.name
         self._url = display_url(backend.url)
         self._timeout = timeout
         self._channel = BackendChannel(
-            backend.name, client if client is not None else McpHttpClient(backend.name, backend.url), timeout
+            backend.name, client if client is not None else McpHttpClient(backend.name, backend.url), timeout, auth
         )
+        self._handshake_identity: Identity | None = None
         self._state = ConnectionState.NEW
         self._last_error: str | None = None
         self._handshake: cf.Future[Handshake] | None = None
@@ -76,7 +79,7 @@ class BackendConnection(pykka.ThreadingActor):
         handshake = _result_or_none(self._handshake)
         if handshake is not None and handshake.session_id:
             # End the backend session off the actor thread so stopping stays prompt.
-            run_in_thread(self._channel.close_remote, handshake)
+            run_in_thread(self._channel.close_remote, handshake, self._handshake_identity)
 
     # -- asked by the SessionActor and by channels; each answers at once -----------------
 
@@ -89,6 +92,7 @@ class BackendConnection(pykka.ThreadingActor):
             return failed(BackendUnavailable(self._name, f"backend {self._name!r} connection is closed"))
         if self._handshake is None or _failed(self._handshake):
             self._state = ConnectionState.INITIALIZING
+            self._handshake_identity = identity
             self._handshake = run_in_thread(self._channel.perform_handshake, identity)
             self._handshake.add_done_callback(self._report_to_self("handshake_finished"))
             self._channel.publish_handshake(self._handshake)

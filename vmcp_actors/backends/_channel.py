@@ -19,6 +19,7 @@ from typing import Any
 import pykka
 
 from vmcp_actors import __version__
+from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
 from vmcp_actors.backends._http import McpHttpClient
 from vmcp_actors.backends._models import Handshake
 from vmcp_actors.concurrency import ASK_TIMEOUT
@@ -30,7 +31,7 @@ from vmcp_actors.exceptions import (
     BackendTimeout,
     BackendUnavailable,
 )
-from vmcp_actors.identity import Identity
+from vmcp_actors.identity import Identity, forwarded_headers_of
 from vmcp_actors.protocol import LATEST_PROTOCOL_VERSION
 from vmcp_actors.protocol.mcp import ACCEPTED_PROTOCOL_HEADER_VERSIONS
 
@@ -52,10 +53,11 @@ class _RequestIds:
 
 
 class BackendChannel:
-    def __init__(self, name: str, client: McpHttpClient, timeout: float):
+    def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None):
         self.name = name
         self.timeout = timeout
         self._client = client
+        self._auth = auth if auth is not None else Unauthenticated()
         self._ids = _RequestIds()
         self._connection: Any = None  # ActorProxy[BackendConnection], attached on start
         self._handshake: cf.Future[Handshake] | None = None
@@ -72,7 +74,10 @@ class BackendChannel:
         """initialize, then notifications/initialized. Runs on a worker thread."""
         params = {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO}
         message = {"jsonrpc": "2.0", "id": self._ids.next(), "method": "initialize", "params": params}
-        reply = self._client.post(message, session_id=None, protocol_version=None, timeout=self.timeout)
+        headers = self.headers_for(identity)
+        reply = self._client.post(
+            message, session_id=None, protocol_version=None, timeout=self.timeout, extra_headers=headers
+        )
         result = self._result_of(reply.message, "initialize")
         version = result.get("protocolVersion")
         if version not in ACCEPTED_PROTOCOL_HEADER_VERSIONS:
@@ -84,6 +89,7 @@ class BackendChannel:
             session_id=reply.session_id,
             protocol_version=version,
             timeout=self.timeout,
+            extra_headers=headers,
         )
         return Handshake(
             session_id=reply.session_id,
@@ -92,13 +98,26 @@ class BackendChannel:
             server_info=MappingProxyType(dict(server_info) if isinstance(server_info, dict) else {}),
         )
 
-    def close_remote(self, handshake: Handshake) -> None:
+    def close_remote(self, handshake: Handshake, identity: Identity | None) -> None:
+        try:
+            headers = self.headers_for(identity)
+        except BackendError:
+            headers = {}  # best effort: the backend reaps the session itself then
         try:
             self._client.delete_session(
-                handshake.session_id, protocol_version=handshake.protocol_version, timeout=min(self.timeout, 2.0)
+                handshake.session_id,
+                protocol_version=handshake.protocol_version,
+                timeout=min(self.timeout, 2.0),
+                extra_headers=headers,
             )
         finally:
             self._client.close()
+
+    def headers_for(self, identity: Identity | None) -> dict[str, str]:
+        """The caller's passthrough headers, then this backend's authentication for the caller."""
+        headers = dict(forwarded_headers_of(identity))
+        headers.update(self._auth.headers(identity))
+        return headers
 
     # -- any thread ----------------------------------------------------------------------
 
@@ -113,11 +132,12 @@ class BackendChannel:
         try:
             handshake = self._ready_handshake(identity)
             try:
-                return (yield from self._exchange(handshake, method, params))
+                return (yield from self._exchange(identity, handshake, method, params))
             except BackendSessionExpired:
                 # The backend restarted: re-initialize once, transparently, and retry.
                 # (A 404 comes before any streamed event, so nothing was relayed twice.)
-                return (yield from self._exchange(self._renewed_handshake(identity, handshake), method, params))
+                renewed = self._renewed_handshake(identity, handshake)
+                return (yield from self._exchange(identity, renewed, method, params))
         except BackendRpcError:
             raise  # the backend answered; the connection itself is fine
         except BackendError as exc:
@@ -136,13 +156,18 @@ class BackendChannel:
     # -- internals -----------------------------------------------------------------------
 
     def _exchange(
-        self, handshake: Handshake, method: str, params: dict[str, Any] | None
+        self, identity: Identity | None, handshake: Handshake, method: str, params: dict[str, Any] | None
     ) -> Generator[dict[str, Any], None, dict[str, Any]]:
+        headers = self.headers_for(identity)  # per request: a refreshed caller token is used at once
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": self._ids.next(), "method": method}
         if params is not None:
             message["params"] = params
         answer = yield from self._client.exchange(
-            message, session_id=handshake.session_id, protocol_version=handshake.protocol_version, timeout=self.timeout
+            message,
+            session_id=handshake.session_id,
+            protocol_version=handshake.protocol_version,
+            timeout=self.timeout,
+            extra_headers=headers,
         )
         return self._result_of(answer, method)
 

@@ -214,11 +214,19 @@ class McpHttpClient:
         finally:
             resp.close()
 
-    def delete_session(self, session_id: str, *, protocol_version: str | None, timeout: float) -> None:
+    def delete_session(
+        self,
+        session_id: str,
+        *,
+        protocol_version: str | None,
+        timeout: float,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> None:
         """End a backend session (HTTP DELETE), best effort: every failure is swallowed."""
         deadline = time.monotonic() + timeout
         try:
-            resp = self._send("DELETE", self._headers(session_id, protocol_version, None), None, deadline, timeout)
+            headers = self._headers(session_id, protocol_version, extra_headers)
+            resp = self._send("DELETE", headers, None, deadline, timeout)
             try:
                 logger.debug("backend %r answered HTTP %d to the session DELETE", self._name, resp.status_code)
                 if 200 <= resp.status_code < 300:

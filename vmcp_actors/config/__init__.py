@@ -1,26 +1,38 @@
 """The gateway's config: YAML (ToolHive vMCP field names) -> validated, frozen dataclasses."""
 
 from ._durations import parse_duration
+from ._env import required_env_vars
 from ._load import config_from_mapping, load_config
 from ._model import (
     AdminConfig,
     AggregationConfig,
+    BackendAuthConfig,
     BackendConfig,
+    HeaderInjectionConfig,
     IncomingAuthConfig,
+    OidcConfig,
     OperationalConfig,
+    OutgoingAuthConfig,
     TimeoutsConfig,
+    TokenExchangeConfig,
     VmcpConfig,
 )
 
 __all__ = [
     "AdminConfig",
     "AggregationConfig",
+    "BackendAuthConfig",
     "BackendConfig",
+    "HeaderInjectionConfig",
     "IncomingAuthConfig",
+    "OidcConfig",
     "OperationalConfig",
+    "OutgoingAuthConfig",
     "TimeoutsConfig",
+    "TokenExchangeConfig",
     "VmcpConfig",
     "config_from_mapping",
     "load_config",
     "parse_duration",
+    "required_env_vars",
 ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 DEFAULT_TRANSPORT = "streamable-http"
+DEFAULT_ALGORITHMS = ("RS256", "ES256")
 DEFAULT_PREFIX_FORMAT = "{workload}_"
 WORKLOAD_PLACEHOLDER = "{workload}"
 
@@ -67,6 +68,7 @@ class OperationalConfig:
     max_request_body_bytes: int = 4 * 1024 * 1024
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
+    discovery_cache_ttl: float = 30.0  # 0 = no cache
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "allowed_hosts")
@@ -81,10 +83,80 @@ class AdminConfig:
 
 
 @dataclass(frozen=True)
+class OidcConfig:
+    """Bearer tokens (JWTs) from an OpenID Connect provider.
+
+    Without ``jwks_url`` the keys are found through ``{issuer}/.well-known/openid-configuration``.
+    ``clock_skew`` (seconds) is the leeway for ``exp``, ``nbf`` and ``iat``.
+    """
+
+    issuer: str
+    audience: str
+    jwks_url: str | None = None
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
+    clock_skew: float = 30.0
+    resource_url: str | None = None  # advertised as the protected resource (RFC 9728)
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "algorithms")
+
+
+@dataclass(frozen=True)
 class IncomingAuthConfig:
-    """How MCP clients authenticate to the gateway."""
+    """How MCP clients authenticate to the gateway; ``oidc`` is set exactly when ``type`` is oidc."""
 
     type: str = "anonymous"
+    oidc: OidcConfig | None = None
+
+
+@dataclass(frozen=True)
+class HeaderInjectionConfig:
+    """A static header added to every request to a backend; one of value / env var NAME is set."""
+
+    header_name: str
+    header_value: str | None = field(default=None, repr=False)  # a secret: never in repr or errors
+    header_value_env: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenExchangeConfig:
+    """RFC 8693 token exchange; the subject token is the caller's incoming token."""
+
+    token_url: str
+    client_id: str
+    client_secret_env: str | None = None  # env var NAME; public clients have no secret
+    audience: str | None = None
+    scopes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "scopes")
+
+
+@dataclass(frozen=True)
+class BackendAuthConfig:
+    """How the gateway authenticates to one backend; the block matching ``type`` is set."""
+
+    type: str = "unauthenticated"
+    header_injection: HeaderInjectionConfig | None = None
+    token_exchange: TokenExchangeConfig | None = None
+
+
+@dataclass(frozen=True)
+class OutgoingAuthConfig:
+    """Per-backend outgoing auth (``backends`` overrides ``default`` by name) and the
+    client headers forwarded to every backend."""
+
+    default: BackendAuthConfig = field(default_factory=BackendAuthConfig)
+    # Left out of the hash: a mapping proxy is not hashable, and equal configs still hash equal.
+    backends: Mapping[str, BackendAuthConfig] = field(default_factory=dict, hash=False)
+    passthrough_headers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze_mapping(self, "backends")
+        _freeze_sequence(self, "passthrough_headers")
+
+    def for_backend(self, name: str) -> BackendAuthConfig:
+        return self.backends.get(name, self.default)
 
 
 @dataclass(frozen=True)
@@ -97,6 +169,7 @@ class VmcpConfig:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     operational: OperationalConfig = field(default_factory=OperationalConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    outgoing_auth: OutgoingAuthConfig = field(default_factory=OutgoingAuthConfig)
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "backends")

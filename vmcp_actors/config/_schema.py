@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,14 +17,20 @@ from marshmallow.utils import missing
 
 from ._durations import parse_duration
 from ._model import (
+    DEFAULT_ALGORITHMS,
     DEFAULT_PREFIX_FORMAT,
     DEFAULT_TRANSPORT,
     AdminConfig,
     AggregationConfig,
+    BackendAuthConfig,
     BackendConfig,
+    HeaderInjectionConfig,
     IncomingAuthConfig,
+    OidcConfig,
     OperationalConfig,
+    OutgoingAuthConfig,
     TimeoutsConfig,
+    TokenExchangeConfig,
     VmcpConfig,
 )
 
@@ -32,6 +38,54 @@ BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters a prefix may add to tool names (MCP tool names: letters, digits, _ - .).
 PREFIX_TEXT = re.compile(r"[A-Za-z0-9_.-]*")
+# RFC 7230 token: the characters an HTTP header name may have.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# Visible ASCII, inner spaces and tabs only: no line breaks (header injection), no padding.
+HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?")
+# RFC 6749 scope-token.
+SCOPE_TOKEN = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
+
+SIGNING_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+_HMAC = "HMAC with a public key would let anyone forge tokens"
+# Lower-cased name -> why it is refused.
+REFUSED_ALGORITHMS = {
+    "none": "unsigned tokens would be accepted from anyone",
+    "hs256": _HMAC,
+    "hs384": _HMAC,
+    "hs512": _HMAC,
+}
+MAX_CLOCK_SKEW = "5m"
+
+_HOP_BY_HOP = "it is a hop-by-hop header, meant for one connection only"
+_GATEWAY_SETS = "the gateway sets it on every request to a backend"
+_GATEWAY_SESSION = "the gateway manages the MCP session with each backend"
+# Lower-cased header name -> why the gateway will not send it on a config's say-so.
+NOT_INJECTABLE_HEADERS = {
+    "host": "the gateway sets it from the backend URL",
+    "content-length": _GATEWAY_SETS,
+    "content-type": _GATEWAY_SETS,
+    "accept": _GATEWAY_SETS,
+    "mcp-session-id": _GATEWAY_SESSION,
+    "mcp-protocol-version": _GATEWAY_SESSION,
+    "proxy-authorization": "it carries credentials for a proxy, not for the backend",
+    "connection": _HOP_BY_HOP,
+    "keep-alive": _HOP_BY_HOP,
+    "proxy-authenticate": _HOP_BY_HOP,
+    "te": _HOP_BY_HOP,
+    "trailer": _HOP_BY_HOP,
+    "transfer-encoding": _HOP_BY_HOP,
+    "upgrade": _HOP_BY_HOP,
+}
+NOT_PASSED_THROUGH_HEADERS = {
+    **NOT_INJECTABLE_HEADERS,
+    "authorization": "it carries the caller's credentials for the gateway (outgoingAuth authenticates to backends)",
+    "cookie": "it carries the caller's cookies for the gateway",
+    "set-cookie": "it is a response header",
+}
+
+# Outgoing auth type -> the block that configures it.
+AUTH_BLOCKS = {"header_injection": "headerInjection", "token_exchange": "tokenExchange"}
+TOKEN_EXCHANGE_NEEDS_OIDC = "token_exchange needs incomingAuth.type oidc (the caller's token is the subject token)"
 
 
 # --- fields -----------------------------------------------------------------------------
@@ -74,13 +128,22 @@ class _Nested(_PlainMessages, fields.Nested):
 
 
 class _Duration(_PlainMessages, fields.Field):
-    """``30s`` -> 30.0 seconds."""
+    """``30s`` -> 30.0 seconds; ``allow_zero`` also takes ``0``, ``at_most`` is a duration like ``5m``."""
+
+    def __init__(self, *, allow_zero: bool = False, at_most: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.allow_zero = allow_zero
+        self.at_most = at_most
+        self.max_seconds = parse_duration(at_most) if at_most is not None else None
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
         try:
-            return parse_duration(value)
+            seconds = parse_duration(value, allow_zero=self.allow_zero)
         except ValueError as exc:
             raise ValidationError(str(exc)) from None
+        if self.max_seconds is not None and seconds > self.max_seconds:
+            raise ValidationError(f"must be at most {self.at_most}")
+        return seconds
 
 
 class _DurationPerName(_PlainMessages, fields.Field):
@@ -104,13 +167,39 @@ class _DurationPerName(_PlainMessages, fields.Field):
         return result
 
 
+class _SchemaPerName(_PlainMessages, fields.Field):
+    """A mapping of backend name -> a mapping loaded with ``schema``; errors are reported under each key."""
+
+    def __init__(self, schema: type[Schema], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.schema = schema
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ValidationError("must be a mapping of backend name to settings")
+        result: dict[str, Any] = {}
+        errors: dict[str, Any] = {}
+        for key, raw in value.items():
+            try:
+                result[str(key)] = self.schema().load(raw)
+            except ValidationError as err:
+                errors[str(key)] = err.messages
+        if errors:
+            raise ValidationError(errors)
+        return result
+
+
 class NotSupportedYet(fields.Field):
     """A contract field this project has not built yet: any value at all is an error."""
+
+    def __init__(self, hint: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hint = hint
 
     def deserialize(self, value: Any, attr: str | None = None, data: Any = None, **kwargs: Any) -> Any:
         if value is missing:
             return missing
-        raise ValidationError(f"{self.data_key or self.name} is not supported yet")
+        raise ValidationError(f"{self.data_key or self.name} is not supported yet{self.hint}")
 
 
 # --- validators -------------------------------------------------------------------------
@@ -132,6 +221,68 @@ class _Choice(validate.Validator):
         raise ValidationError(f"must be one of {', '.join(self.supported + self.not_yet)}")
 
 
+class _HeaderName(validate.Validator):
+    """An HTTP header name that is not in ``refused`` (lower-cased name -> why)."""
+
+    def __init__(self, refused: Mapping[str, str]) -> None:
+        self.refused = refused
+
+    def __call__(self, value: str) -> str:
+        # Not echoed when malformed: it may be a pasted "Name: secret" line.
+        if not HEADER_NAME.fullmatch(value):
+            raise ValidationError("must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)")
+        reason = self.refused.get(value.lower())
+        if reason:
+            raise ValidationError(f"{value!r} is not allowed: {reason}")
+        return value
+
+
+class _NoDuplicates(validate.Validator):
+    """A list validator: each repeat is reported at its own index, pointing at the first one."""
+
+    def __init__(self, what: str, list_name: str, fold: Callable[[str], str] = str) -> None:
+        self.what = what
+        self.list_name = list_name
+        self.fold = fold
+
+    def __call__(self, values: list[str]) -> list[str]:
+        first_index: dict[str, int] = {}
+        errors: dict[int, list[str]] = {}
+        for index, value in enumerate(values):
+            key = self.fold(value)
+            if key in first_index:
+                errors[index] = [f"duplicate {self.what} {value!r} (also {self.list_name}[{first_index[key]}])"]
+            else:
+                first_index[key] = index
+        if errors:
+            raise ValidationError(errors)
+        return values
+
+
+def _algorithm(value: str) -> None:
+    if value in SIGNING_ALGORITHMS:
+        return
+    reason = REFUSED_ALGORITHMS.get(value.lower())
+    if reason:
+        raise ValidationError(f"{value!r} is not allowed: {reason}")
+    raise ValidationError(f"must be one of {', '.join(SIGNING_ALGORITHMS)}")
+
+
+def _header_value(value: str) -> None:
+    # Never echoed: this is a secret.
+    if not value:
+        raise ValidationError("must not be empty")
+    if not HEADER_VALUE.fullmatch(value):
+        raise ValidationError(
+            "must be printable ASCII without line breaks or leading/trailing whitespace (value not shown)"
+        )
+
+
+def _scope(value: str) -> None:
+    if not SCOPE_TOKEN.fullmatch(value):
+        raise ValidationError("must be an OAuth scope: printable ASCII without spaces, '\"' or '\\'")
+
+
 def _not_blank(value: str) -> None:
     if not value.strip():
         raise ValidationError("must not be empty")
@@ -142,6 +293,20 @@ def _backend_name(value: str) -> None:
         raise ValidationError(
             "must be 1-63 letters, digits, '_' or '-', starting with a letter or digit"
         )
+
+
+def _issuer(value: str) -> None:
+    _http_url(value)
+    parts = urlsplit(value)
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        # Discovery appends /.well-known/openid-configuration to it (OpenID Connect Discovery 4).
+        raise ValidationError("must be an http(s) URL without ?query or #fragment")
+
+
+def _resource_url(value: str) -> None:
+    _http_url(value)
+    if urlsplit(value).fragment or value.endswith("#"):
+        raise ValidationError("must be an http(s) URL without a #fragment (RFC 9728)")
 
 
 def _http_url(value: str) -> None:
@@ -238,13 +403,136 @@ class BackendSchema(_StrictSchema):
         return BackendConfig(**data)
 
 
+class OidcSchema(_StrictSchema):
+    issuer = _String(required=True, validate=_issuer)
+    audience = _String(required=True, validate=_not_blank)
+    jwks_url = _String(data_key="jwksUrl", load_default=None, allow_none=True, validate=_http_url)
+    algorithms = _List(
+        _String(validate=_algorithm),
+        load_default=DEFAULT_ALGORITHMS,
+        validate=[
+            validate.Length(min=1, error="must list at least one algorithm"),
+            _NoDuplicates("algorithm", "algorithms"),
+        ],
+    )
+    clock_skew = _Duration(data_key="clockSkew", load_default=30.0, allow_zero=True, at_most=MAX_CLOCK_SKEW)
+    resource_url = _String(data_key="resourceUrl", load_default=None, allow_none=True, validate=_resource_url)
+
+    # ToolHive's fields for features this project has not built.
+    client_id = NotSupportedYet(data_key="clientId")
+    client_secret_env = NotSupportedYet(data_key="clientSecretEnv")
+    scopes = NotSupportedYet()
+    resource = NotSupportedYet(hint=" (resourceUrl sets the advertised resource)")
+    insecure_allow_http = NotSupportedYet(data_key="insecureAllowHttp", hint=" (http issuers are accepted)")
+    protected_resource_allow_private_ip = NotSupportedYet(data_key="protectedResourceAllowPrivateIp")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> OidcConfig:
+        return OidcConfig(**data)
+
+
 class IncomingAuthSchema(_StrictSchema):
-    type = _String(load_default="anonymous", validate=_Choice(["anonymous"], ["oidc"]))
-    oidc = NotSupportedYet()
+    type = _String(load_default="anonymous", validate=_Choice(["anonymous", "oidc"], ["local"]))
+    oidc = _Nested(OidcSchema, load_default=None, allow_none=True)
+    authz = NotSupportedYet()
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_oidc_block(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        kind = original_data.get("type", "anonymous")
+        has_block = original_data.get("oidc") is not None
+        if kind == "oidc" and not has_block:
+            raise ValidationError("is required for type oidc", "oidc")
+        if kind == "anonymous" and has_block:
+            raise ValidationError("must not be set for type anonymous (it is for type oidc)", "oidc")
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> IncomingAuthConfig:
         return IncomingAuthConfig(**data)
+
+
+class HeaderInjectionSchema(_StrictSchema):
+    header_name = _String(data_key="headerName", required=True, validate=_HeaderName(NOT_INJECTABLE_HEADERS))
+    header_value = _String(data_key="headerValue", load_default=None, allow_none=True, validate=_header_value)
+    header_value_env = _String(data_key="headerValueEnv", load_default=None, allow_none=True, validate=_env_var_name)
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_one_value(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        given = [key for key in ("headerValue", "headerValueEnv") if original_data.get(key) is not None]
+        if len(given) == 2:
+            raise ValidationError("set only one of headerValue and headerValueEnv")
+        if not given:
+            raise ValidationError("needs one of headerValueEnv or headerValue")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> HeaderInjectionConfig:
+        return HeaderInjectionConfig(**data)
+
+
+class TokenExchangeSchema(_StrictSchema):
+    token_url = _String(data_key="tokenUrl", required=True, validate=_http_url)
+    client_id = _String(data_key="clientId", required=True, validate=_not_blank)
+    client_secret_env = _String(data_key="clientSecretEnv", load_default=None, allow_none=True, validate=_env_var_name)
+    audience = _String(load_default=None, allow_none=True, validate=_not_blank)
+    scopes = _List(_String(validate=_scope), load_default=tuple)
+
+    # ToolHive's fields for features this project has not built.
+    client_secret = NotSupportedYet(data_key="clientSecret", hint=" (use clientSecretEnv)")
+    subject_token_type = NotSupportedYet(data_key="subjectTokenType")
+    subject_provider_name = NotSupportedYet(data_key="subjectProviderName")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> TokenExchangeConfig:
+        return TokenExchangeConfig(**data)
+
+
+class BackendAuthSchema(_StrictSchema):
+    type = _String(
+        load_default="unauthenticated",
+        validate=_Choice(["unauthenticated", *AUTH_BLOCKS], ["upstream_inject", "aws_sts", "obo", "xaa"]),
+    )
+    header_injection = _Nested(HeaderInjectionSchema, data_key="headerInjection", load_default=None, allow_none=True)
+    token_exchange = _Nested(TokenExchangeSchema, data_key="tokenExchange", load_default=None, allow_none=True)
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_block_matches_type(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        kind = original_data.get("type", "unauthenticated")
+        if kind != "unauthenticated" and kind not in AUTH_BLOCKS:
+            return  # the type itself is wrong; that error says enough
+        errors: dict[str, list[str]] = {}
+        for block_type, key in AUTH_BLOCKS.items():
+            has_block = original_data.get(key) is not None
+            if kind == block_type and not has_block:
+                errors[key] = [f"is required for type {kind}"]
+            elif kind != block_type and has_block:
+                errors[key] = [f"must not be set for type {kind} (it is for type {block_type})"]
+        if errors:
+            raise ValidationError(errors)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> BackendAuthConfig:
+        return BackendAuthConfig(**data)
+
+
+class OutgoingAuthSchema(_StrictSchema):
+    default = _Nested(BackendAuthSchema, load_default=BackendAuthConfig)
+    backends = _SchemaPerName(BackendAuthSchema, load_default=dict)
+    passthrough_headers = _List(
+        _String(validate=_HeaderName(NOT_PASSED_THROUGH_HEADERS)),
+        data_key="passthroughHeaders",
+        load_default=tuple,
+        validate=_NoDuplicates("header", "passthroughHeaders", fold=str.lower),
+    )
+    source = NotSupportedYet(hint=" (backends are configured inline)")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> OutgoingAuthConfig:
+        return OutgoingAuthConfig(**data)
 
 
 class ConflictResolutionConfigSchema(_StrictSchema):
@@ -296,7 +584,7 @@ class OperationalSchema(_StrictSchema):
     )
     allowed_hosts = _List(_String(validate=_host), data_key="allowedHosts", load_default=tuple)
     allowed_origins = _List(_String(validate=_origin), data_key="allowedOrigins", load_default=tuple)
-    discovery_cache_ttl = NotSupportedYet(data_key="discoveryCacheTTL")
+    discovery_cache_ttl = _Duration(data_key="discoveryCacheTTL", load_default=30.0, allow_zero=True)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OperationalConfig:
@@ -323,10 +611,10 @@ class VmcpSchema(_StrictSchema):
     aggregation = _Nested(AggregationSchema, load_default=AggregationConfig)
     operational = _Nested(OperationalSchema, load_default=OperationalConfig)
     admin = _Nested(AdminSchema, load_default=AdminConfig)
+    outgoing_auth = _Nested(OutgoingAuthSchema, data_key="outgoingAuth", load_default=OutgoingAuthConfig)
 
     composite_tools = NotSupportedYet(data_key="compositeTools")
     composite_tool_refs = NotSupportedYet(data_key="compositeToolRefs")
-    outgoing_auth = NotSupportedYet(data_key="outgoingAuth")
     group_ref = NotSupportedYet(data_key="groupRef")
     telemetry = NotSupportedYet()
     audit = NotSupportedYet()
@@ -361,8 +649,42 @@ class VmcpSchema(_StrictSchema):
             }
             if unknown:
                 errors["operational"] = {"timeouts": {"perWorkload": unknown}}
+
+        auth_backends = _dig(original_data, "outgoingAuth", "backends")
+        if isinstance(auth_backends, Mapping):
+            unknown = {
+                str(key): [f"no backend named {str(key)!r}"] for key in auth_backends if str(key) not in first_index
+            }
+            if unknown:
+                errors["outgoingAuth"] = {"backends": unknown}
         if errors:
             raise ValidationError(errors)
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_token_exchange_has_a_subject_token(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        incoming = original_data.get("incomingAuth", {})
+        if not isinstance(incoming, Mapping) or incoming.get("type", "anonymous") != "anonymous":
+            return  # oidc provides the subject token; a wrong type is reported by itself
+        outgoing = original_data.get("outgoingAuth")
+        if not isinstance(outgoing, Mapping):
+            return
+        errors: dict[str, Any] = {}
+        default = outgoing.get("default")
+        if isinstance(default, Mapping) and default.get("type") == "token_exchange":
+            errors["default"] = {"type": [TOKEN_EXCHANGE_NEEDS_OIDC]}
+        backends = outgoing.get("backends")
+        if isinstance(backends, Mapping):
+            offending = {
+                str(name): {"type": [TOKEN_EXCHANGE_NEEDS_OIDC]}
+                for name, auth in backends.items()
+                if isinstance(auth, Mapping) and auth.get("type") == "token_exchange"
+            }
+            if offending:
+                errors["backends"] = offending
+        if errors:
+            raise ValidationError({"outgoingAuth": errors})
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> VmcpConfig:
@@ -373,6 +695,7 @@ class VmcpSchema(_StrictSchema):
             aggregation=data["aggregation"],
             operational=data["operational"],
             admin=data["admin"],
+            outgoing_auth=data["outgoing_auth"],
         )
 
 

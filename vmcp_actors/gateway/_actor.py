@@ -14,16 +14,17 @@ import pykka
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.gateway._directory import SessionDirectory, SessionHandle, SessionRecord
 from vmcp_actors.identity import Identity, identity_key
-from vmcp_actors.sessions import SessionActor
+from vmcp_actors.sessions import SessionActor, SessionServices
 
 logger = logging.getLogger(__name__)
 
 
 class Gateway(pykka.ThreadingActor):
-    def __init__(self, config: VmcpConfig, directory: SessionDirectory | None = None, *,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: VmcpConfig, directory: SessionDirectory | None = None,
+                 services: SessionServices | None = None, *, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self._config = config
+        self._services = services if services is not None else SessionServices()
         self._directory = directory if directory is not None else SessionDirectory(clock)
         self._started = time.time()
         self._reaper: threading.Timer | None = None
@@ -41,7 +42,7 @@ class Gateway(pykka.ThreadingActor):
 
     def create_session(self, identity: Identity | None, protocol_version: str) -> SessionHandle:
         session_id = secrets.token_hex(16)
-        actor = SessionActor.start(session_id, identity, self._config)
+        actor = SessionActor.start(session_id, identity, self._config, self._services)
         dispatcher = actor.proxy().dispatcher().get(timeout=5.0)
         handle = SessionHandle(session_id, protocol_version, dispatcher)
         self._directory.add(SessionRecord(handle, actor, identity_key(identity), time.time()))
@@ -70,7 +71,11 @@ class Gateway(pykka.ThreadingActor):
     def overview(self) -> dict[str, Any]:
         """Gateway-level facts plus the session actors to ask for details (asked by the caller,
         so a large registry never holds the gateway's loop)."""
-        return {"uptime": time.time() - self._started, "sessions": self._directory.overview()}
+        return {
+            "uptime": time.time() - self._started,
+            "discoveryCache": self._services.discovery_cache.stats(),
+            "sessions": self._directory.overview(),
+        }
 
     def session_count(self) -> int:
         return len(self._directory)

@@ -1,8 +1,9 @@
 """Sessions: the SessionActor, aggregation into a catalog, and the core capability interface."""
 
-from vmcp_actors.sessions._actor import SessionActor, discovery_timeout
+from vmcp_actors.sessions._actor import SessionActor, SessionServices, discovery_timeout
 from vmcp_actors.sessions._aggregation import Catalog, Route, advertised_name, build_catalog
 from vmcp_actors.sessions._capabilities import AggregatedBackends, Capabilities, NoBackendsAvailable, to_jsonrpc_error
+from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import McpDispatcher
 from vmcp_actors.sessions._relay import Relay, RelayEvent
 from vmcp_actors.sessions._uri_template import compile_uri_template, uri_matches_template
@@ -11,15 +12,18 @@ __all__ = [
     "AggregatedBackends",
     "Capabilities",
     "Catalog",
+    "DiscoveryCache",
     "McpDispatcher",
     "NoBackendsAvailable",
     "Relay",
     "RelayEvent",
     "Route",
     "SessionActor",
+    "SessionServices",
     "advertised_name",
     "build_catalog",
     "compile_uri_template",
+    "discovery_key",
     "discovery_timeout",
     "to_jsonrpc_error",
     "uri_matches_template",

@@ -6,17 +6,19 @@ import concurrent.futures as cf
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
 
-from vmcp_actors.backends import BackendCapabilities, BackendConnection
-from vmcp_actors.concurrency import ASK_TIMEOUT, run_in_thread
+from vmcp_actors.backends import BackendCapabilities, BackendConnection, OutgoingAuth
+from vmcp_actors.concurrency import ASK_TIMEOUT, resolved, run_in_thread
 from vmcp_actors.config import AggregationConfig, VmcpConfig
 from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity, subject_of
 from vmcp_actors.sessions._aggregation import Catalog, build_catalog
 from vmcp_actors.sessions._capabilities import AggregatedBackends
+from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import McpDispatcher
 
 logger = logging.getLogger(__name__)
@@ -31,12 +33,23 @@ def discovery_timeout(config: VmcpConfig) -> float:
     return slowest * 3 + 1.0
 
 
+@dataclass(frozen=True)
+class SessionServices:
+    """Process-wide, thread-safe services every session uses (built once at start)."""
+
+    outgoing_auth: Mapping[str, OutgoingAuth] = field(default_factory=dict)
+    discovery_cache: DiscoveryCache = field(default_factory=lambda: DiscoveryCache(0))
+
+
 class SessionActor(pykka.ThreadingActor):
-    def __init__(self, session_id: str, identity: Identity | None, config: VmcpConfig):
+    def __init__(self, session_id: str, identity: Identity | None, config: VmcpConfig,
+                 services: SessionServices | None = None):
         super().__init__()
         self._session_id = session_id
         self._identity = identity
         self._config = config
+        self._services = services if services is not None else SessionServices()
+        self._catalog_from_cache = False
         self._created = time.time()
         self._catalog: cf.Future[Catalog] | None = None
         self._catalog_done_at: float | None = None  # when the served catalog was first seen complete
@@ -48,7 +61,7 @@ class SessionActor(pykka.ThreadingActor):
         timeouts = self._config.operational.timeouts
         for backend in sorted(self._config.backends, key=lambda b: b.name):
             self._connections[backend.name] = BackendConnection.start(
-                backend, timeout=timeouts.for_backend(backend.name)
+                backend, timeout=timeouts.for_backend(backend.name), auth=self._services.outgoing_auth.get(backend.name)
             ).proxy()
         channels = {name: conn.channel() for name, conn in self._connections.items()}
         self._aggregated = AggregatedBackends(
@@ -80,7 +93,15 @@ class SessionActor(pykka.ThreadingActor):
         """
         current = self._catalog
         if current is None or (current.done() and not _usable(current)):
-            self._catalog = self._discover(identity)
+            cache = self._services.discovery_cache
+            key = discovery_key(identity, self._config)
+            cached = cache.get(key)
+            if cached is not None:
+                self._catalog = resolved(cached)
+                self._catalog_from_cache = True
+            else:
+                self._catalog = self._discover(identity)
+                self._catalog_from_cache = False
             self._catalog_done_at = None
         elif current.done() and current.result().failures and self._refresh is None:
             if self._catalog_done_at is None:
@@ -88,6 +109,7 @@ class SessionActor(pykka.ThreadingActor):
             elif time.monotonic() - self._catalog_done_at >= RETRY_FAILED_AFTER:
                 self._refresh = self._discover(identity)
                 self._refresh.add_done_callback(self._report_refresh)
+                self._catalog_from_cache = False
         self._aggregated.publish(self._catalog)
         return self._catalog
 
@@ -105,13 +127,15 @@ class SessionActor(pykka.ThreadingActor):
         # its cache); the gathering waits off the actor thread.
         discoveries = {name: conn.discover(identity) for name, conn in self._connections.items()}
         pending = {name: future.get(timeout=ASK_TIMEOUT) for name, future in discoveries.items()}
-        return run_in_thread(
+        gathered = run_in_thread(
             _gather_catalog,
             pending,
             self._config.aggregation,
             {name: self._config.operational.timeouts.for_backend(name) * 3 for name in pending},
-            name="vmcp-gather",
         )
+        cache, key = self._services.discovery_cache, discovery_key(identity, self._config)
+        gathered.add_done_callback(lambda done: _usable(done) and cache.put(key, done.result()))  # complete ones only
+        return gathered
 
     def _report_refresh(self, refresh: cf.Future[Catalog]) -> None:
         try:
@@ -131,6 +155,7 @@ class SessionActor(pykka.ThreadingActor):
             "id": self._session_id,
             "subject": subject_of(self._identity),
             "created": self._created,
+            "catalogFromCache": self._catalog_from_cache,
             "backends": backends,
         }
 

@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST
-from vmcp_actors.web import admin, health, mcp
+from vmcp_actors.web import admin, health, mcp, wellknown
 from vmcp_actors.web._responses import rpc_error
 from vmcp_actors.web._runtime import Runtime, current_runtime, install, start_runtime
 
@@ -29,6 +29,7 @@ def create_app(config: VmcpConfig, *, host: str = "127.0.0.1", test_config: dict
     app.register_blueprint(mcp.bp)
     app.register_blueprint(admin.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(wellknown.bp)
     _register_error_handlers(app)
     return app
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pykka
 from flask import Flask, current_app
 
+from vmcp_actors.backends import build_outgoing_auth
 from vmcp_actors.config import VmcpConfig
-from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.gateway import Gateway, SessionDirectory
+from vmcp_actors.sessions import DiscoveryCache, SessionServices
+from vmcp_actors.web._auth import Authenticator, build_authenticator
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +27,8 @@ class Runtime:
     config: VmcpConfig
     gateway: Any  # ActorProxy[Gateway]
     sessions: SessionDirectory  # read by web threads on every request
-    admin_token: str | None
+    authenticator: Authenticator
+    admin_token: str | None = field(repr=False)
     allowed_hosts: frozenset[str]
     any_host: bool
 
@@ -37,7 +40,9 @@ class Runtime:
 
 
 def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
-    admin_token = _admin_token(config)
+    # Every secret the config names is read now; unset ones stop the start with their paths.
+    outgoing_auth = build_outgoing_auth(config)
+    admin_token = os.environ[config.admin.token_env] if config.admin.token_env else None
     extra_hosts = {h.lower() for h in config.operational.allowed_hosts}
     allowed = {"localhost", "127.0.0.1", "::1"} | extra_hosts
     if bind_host not in ("0.0.0.0", "::", ""):
@@ -47,8 +52,11 @@ def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
             "listening on all interfaces but operational.allowedHosts is empty: only localhost Host headers are accepted"
         )
     sessions = SessionDirectory(time.monotonic)
-    gateway = Gateway.start(config, sessions).proxy()
-    return Runtime(config, gateway, sessions, admin_token, frozenset(allowed - {"*"}), "*" in extra_hosts)
+    services = SessionServices(outgoing_auth, DiscoveryCache(config.operational.discovery_cache_ttl))
+    gateway = Gateway.start(config, sessions, services).proxy()
+    authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
+    return Runtime(config, gateway, sessions, authenticator, admin_token, frozenset(allowed - {"*"}),
+                   "*" in extra_hosts)
 
 
 def current_runtime() -> Runtime:
@@ -57,13 +65,3 @@ def current_runtime() -> Runtime:
 
 def install(app: Flask, runtime: Runtime) -> None:
     app.extensions[EXTENSION_KEY] = runtime
-
-
-def _admin_token(config: VmcpConfig) -> str | None:
-    name = config.admin.token_env
-    if name is None:
-        return None
-    value = os.environ.get(name, "")
-    if not value:
-        raise ConfigError([f"admin.tokenEnv: environment variable {name} is not set or empty"])
-    return value

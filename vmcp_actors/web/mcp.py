@@ -9,17 +9,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pykka
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from vmcp_actors import __version__
 from vmcp_actors.concurrency import ASK_TIMEOUT
 from vmcp_actors.gateway import SessionDirectory, short_id
-from vmcp_actors.identity import Identity
+from vmcp_actors.identity import Identity, anonymous_with
 from vmcp_actors.protocol import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
     INTERNAL_ERROR,
@@ -36,7 +36,9 @@ from vmcp_actors.protocol import (
 from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from vmcp_actors.sessions import RelayEvent
 from vmcp_actors.web._responses import json_response, rpc_error
+from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, www_authenticate
 from vmcp_actors.web._runtime import current_runtime
+from vmcp_actors.web.wellknown import resource_metadata_url
 from vmcp_actors.web._security import host_allowed, origin_allowed
 
 logger = logging.getLogger("vmcp_actors.requests")
@@ -62,6 +64,31 @@ def protect_from_dns_rebinding() -> Response | None:
     runtime = current_runtime()
     if not host_allowed(runtime, request.host) or not origin_allowed(runtime, request.headers.get("Origin")):
         return rpc_error(403, INVALID_REQUEST, "Forbidden: Host or Origin not allowed")
+    return None
+
+
+@bp.before_request
+def authenticate() -> Response | None:
+    """Who is calling, before anything of the request is parsed. The views pass the
+    identity on explicitly; nothing below the web layer reads it from here."""
+    runtime = current_runtime()
+    try:
+        identity = runtime.authenticator.authenticate(request.headers.get("Authorization"))
+    except AuthError as error:
+        response = json_response({"error": error.error or "unauthorized", "error_description": error.reason}, 401)
+        response.headers["WWW-Authenticate"] = www_authenticate(resource_metadata_url(), error)
+        _log(request.method, request.headers.get(SESSION_HEADER), time.monotonic(), 401)
+        return response
+    except IdentityProviderUnavailable:
+        return rpc_error(503, INTERNAL_ERROR, "Service Unavailable: the identity provider cannot be reached")
+    forwarded = tuple(
+        (name, request.headers[name]) for name in runtime.config.outgoing_auth.passthrough_headers
+        if name in request.headers
+    )
+    if identity is None:
+        g.vmcp_identity = anonymous_with(forwarded)
+    else:
+        g.vmcp_identity = replace(identity, forwarded_headers=forwarded) if forwarded else identity
     return None
 
 
@@ -198,7 +225,7 @@ def _read_body() -> bytes:
 
 
 def _identity() -> Identity | None:
-    return None  # incomingAuth anonymous; OIDC identities arrive with a later issue
+    return g.vmcp_identity  # set by authenticate() for every request of this blueprint
 
 
 def _ask(future: Any) -> Any:

@@ -1,0 +1,190 @@
+"""Incoming authentication: who is calling, from the request's bearer token.
+
+``anonymous`` (the default) lets everyone in as the anonymous caller. ``oidc`` verifies
+a JWT with PyJWT against the issuer's JWKS: the signature (allowed algorithms only, never
+``none`` or HMAC), ``iss``, ``aud``, ``exp``/``nbf`` with a small leeway. Keys are cached;
+an unknown ``kid`` refetches the JWKS once, at most every ``MIN_JWKS_REFETCH`` seconds, so
+tokens with made-up key ids cannot hammer the IdP. Nothing is fetched until the first
+token arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import jwt
+import requests
+
+from vmcp_actors.config import OidcConfig
+from vmcp_actors.identity import Identity
+
+logger = logging.getLogger(__name__)
+
+# The shortest gap between two JWKS fetches caused by unknown key ids.
+MIN_JWKS_REFETCH = 30.0
+IDP_TIMEOUT = 10.0
+
+
+class AuthError(Exception):
+    """The request is not authenticated: HTTP 401. ``reason`` is safe to show (it never
+    contains the token); ``error`` is the RFC 6750 code, None when no credentials came."""
+
+    def __init__(self, reason: str, error: str | None = "invalid_token"):
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+class IdentityProviderUnavailable(Exception):
+    """The IdP's keys could not be fetched: HTTP 503, the caller's token may be fine."""
+
+
+class Authenticator(Protocol):
+    issuer: str | None
+
+    def authenticate(self, authorization: str | None) -> Identity | None: ...
+
+
+class AnonymousAuthenticator:
+    issuer = None
+
+    def authenticate(self, authorization: str | None) -> Identity | None:
+        return None
+
+
+class JwksKeys:
+    """The issuer's signing keys by kid, fetched lazily and refetched on an unknown kid."""
+
+    def __init__(self, issuer: str, jwks_url: str | None, http: requests.Session,
+                 clock: Callable[[], float] = time.monotonic):
+        self._issuer = issuer.rstrip("/")
+        self._jwks_url = jwks_url
+        self._http = http
+        self._clock = clock
+        self._keys: dict[str | None, jwt.PyJWK] | None = None
+        self._fetched_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def key_for(self, kid: str | None) -> jwt.PyJWK:
+        with self._lock:
+            if self._keys is None:
+                self._refresh()
+            elif kid not in self._keys and self._clock() - self._fetched_at >= MIN_JWKS_REFETCH:
+                self._refresh()  # the IdP may have rotated its keys
+            keys = self._keys
+        if kid is None and len(keys) == 1:
+            return next(iter(keys.values()))
+        key = keys.get(kid)
+        if key is None:
+            raise AuthError("token signed with an unknown key")
+        return key
+
+    def _refresh(self) -> None:
+        self._fetched_at = self._clock()
+        try:
+            url = self._jwks_url or self._discover_jwks_url()
+            response = self._http.get(url, timeout=IDP_TIMEOUT, allow_redirects=False)
+            response.raise_for_status()
+            key_set = jwt.PyJWKSet.from_dict(response.json())
+        except (requests.RequestException, ValueError, jwt.PyJWKSetError) as error:
+            logger.warning("could not fetch the signing keys of issuer %s: %s", self._issuer, error.__class__.__name__)
+            if self._keys is None:
+                raise IdentityProviderUnavailable() from None
+            return  # keep serving with the keys we have
+        self._keys = {key.key_id: key for key in key_set.keys}
+        logger.info("fetched %d signing keys of issuer %s", len(self._keys), self._issuer)
+
+    def _discover_jwks_url(self) -> str:
+        response = self._http.get(f"{self._issuer}/.well-known/openid-configuration", timeout=IDP_TIMEOUT,
+                                  allow_redirects=False)
+        response.raise_for_status()
+        jwks_uri = response.json().get("jwks_uri")
+        if not isinstance(jwks_uri, str) or not jwks_uri.startswith(("https://", "http://")):
+            raise ValueError("no jwks_uri in the discovery document")
+        self._jwks_url = jwks_uri
+        return jwks_uri
+
+
+class OidcAuthenticator:
+    def __init__(self, oidc: OidcConfig, http: requests.Session | None = None):
+        self._oidc = oidc
+        self.issuer = oidc.issuer
+        session = http if http is not None else requests.Session()
+        session.trust_env = False
+        self._keys = JwksKeys(oidc.issuer, oidc.jwks_url, session)
+
+    def authenticate(self, authorization: str | None) -> Identity:
+        if not authorization:
+            raise AuthError("missing bearer token", error=None)
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthError("the Authorization header must be 'Bearer <token>'", error="invalid_request")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.DecodeError:
+            raise AuthError("malformed token") from None
+        algorithm = header.get("alg")
+        if algorithm not in self._oidc.algorithms:
+            raise AuthError(f"token algorithm {str(algorithm)[:16]!r} is not allowed")
+        key = self._keys.key_for(header.get("kid"))
+        try:
+            claims = jwt.decode(
+                token,
+                key.key,
+                algorithms=[algorithm],
+                audience=self._oidc.audience,
+                issuer=self._oidc.issuer,
+                leeway=self._oidc.clock_skew,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.PyJWTError as error:
+            raise AuthError(_reason(error)) from None
+        return Identity(claims["iss"], str(claims["sub"]), claims=MappingProxyType(claims), token=token)
+
+
+def _reason(error: jwt.PyJWTError) -> str:
+    """Which check failed, in words that never include the token."""
+    reasons: list[tuple[type[Exception], str]] = [
+        (jwt.ExpiredSignatureError, "token expired"),
+        (jwt.ImmatureSignatureError, "token not valid yet"),
+        (jwt.InvalidAudienceError, "token audience is not this server"),
+        (jwt.InvalidIssuerError, "token issuer is not trusted"),
+        (jwt.InvalidSignatureError, "token signature does not verify"),
+        (jwt.InvalidAlgorithmError, "token algorithm is not allowed"),
+        (jwt.MissingRequiredClaimError, "token lacks a required claim"),
+        (jwt.DecodeError, "malformed token"),
+    ]
+    for kind, reason in reasons:
+        if isinstance(error, kind):
+            if isinstance(error, jwt.MissingRequiredClaimError):
+                return f"token lacks the {error.claim!r} claim"
+            return reason
+    return "token rejected"
+
+
+def build_authenticator(oidc: OidcConfig | None) -> Authenticator:
+    return AnonymousAuthenticator() if oidc is None else OidcAuthenticator(oidc)
+
+
+def www_authenticate(resource_metadata_url: str, error: AuthError) -> str:
+    parts = ['Bearer realm="mcp"', f'resource_metadata="{resource_metadata_url}"']
+    if error.error:
+        parts.append(f'error="{error.error}"')
+        parts.append('error_description="{}"'.format(error.reason.replace('"', "'")))
+    return ", ".join(parts)
+
+
+def protected_resource_metadata(resource: str, issuer: str, name: str) -> dict[str, Any]:
+    """RFC 9728: where this resource's tokens come from."""
+    return {
+        "resource": resource,
+        "authorization_servers": [issuer],
+        "bearer_methods_supported": ["header"],
+        "resource_name": name,
+    }

@@ -1,0 +1,33 @@
+"""RFC 9728 protected resource metadata: where clients get tokens for this server."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, request
+
+from vmcp_actors.web._auth import protected_resource_metadata
+from vmcp_actors.web._responses import json_response
+from vmcp_actors.web._runtime import current_runtime
+
+bp = Blueprint("wellknown", __name__)
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+
+
+def resource_url() -> str:
+    configured = current_runtime().config.incoming_auth.oidc
+    if configured is not None and configured.resource_url:
+        return configured.resource_url
+    return request.host_url.rstrip("/") + "/mcp"
+
+
+def resource_metadata_url() -> str:
+    return request.host_url.rstrip("/") + METADATA_PATH
+
+
+@bp.get(METADATA_PATH)
+@bp.get(METADATA_PATH + "/mcp")  # the path-suffixed form of RFC 9728 section 3.1
+def metadata() -> Response:
+    runtime = current_runtime()
+    if runtime.authenticator.issuer is None:
+        return json_response({"error": "not found"}, 404)  # anonymous: no authorization server
+    return json_response(protected_resource_metadata(resource_url(), runtime.authenticator.issuer, runtime.config.name))
