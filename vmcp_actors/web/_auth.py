@@ -67,14 +67,17 @@ class JwksKeys:
         self._http = http
         self._clock = clock
         self._keys: dict[str | None, jwt.PyJWK] | None = None
-        self._fetched_at = float("-inf")
+        # Only refetches caused by unknown key ids are rate-limited: a rotation right
+        # after the first fetch must still be picked up at once.
+        self._last_unknown_kid_refetch = float("-inf")
         self._lock = threading.Lock()
 
     def key_for(self, kid: str | None) -> jwt.PyJWK:
         with self._lock:
             if self._keys is None:
                 self._refresh()
-            elif kid not in self._keys and self._clock() - self._fetched_at >= MIN_JWKS_REFETCH:
+            elif kid not in self._keys and self._clock() - self._last_unknown_kid_refetch >= MIN_JWKS_REFETCH:
+                self._last_unknown_kid_refetch = self._clock()
                 self._refresh()  # the IdP may have rotated its keys
             keys = self._keys
         if kid is None and len(keys) == 1:
@@ -85,7 +88,6 @@ class JwksKeys:
         return key
 
     def _refresh(self) -> None:
-        self._fetched_at = self._clock()
         try:
             url = self._jwks_url or self._discover_jwks_url()
             response = self._http.get(url, timeout=IDP_TIMEOUT, allow_redirects=False)
