@@ -15,7 +15,9 @@ from ._model import (
     OutgoingAuthConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
+    ToolOverride,
     VmcpConfig,
+    WorkloadToolsConfig,
 )
 
 __all__ = [
@@ -30,7 +32,9 @@ __all__ = [
     "OutgoingAuthConfig",
     "TimeoutsConfig",
     "TokenExchangeConfig",
+    "ToolOverride",
     "VmcpConfig",
+    "WorkloadToolsConfig",
     "config_from_mapping",
     "load_config",
     "parse_duration",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 DEFAULT_TRANSPORT = "streamable-http"
 DEFAULT_ALGORITHMS = ("RS256", "ES256")
@@ -32,15 +34,69 @@ class BackendConfig:
 
 
 @dataclass(frozen=True)
+class ToolOverride:
+    """How one backend tool is shown to clients; ``None`` keeps the backend's own value.
+
+    ``annotations`` are merged over the backend's annotations (JSON values; a deep copy, so
+    nested values stay plain dicts and lists for JSON output: treat them as read-only).
+    """
+
+    name: str | None = None
+    description: str | None = None
+    # Left out of the hash: a mapping proxy is not hashable, and equal configs still hash equal.
+    annotations: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.annotations is not None:
+            object.__setattr__(self, "annotations", MappingProxyType(copy.deepcopy(dict(self.annotations))))
+
+
+@dataclass(frozen=True)
+class WorkloadToolsConfig:
+    """One backend's tool settings.
+
+    ``overrides`` is keyed by the backend's original tool name; ``filter`` (``None`` = no
+    filter) lists the names to advertise after overrides and before conflict resolution.
+    Hidden tools stay callable by composite tools.
+    """
+
+    workload: str
+    filter: tuple[str, ...] | None = None
+    exclude_all: bool = False
+    # Left out of the hash: a mapping proxy is not hashable, and equal configs still hash equal.
+    overrides: Mapping[str, ToolOverride] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.filter is not None:
+            _freeze_sequence(self, "filter")
+        _freeze_mapping(self, "overrides")
+
+
+@dataclass(frozen=True)
 class AggregationConfig:
-    """How the backends' tools are merged into one list."""
+    """How the backends' tools are merged into one list.
+
+    ``priority_order`` is set exactly when ``conflict_resolution`` is priority;
+    ``exclude_all_tools`` hides every backend tool from clients (composite tools still call them).
+    """
 
     conflict_resolution: str = "prefix"
     prefix_format: str = DEFAULT_PREFIX_FORMAT
+    priority_order: tuple[str, ...] = ()
+    exclude_all_tools: bool = False
+    tools: tuple[WorkloadToolsConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "priority_order")
+        _freeze_sequence(self, "tools")
 
     def prefix_for(self, workload: str) -> str:
         """The prefix that ``prefix_format`` gives the tools of backend ``workload``."""
         return self.prefix_format.replace(WORKLOAD_PLACEHOLDER, workload)
+
+    def tools_for(self, workload: str) -> WorkloadToolsConfig | None:
+        """The tool settings of backend ``workload``, or ``None`` if it has none."""
+        return next((tools for tools in self.tools if tools.workload == workload), None)
 
 
 @dataclass(frozen=True)

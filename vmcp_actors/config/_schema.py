@@ -6,6 +6,7 @@ as ``NotSupportedYet`` fields, so they are rejected by name instead of as "unkno
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping
@@ -31,13 +32,16 @@ from ._model import (
     OutgoingAuthConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
+    ToolOverride,
     VmcpConfig,
+    WorkloadToolsConfig,
 )
 
 BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters a prefix may add to tool names (MCP tool names: letters, digits, _ - .).
 PREFIX_TEXT = re.compile(r"[A-Za-z0-9_.-]*")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # RFC 7230 token: the characters an HTTP header name may have.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Visible ASCII, inner spaces and tabs only: no line breaks (header injection), no padding.
@@ -87,6 +91,9 @@ NOT_PASSED_THROUGH_HEADERS = {
 AUTH_BLOCKS = {"header_injection": "headerInjection", "token_exchange": "tokenExchange"}
 TOKEN_EXCHANGE_NEEDS_OIDC = "token_exchange needs incomingAuth.type oidc (the caller's token is the subject token)"
 
+CONFLICT_RESOLUTIONS = ("prefix", "priority", "manual")
+OVERRIDE_KEYS = ("name", "description", "annotations")
+
 
 # --- fields -----------------------------------------------------------------------------
 
@@ -117,6 +124,17 @@ class _Integer(_PlainMessages, fields.Integer):
         if isinstance(value, bool):  # YAML `true` is an int to Python
             raise self.make_error("invalid", input=value)
         return super()._validated(value)
+
+
+class _Boolean(_PlainMessages, fields.Field):
+    """``true`` or ``false`` as YAML booleans: no strings or numbers."""
+
+    default_error_messages = {"invalid": "must be true or false"}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid")
+        return value
 
 
 class _List(_PlainMessages, fields.List):
@@ -168,15 +186,16 @@ class _DurationPerName(_PlainMessages, fields.Field):
 
 
 class _SchemaPerName(_PlainMessages, fields.Field):
-    """A mapping of backend name -> a mapping loaded with ``schema``; errors are reported under each key."""
+    """A mapping of name -> a mapping loaded with ``schema``; errors are reported under each key."""
 
-    def __init__(self, schema: type[Schema], **kwargs: Any) -> None:
+    def __init__(self, schema: type[Schema], key_name: str = "backend name", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.schema = schema
+        self.key_name = key_name
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
         if not isinstance(value, Mapping):
-            raise ValidationError("must be a mapping of backend name to settings")
+            raise ValidationError(f"must be a mapping of {self.key_name} to settings")
         result: dict[str, Any] = {}
         errors: dict[str, Any] = {}
         for key, raw in value.items():
@@ -187,6 +206,37 @@ class _SchemaPerName(_PlainMessages, fields.Field):
         if errors:
             raise ValidationError(errors)
         return result
+
+
+class _JsonMapping(_PlainMessages, fields.Field):
+    """A mapping of string keys to JSON values (what a client will receive as JSON)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise ValidationError("must be a mapping")
+        errors: dict[str, list[str]] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                errors[str(key)] = ["names must be strings (quote them in YAML)"]
+            elif not _is_json(item):
+                errors[key] = [
+                    "must be a JSON value (string, finite number, boolean, null, list, mapping with string keys)"
+                ]
+        if errors:
+            raise ValidationError(errors)
+        return dict(value)
+
+
+def _is_json(value: Any) -> bool:
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_json(item) for item in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(key, str) and _is_json(item) for key, item in value.items())
+    return False  # e.g. a YAML date or binary
 
 
 class NotSupportedYet(fields.Field):
@@ -293,6 +343,11 @@ def _backend_name(value: str) -> None:
         raise ValidationError(
             "must be 1-63 letters, digits, '_' or '-', starting with a letter or digit"
         )
+
+
+def _tool_name(value: str) -> None:
+    if not TOOL_NAME.fullmatch(value):
+        raise ValidationError("must be an MCP tool name: 1-128 letters, digits, '_', '-' or '.'")
 
 
 def _issuer(value: str) -> None:
@@ -535,30 +590,172 @@ class OutgoingAuthSchema(_StrictSchema):
         return OutgoingAuthConfig(**data)
 
 
+class ToolOverrideSchema(_StrictSchema):
+    name = _String(validate=_tool_name)
+    description = _String()
+    annotations = _JsonMapping()
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_sets_something(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if isinstance(original_data, Mapping) and not any(key in original_data for key in OVERRIDE_KEYS):
+            raise ValidationError(f"must set at least one of {', '.join(OVERRIDE_KEYS)}")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> ToolOverride:
+        return ToolOverride(**data)
+
+
+class WorkloadToolsSchema(_StrictSchema):
+    workload = _String(required=True)  # must name a backend: checked by VmcpSchema
+    filter = _List(_String(validate=_not_blank))
+    exclude_all = _Boolean(data_key="excludeAll", load_default=False)
+    overrides = _SchemaPerName(ToolOverrideSchema, key_name="tool name", load_default=dict)
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_filter_or_exclude_all(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        if original_data.get("excludeAll") is True and "filter" in original_data:
+            raise ValidationError(
+                "filter and excludeAll true contradict each other (excludeAll hides every tool); keep one"
+            )
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_override_keys(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        overrides = original_data.get("overrides") if isinstance(original_data, Mapping) else None
+        if isinstance(overrides, Mapping) and "" in overrides:
+            # Said of the mapping: an error under the key "" would print as a path ending in a dot.
+            raise ValidationError({"overrides": ["keys must be tool names, not empty"]})
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_renames(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        renames = _renames(original_data)
+        errors: dict[str, Any] = {}
+        first_with_name: dict[str, str] = {}
+        clashes: dict[str, dict[str, list[str]]] = {}
+        for original, new in renames.items():
+            if new in first_with_name:
+                clashes[original] = {"name": [f"{new!r} is also the new name of {first_with_name[new]!r}"]}
+            else:
+                first_with_name[new] = original
+        if clashes:
+            errors["overrides"] = clashes
+
+        # filter matches names after overrides, so a renamed tool's old name matches nothing.
+        listed = original_data.get("filter") if isinstance(original_data, Mapping) else None
+        if isinstance(listed, list):
+            stale = {
+                index: [f"{entry!r} is renamed to {renames[entry]!r} by its override (filter lists the new names)"]
+                for index, entry in enumerate(listed)
+                if isinstance(entry, str) and renames.get(entry, entry) != entry and entry not in first_with_name
+            }
+            if stale:
+                errors["filter"] = stale
+        if errors:
+            raise ValidationError(errors)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> WorkloadToolsConfig:
+        return WorkloadToolsConfig(**data)
+
+
+def _renames(workload_tools: Any) -> dict[str, str]:
+    """Original tool name -> the ``name`` its override gives it, read from raw input."""
+    overrides = workload_tools.get("overrides") if isinstance(workload_tools, Mapping) else None
+    if not isinstance(overrides, Mapping):
+        return {}
+    return {
+        str(original): override["name"]
+        for original, override in overrides.items()
+        if isinstance(override, Mapping) and isinstance(override.get("name"), str)
+    }
+
+
 class ConflictResolutionConfigSchema(_StrictSchema):
     prefix_format = _String(data_key="prefixFormat", load_default=DEFAULT_PREFIX_FORMAT, validate=_prefix_format)
-    priority_order = NotSupportedYet(data_key="priorityOrder")
+    # Entries must name backends: checked by VmcpSchema.
+    priority_order = _List(
+        _String(), data_key="priorityOrder", load_default=tuple, validate=_NoDuplicates("backend", "priorityOrder")
+    )
 
 
 class AggregationSchema(_StrictSchema):
     conflict_resolution = _String(
         data_key="conflictResolution",
         load_default="prefix",
-        validate=_Choice(["prefix"], ["priority", "manual"]),
+        validate=_Choice(CONFLICT_RESOLUTIONS),
     )
     conflict_resolution_config = _Nested(
         ConflictResolutionConfigSchema,
         data_key="conflictResolutionConfig",
-        load_default=lambda: {"prefix_format": DEFAULT_PREFIX_FORMAT},
+        load_default=lambda: {"prefix_format": DEFAULT_PREFIX_FORMAT, "priority_order": ()},
     )
-    tools = NotSupportedYet()
-    exclude_all_tools = NotSupportedYet(data_key="excludeAllTools")
+    exclude_all_tools = _Boolean(data_key="excludeAllTools", load_default=False)
+    tools = _List(_Nested(WorkloadToolsSchema), load_default=tuple)
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_priority_order(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        kind = original_data.get("conflictResolution", "prefix")
+        settings = original_data.get("conflictResolutionConfig", {})
+        if kind not in CONFLICT_RESOLUTIONS or not isinstance(settings, Mapping):
+            return  # a wrong strategy or section is reported by itself
+        order = settings.get("priorityOrder", missing)
+        if order is None:
+            return  # "must not be null" says enough
+        if kind == "priority" and (order is missing or order == []):
+            message = "is required for conflictResolution priority"
+        elif kind != "priority" and order is not missing:
+            message = f"is only used with conflictResolution priority (conflictResolution is {kind})"
+        else:
+            return
+        raise ValidationError({"conflictResolutionConfig": {"priorityOrder": [message]}})
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_workloads(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        listed = original_data.get("tools") if isinstance(original_data, Mapping) else None
+        if not isinstance(listed, list):
+            return
+        errors: dict[int, Any] = {}
+        first_index: dict[str, int] = {}
+        for index, entry in enumerate(listed):
+            workload = entry.get("workload") if isinstance(entry, Mapping) else None
+            if not isinstance(workload, str):
+                continue
+            if workload in first_index:
+                errors[index] = {"workload": [f"duplicate workload {workload!r} (also tools[{first_index[workload]}])"]}
+            else:
+                first_index[workload] = index
+
+        # Under manual nothing separates two backends' tools, so renames must not collide.
+        if original_data.get("conflictResolution") == "manual":
+            claimed: dict[str, tuple[str, str]] = {}  # new name -> (workload, original tool)
+            for workload, index in first_index.items():
+                own: dict[str, str] = {}
+                for original, new in _renames(listed[index]).items():
+                    if new in claimed:
+                        other_workload, other_tool = claimed[new]
+                        message = (
+                            f"{new!r} clashes with {other_workload}'s override of {other_tool!r} "
+                            "(manual conflict resolution)"
+                        )
+                        errors.setdefault(index, {}).setdefault("overrides", {})[original] = {"name": [message]}
+                    own.setdefault(new, original)
+                for new, original in own.items():
+                    claimed.setdefault(new, (workload, original))
+        if errors:
+            raise ValidationError({"tools": errors})
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> AggregationConfig:
+        settings = data["conflict_resolution_config"]
         return AggregationConfig(
             conflict_resolution=data["conflict_resolution"],
-            prefix_format=data["conflict_resolution_config"]["prefix_format"],
+            prefix_format=settings["prefix_format"],
+            priority_order=tuple(settings["priority_order"]),
+            exclude_all_tools=data["exclude_all_tools"],
+            tools=tuple(data["tools"]),
         )
 
 
@@ -657,8 +854,36 @@ class VmcpSchema(_StrictSchema):
             }
             if unknown:
                 errors["outgoingAuth"] = {"backends": unknown}
+
+        aggregation = self._unknown_aggregation_backends(original_data.get("aggregation"), first_index)
+        if aggregation:
+            errors["aggregation"] = aggregation
         if errors:
             raise ValidationError(errors)
+
+    @staticmethod
+    def _unknown_aggregation_backends(aggregation: Any, backends: Mapping[str, int]) -> dict[str, Any]:
+        errors: dict[str, Any] = {}
+        order = _dig(aggregation, "conflictResolutionConfig", "priorityOrder")
+        if isinstance(order, list):
+            unknown = {
+                index: [f"no backend named {name!r}"]
+                for index, name in enumerate(order)
+                if isinstance(name, str) and name not in backends
+            }
+            if unknown:
+                errors["conflictResolutionConfig"] = {"priorityOrder": unknown}
+        tools = _dig(aggregation, "tools")
+        if isinstance(tools, list):
+            unknown = {
+                index: {"workload": [f"no backend named {entry['workload']!r}"]}
+                for index, entry in enumerate(tools)
+                if isinstance(entry, Mapping) and isinstance(entry.get("workload"), str)
+                and entry["workload"] not in backends
+            }
+            if unknown:
+                errors["tools"] = unknown
+        return errors
 
     @validates_schema(pass_original=True, skip_on_field_errors=False)
     def _check_token_exchange_has_a_subject_token(self, data: Any, original_data: Any, **kwargs: Any) -> None:

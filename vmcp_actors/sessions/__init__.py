@@ -1,14 +1,25 @@
 """Sessions: the SessionActor, aggregation into a catalog, and the core capability interface."""
 
 from vmcp_actors.sessions._actor import SessionActor, SessionServices, discovery_timeout
-from vmcp_actors.sessions._aggregation import Catalog, Route, advertised_name, build_catalog
-from vmcp_actors.sessions._capabilities import AggregatedBackends, Capabilities, NoBackendsAvailable, to_jsonrpc_error
+from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route, advertised_name, build_catalog
+from vmcp_actors.sessions._capabilities import (
+    AggregatedBackends,
+    Capabilities,
+    ConflictingNames,
+    NoBackendsAvailable,
+    to_jsonrpc_error,
+)
+from vmcp_actors.sessions._filter import AdvertisingFilter, is_advertised
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import McpDispatcher
 from vmcp_actors.sessions._relay import Relay, RelayEvent
 from vmcp_actors.sessions._uri_template import compile_uri_template, uri_matches_template
 
 __all__ = [
+    "AdvertisingFilter",
+    "ConflictingNames",
+    "InternalTool",
+    "is_advertised",
     "AggregatedBackends",
     "Capabilities",
     "Catalog",

@@ -20,6 +20,7 @@ from vmcp_actors.sessions._aggregation import Catalog, build_catalog
 from vmcp_actors.sessions._capabilities import AggregatedBackends
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import McpDispatcher
+from vmcp_actors.sessions._filter import AdvertisingFilter
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ class SessionActor(pykka.ThreadingActor):
             {name: future.get(timeout=ASK_TIMEOUT) for name, future in channels.items()},
             discovery_timeout(self._config),
         )
-        self._dispatcher = McpDispatcher(self._aggregated, page_size=self._config.operational.page_size)
+        # Decorators, outermost first: advertising filter -> (composite tools) -> backends.
+        advertised = AdvertisingFilter(self._aggregated, self._config.aggregation)
+        self._dispatcher = McpDispatcher(advertised, page_size=self._config.operational.page_size)
 
     def on_stop(self) -> None:
         for connection in self._connections.values():
@@ -151,17 +154,25 @@ class SessionActor(pykka.ThreadingActor):
                 backends.append(future.get(timeout=ASK_TIMEOUT).to_dict())
             except (pykka.ActorDeadError, pykka.Timeout):
                 backends.append({"backend": name, "state": "unresponsive"})
+        catalog = self._catalog.result() if self._catalog is not None and _usable_or_conflicting(self._catalog) else None
         return {
             "id": self._session_id,
             "subject": subject_of(self._identity),
             "created": self._created,
             "catalogFromCache": self._catalog_from_cache,
+            "catalogErrors": list(catalog.errors) if catalog else [],
+            "catalogProblems": list(catalog.problems) if catalog else [],
             "backends": backends,
         }
 
 
 def _usable(catalog: cf.Future[Catalog]) -> bool:
-    return catalog.exception() is None and catalog.result().has_backends
+    """Worth keeping: it has backends and no conflicts (a conflicting one is rebuilt next time)."""
+    return _usable_or_conflicting(catalog) and not catalog.result().errors
+
+
+def _usable_or_conflicting(catalog: cf.Future[Catalog]) -> bool:
+    return catalog.done() and catalog.exception() is None and catalog.result().has_backends
 
 
 def _gather_catalog(

@@ -27,7 +27,7 @@ from vmcp_actors.protocol import (
     RESOURCE_NOT_FOUND,
     JsonRpcError,
 )
-from vmcp_actors.sessions._aggregation import Catalog, Route
+from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
 
 # Yields notifications (JSON-RPC messages), returns the result object; raises JsonRpcError.
 Exchange = Generator[dict[str, Any], None, dict[str, Any]]
@@ -51,6 +51,13 @@ class Capabilities(Protocol):
     def complete(self, identity: Identity | None, params: dict[str, Any]) -> Exchange | dict[str, Any]: ...
     def set_logging_level(self, identity: Identity | None, level: str) -> dict[str, Any]: ...
     def close(self) -> None: ...
+
+
+class ConflictingNames(JsonRpcError):
+    """Aggregation left clashes that the config must resolve (manual strategy)."""
+
+    def __init__(self, errors: tuple[str, ...]):
+        super().__init__(INTERNAL_ERROR, "Tool names conflict: " + "; ".join(errors), {"conflicts": list(errors)})
 
 
 class NoBackendsAvailable(JsonRpcError):
@@ -100,7 +107,7 @@ class AggregatedBackends:
         published = self._published
         if published is not None and published.done() and published.exception() is None:
             ready = published.result()
-            if ready.has_backends and not ready.failures:
+            if ready.has_backends and not ready.failures and not ready.errors:
                 return ready  # complete: nothing for the SessionActor to decide, no message needed
         try:
             pending = self._session.catalog(identity).get(timeout=ASK_TIMEOUT)
@@ -109,7 +116,13 @@ class AggregatedBackends:
             raise NoBackendsAvailable() from None
         if not catalog.has_backends:
             raise NoBackendsAvailable()
+        if catalog.errors:
+            raise ConflictingNames(catalog.errors)
         return catalog
+
+    def lookup_internal(self, identity: Identity | None, name: str) -> InternalTool | None:
+        """For composite steps: any tool, advertised or hidden, by advertised name or ``workload.tool``."""
+        return self.catalog(identity).resolve_internal(name)
 
     def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
         return self.catalog(identity).tools

@@ -49,7 +49,7 @@ class DiscoveryCache:
             return None
 
     def put(self, key: Hashable, catalog: Catalog) -> None:
-        if not self.enabled or catalog.failures or not catalog.has_backends:
+        if not self.enabled or catalog.failures or catalog.errors or not catalog.has_backends:
             return  # errors are never cached
         with self._lock:
             self._entries[key] = (catalog, self._clock() + self._ttl)

@@ -1,27 +1,17 @@
-"""Matching URIs against RFC 6570 URI templates (the reverse of expansion).
+"""Matching URIs against RFC 6570 URI templates, to route resources/read to the backend
+whose template fits.
 
-Only matching is needed (to route resources/read to the backend whose template fits),
-so each template compiles to one anchored regular expression.
+RFC 6570 only defines expansion; matching is its inverse. The official MCP SDK's
+``UriTemplate`` is the matcher MCP servers built with it use to route their own reads, so
+the gateway uses the same one: a URI goes to the backend that would itself accept it.
 """
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
-_EXPRESSION = re.compile(r"\{([^{}]*)\}")
-# Operator -> (regex for the whole expression). Simple and form-style expressions may
-# not contain reserved characters once expanded; reserved and fragment ones may.
-_OPERATOR_PATTERNS = {
-    "": r"[^/?#&]*",
-    "+": r"[^?#]*",
-    "#": r"(?:#.*)?",
-    ".": r"(?:\.[^/?#]*)*",
-    "/": r"(?:/[^/?#]*)*",
-    ";": r"(?:;[^/?#]*)*",
-    "?": r"(?:\?[^#]*)?",
-    "&": r"(?:&[^#]*)*",
-}
+from mcp.shared.uri_template import InvalidUriTemplate as _SdkInvalidUriTemplate
+from mcp.shared.uri_template import UriTemplate
 
 
 class InvalidUriTemplate(ValueError):
@@ -29,33 +19,15 @@ class InvalidUriTemplate(ValueError):
 
 
 @lru_cache(maxsize=1024)
-def compile_uri_template(template: str) -> re.Pattern[str]:
-    """An anchored pattern that matches every URI the template can expand to."""
-    parts: list[str] = []
-    position = 0
-    for match in _EXPRESSION.finditer(template):
-        literal = template[position : match.start()]
-        if "{" in literal or "}" in literal:
-            raise InvalidUriTemplate(f"unbalanced braces in URI template {template!r}")
-        parts.append(re.escape(literal))
-        body = match.group(1)
-        first = body[:1]
-        if first and first in "=,!@|":
-            raise InvalidUriTemplate(f"reserved operator in URI template {template!r}")
-        operator = first if first and first in "+#./;?&" else ""
-        if not body[len(operator) :]:
-            raise InvalidUriTemplate(f"empty expression in URI template {template!r}")
-        parts.append(_OPERATOR_PATTERNS[operator])
-        position = match.end()
-    tail = template[position:]
-    if "{" in tail or "}" in tail:
-        raise InvalidUriTemplate(f"unbalanced braces in URI template {template!r}")
-    parts.append(re.escape(tail))
-    return re.compile("".join(parts))
+def compile_uri_template(template: str) -> UriTemplate:
+    try:
+        return UriTemplate.parse(template)
+    except _SdkInvalidUriTemplate as error:
+        raise InvalidUriTemplate(str(error)) from None
 
 
 def uri_matches_template(uri: str, template: str) -> bool:
     try:
-        return compile_uri_template(template).fullmatch(uri) is not None
+        return compile_uri_template(template).match(uri) is not None
     except InvalidUriTemplate:
         return False

@@ -1,0 +1,84 @@
+"""The advertising filter: a decorator over the capability interface.
+
+It sits above the composite-tool layer (DESIGN.md, "The core interface"): a hidden tool
+is neither listed nor callable by clients (tools/call on it is -32602, exactly as for a
+name that does not exist), yet it stays in the routing table below, where composite
+steps call it and read its input schema. ``list_tools`` and ``lookup_tool`` share one
+predicate, so what is listed and what is callable cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vmcp_actors.config import AggregationConfig
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
+from vmcp_actors.sessions._aggregation import Route
+from vmcp_actors.sessions._capabilities import Capabilities, Exchange
+
+
+def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
+    """The one predicate: ``filter`` matches the post-override, pre-prefix name."""
+    if aggregation.exclude_all_tools:
+        return False
+    workload = aggregation.tools_for(route.backend)
+    if workload is None:
+        return True
+    if workload.exclude_all:
+        return False
+    return workload.filter is None or route.resolved_name in workload.filter
+
+
+class AdvertisingFilter:
+    """Capabilities minus the tools the config hides from clients."""
+
+    def __init__(self, inner: Capabilities, aggregation: AggregationConfig):
+        self._inner = inner
+        self._aggregation = aggregation
+
+    def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
+        return tuple(tool for tool in self._inner.list_tools(identity)
+                     if self.lookup_tool(identity, tool["name"]) is not None)
+
+    def lookup_tool(self, identity: Identity | None, name: str) -> Route | None:
+        route = self._inner.lookup_tool(identity, name)
+        return route if route is not None and is_advertised(self._aggregation, route) else None
+
+    def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
+                  meta: dict[str, Any] | None) -> Exchange:
+        if self.lookup_tool(identity, name) is None:
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")  # the same answer as for no such tool
+        return self._inner.call_tool(identity, name, arguments, meta)
+
+    # Everything else passes through: the filter only subtracts tools.
+
+    def list_resources(self, identity):
+        return self._inner.list_resources(identity)
+
+    def list_resource_templates(self, identity):
+        return self._inner.list_resource_templates(identity)
+
+    def lookup_resource(self, identity, uri):
+        return self._inner.lookup_resource(identity, uri)
+
+    def read_resource(self, identity, uri, meta):
+        return self._inner.read_resource(identity, uri, meta)
+
+    def list_prompts(self, identity):
+        return self._inner.list_prompts(identity)
+
+    def lookup_prompt(self, identity, name):
+        return self._inner.lookup_prompt(identity, name)
+
+    def get_prompt(self, identity, name, arguments, meta):
+        return self._inner.get_prompt(identity, name, arguments, meta)
+
+    def complete(self, identity, params):
+        return self._inner.complete(identity, params)
+
+    def set_logging_level(self, identity, level):
+        return self._inner.set_logging_level(identity, level)
+
+    def close(self) -> None:
+        self._inner.close()
