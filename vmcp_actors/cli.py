@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any
 
-from vmcp_actors.config import VmcpConfig, config_from_mapping, load_config
+from vmcp_actors.config import VmcpConfig, config_from_mapping, config_warnings, load_config
 from vmcp_actors.exceptions import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -63,6 +63,8 @@ def _validate(path: str) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG_ERROR
+    for warning in config_warnings(config):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{path}: ok ({len(config.backends)} backends)")
     return 0
 

@@ -23,7 +23,9 @@ from vmcp_actors.config import (
     OutgoingAuthConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
+    ToolOverride,
     VmcpConfig,
+    WorkloadToolsConfig,
     config_from_mapping,
     load_config,
     parse_duration,
@@ -332,12 +334,6 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
         ({"telemetry": {}}, "telemetry: telemetry is not supported yet"),
         ({"audit": {"enabled": True}}, "audit: audit is not supported yet"),
         ({"optimizer": None}, "optimizer: optimizer is not supported yet"),
-        ({"aggregation": {"tools": []}}, "aggregation.tools: tools is not supported yet"),
-        ({"aggregation": {"excludeAllTools": False}}, "aggregation.excludeAllTools: excludeAllTools is not supported yet"),
-        (
-            {"aggregation": {"conflictResolutionConfig": {"priorityOrder": ["github"]}}},
-            "aggregation.conflictResolutionConfig.priorityOrder: priorityOrder is not supported yet",
-        ),
         ({"incomingAuth": {"authz": {"type": "cedar"}}}, "incomingAuth.authz: authz is not supported yet"),
         ({"outgoingAuth": {"source": "inline"}}, "outgoingAuth.source: source is not supported yet (backends are configured inline)"),
     ],
@@ -353,13 +349,6 @@ def test_local_incoming_auth_type_is_not_supported_yet() -> None:
 def test_unknown_incoming_auth_type_lists_the_choices() -> None:
     assert errors_of(minimal(incomingAuth={"type": "basic"})) == (
         "incomingAuth.type: must be one of anonymous, oidc, local",
-    )
-
-
-@pytest.mark.parametrize("strategy", ["priority", "manual"])
-def test_priority_and_manual_conflict_resolution_are_not_supported_yet(strategy: str) -> None:
-    assert errors_of(minimal(aggregation={"conflictResolution": strategy})) == (
-        f"aggregation.conflictResolution: '{strategy}' is not supported yet",
     )
 
 
@@ -1100,3 +1089,373 @@ def test_required_env_vars_is_empty_without_env_references() -> None:
     assert required_env_vars(config_from_mapping(minimal())) == []
     public_client = {**with_oidc(), "outgoingAuth": {"default": exchange()}}
     assert required_env_vars(config_from_mapping(public_client)) == []
+
+
+# --- aggregation: strategies, filters, overrides -----------------------------------------
+
+AGGREGATION_CONFIG = """\
+name: engineering
+backends:
+  - {name: github, url: http://127.0.0.1:8081/mcp}
+  - {name: jira, url: http://127.0.0.1:8082/mcp}
+  - {name: wiki, url: http://127.0.0.1:8083/mcp}
+aggregation:
+  conflictResolution: priority
+  conflictResolutionConfig:
+    prefixFormat: "{workload}."
+    priorityOrder: [github, jira]
+  excludeAllTools: false
+  tools:
+    - workload: github
+      filter: [create_pr, list_issues]
+      excludeAll: false
+      overrides:
+        open_pr: {name: create_pr, description: Open a pull request, annotations: {readOnlyHint: false}}
+        list_issues: {description: List open issues}
+    - {workload: jira, excludeAll: true}
+    - {workload: wiki, filter: []}
+"""
+
+
+def aggregation(**settings: Any) -> dict[str, Any]:
+    """A config with backends github and jira and these aggregation settings."""
+    return two_backends(aggregation=settings)
+
+
+def tools(*entries: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    return aggregation(tools=list(entries), **settings)
+
+
+def test_full_aggregation_config_loads_into_the_right_dataclasses(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, AGGREGATION_CONFIG))
+
+    assert config.aggregation == AggregationConfig(
+        conflict_resolution="priority",
+        prefix_format="{workload}.",
+        priority_order=("github", "jira"),
+        exclude_all_tools=False,
+        tools=(
+            WorkloadToolsConfig(
+                workload="github",
+                filter=("create_pr", "list_issues"),
+                exclude_all=False,
+                overrides={
+                    "open_pr": ToolOverride(
+                        name="create_pr", description="Open a pull request", annotations={"readOnlyHint": False}
+                    ),
+                    "list_issues": ToolOverride(description="List open issues"),
+                },
+            ),
+            WorkloadToolsConfig(workload="jira", exclude_all=True),
+            WorkloadToolsConfig(workload="wiki", filter=()),
+        ),
+    )
+    github = config.aggregation.tools[0]
+    assert isinstance(github.filter, tuple)
+    assert isinstance(github.overrides, MappingProxyType)
+    assert isinstance(github.overrides["open_pr"].annotations, MappingProxyType)
+    assert github.overrides["list_issues"] == ToolOverride(name=None, description="List open issues", annotations=None)
+
+
+def test_aggregation_defaults_hide_nothing_and_have_no_priority_order() -> None:
+    config = config_from_mapping(minimal()).aggregation
+
+    assert config.tools == ()
+    assert config.exclude_all_tools is False
+    assert config.priority_order == ()
+    assert config == AggregationConfig()
+    (workload,) = config_from_mapping(tools({"workload": "github"})).aggregation.tools
+    assert workload == WorkloadToolsConfig(workload="github", filter=None, exclude_all=False, overrides={})
+
+
+def test_tools_for_finds_a_workloads_settings_or_none() -> None:
+    config = config_from_mapping(tools({"workload": "jira", "excludeAll": True}, {"workload": "github"})).aggregation
+
+    assert config.tools_for("jira") == WorkloadToolsConfig(workload="jira", exclude_all=True)
+    assert config.tools_for("github") == WorkloadToolsConfig(workload="github")
+    assert config.tools_for("wiki") is None
+    assert AggregationConfig().tools_for("github") is None
+
+
+def test_aggregation_dataclasses_are_frozen_hashable_and_copy_their_arguments() -> None:
+    annotations = {"readOnlyHint": True, "tags": ["a"]}
+    override = ToolOverride(annotations=annotations)
+    overrides = {"t": override}
+    names = ["t"]
+    order = ["github"]
+    workload = WorkloadToolsConfig(workload="github", filter=names, overrides=overrides)  # type: ignore[arg-type]
+    config = AggregationConfig(priority_order=order, tools=[workload])  # type: ignore[arg-type]
+    annotations["readOnlyHint"] = False
+    annotations["tags"].append("b")  # type: ignore[attr-defined]
+    overrides["u"] = ToolOverride(name="u")
+    names.append("u")
+    order.append("jira")
+
+    assert override.annotations == {"readOnlyHint": True, "tags": ["a"]}
+    assert dict(workload.overrides) == {"t": override}
+    assert workload.filter == ("t",)
+    assert config.priority_order == ("github",)
+    assert config.tools == (workload,)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        workload.exclude_all = True  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        workload.overrides["v"] = override  # type: ignore[index]
+    with pytest.raises(TypeError):
+        override.annotations["x"] = 1  # type: ignore[index]
+    same_override = ToolOverride(annotations={"readOnlyHint": True, "tags": ["a"]})
+    same = AggregationConfig(
+        priority_order=("github",), tools=(WorkloadToolsConfig("github", ("t",), overrides={"t": same_override}),)
+    )
+    assert config == same
+    assert hash(config) == hash(same)
+
+
+@pytest.mark.parametrize("strategy", ["priority", "manual"])
+def test_priority_and_manual_conflict_resolution_are_accepted(strategy: str) -> None:
+    settings: dict[str, Any] = {"conflictResolution": strategy}
+    if strategy == "priority":
+        settings["conflictResolutionConfig"] = {"priorityOrder": ["jira"]}
+    config = config_from_mapping(aggregation(**settings)).aggregation
+    assert config.conflict_resolution == strategy
+
+
+@pytest.mark.parametrize("settings", [{}, {"prefixFormat": "{workload}."}, {"priorityOrder": []}])
+def test_priority_without_a_priority_order_is_rejected(settings: dict[str, Any]) -> None:
+    data = aggregation(conflictResolution="priority", conflictResolutionConfig=settings)
+    assert errors_of(data) == (
+        "aggregation.conflictResolutionConfig.priorityOrder: is required for conflictResolution priority",
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "order"), [(None, ["github"]), ("prefix", ["github"]), ("manual", []), ("manual", ["jira"])]
+)
+def test_priority_order_with_another_strategy_loads_with_a_warning_not_silently(
+    strategy: str | None, order: list[str]
+) -> None:
+    """The DESIGN.md contract example carries priorityOrder under prefix: it must load."""
+    from vmcp_actors.config import config_warnings
+
+    settings: dict[str, Any] = {"conflictResolutionConfig": {"priorityOrder": order}}
+    if strategy is not None:
+        settings["conflictResolution"] = strategy
+    config = config_from_mapping(aggregation(**settings))
+    expected = [] if not order else [
+        "aggregation.conflictResolutionConfig.priorityOrder: only used with conflictResolution priority; "
+        f"ignored under {strategy or 'prefix'}"
+    ]
+    assert config_warnings(config) == expected
+
+
+@pytest.mark.parametrize("strategy", ["priority", "manual"])
+def test_prefix_format_with_priority_or_manual_is_accepted_silently(strategy: str) -> None:
+    settings: dict[str, Any] = {"prefixFormat": "{workload}."}
+    if strategy == "priority":
+        settings["priorityOrder"] = ["github"]
+    config = config_from_mapping(aggregation(conflictResolution=strategy, conflictResolutionConfig=settings))
+    assert config.aggregation.prefix_format == "{workload}."
+
+
+def test_priority_order_must_name_configured_backends() -> None:
+    data = aggregation(conflictResolution="priority", conflictResolutionConfig={"priorityOrder": ["github", "x"]})
+    assert errors_of(data) == ("aggregation.conflictResolutionConfig.priorityOrder[1]: no backend named 'x'",)
+
+
+def test_priority_order_must_not_repeat_a_backend() -> None:
+    order = ["jira", "github", "jira"]
+    data = aggregation(conflictResolution="priority", conflictResolutionConfig={"priorityOrder": order})
+    assert errors_of(data) == (
+        "aggregation.conflictResolutionConfig.priorityOrder[2]: duplicate backend 'jira' (also priorityOrder[0])",
+    )
+
+
+def test_priority_order_need_not_list_every_backend() -> None:
+    data = aggregation(conflictResolution="priority", conflictResolutionConfig={"priorityOrder": ["jira"]})
+    assert config_from_mapping(data).aggregation.priority_order == ("jira",)
+
+
+def test_tools_workload_must_name_a_configured_backend() -> None:
+    assert errors_of(tools({"workload": "github"}, {"workload": "confluence"})) == (
+        "aggregation.tools[1].workload: no backend named 'confluence'",
+    )
+
+
+def test_tools_workload_is_required() -> None:
+    assert errors_of(tools({"filter": ["a"]})) == ("aggregation.tools[0].workload: is required",)
+
+
+def test_workload_listed_twice_is_an_error_at_the_second() -> None:
+    data = tools({"workload": "github"}, {"workload": "jira"}, {"workload": "github", "excludeAll": True})
+    assert errors_of(data) == ("aggregation.tools[2].workload: duplicate workload 'github' (also tools[0])",)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("create_pr", "filter: must be a list"),
+    (None, "filter: must not be null"),
+    (["a", ""], "filter[1]: must not be empty"),
+    (["a", 3], "filter[1]: must be a string"),
+])
+def test_filter_must_be_a_list_of_non_empty_strings(value: Any, message: str) -> None:
+    assert errors_of(tools({"workload": "github", "filter": value})) == (f"aggregation.tools[0].{message}",)
+
+
+def test_empty_filter_is_accepted_and_advertises_nothing() -> None:
+    (github,) = config_from_mapping(tools({"workload": "github", "filter": []})).aggregation.tools
+    assert github.filter == ()
+
+
+@pytest.mark.parametrize("value", ["true", 1, None])
+def test_exclude_all_and_exclude_all_tools_must_be_booleans(value: Any) -> None:
+    data = tools({"workload": "github", "excludeAll": value}, excludeAllTools=value)
+    expected = "must not be null" if value is None else "must be true or false"
+    assert errors_of(data) == (
+        f"aggregation.excludeAllTools: {expected}",
+        f"aggregation.tools[0].excludeAll: {expected}",
+    )
+
+
+def test_exclude_all_tools_is_loaded() -> None:
+    assert config_from_mapping(aggregation(excludeAllTools=True)).aggregation.exclude_all_tools is True
+
+
+def test_filter_with_exclude_all_true_is_contradictory() -> None:
+    assert errors_of(tools({"workload": "github", "filter": ["a"], "excludeAll": True})) == (
+        "aggregation.tools[0]: filter and excludeAll true contradict each other (excludeAll hides every tool); "
+        "keep one",
+    )
+    data = tools({"workload": "github", "filter": ["a"], "excludeAll": False})
+    (github,) = config_from_mapping(data).aggregation.tools
+    assert github.filter == ("a",)
+
+
+def test_filter_naming_a_renamed_tools_old_name_is_rejected() -> None:
+    renamed = {"open_pr": {"name": "create_pr"}}
+    data = tools({"workload": "github", "filter": ["create_pr", "open_pr"], "overrides": renamed})
+    assert errors_of(data) == (
+        "aggregation.tools[0].filter[1]: 'open_pr' is renamed to 'create_pr' by its override "
+        "(filter lists the new names)",
+    )
+
+
+def test_filter_may_name_an_old_name_that_another_override_reuses() -> None:
+    swap = {"a": {"name": "b"}, "b": {"name": "a"}}
+    (github,) = config_from_mapping(tools({"workload": "github", "filter": ["a"], "overrides": swap})).aggregation.tools
+    assert github.filter == ("a",)
+
+
+@pytest.mark.parametrize("override", [{}, None])
+def test_override_must_set_name_description_or_annotations(override: Any) -> None:
+    expected = "must set at least one of name, description, annotations" if override == {} else "must be a mapping"
+    assert errors_of(tools({"workload": "github", "overrides": {"open_pr": override}})) == (
+        f"aggregation.tools[0].overrides.open_pr: {expected}",
+    )
+
+
+@pytest.mark.parametrize("name", ["has space", "", "x" * 129, "caf\u00e9", "a/b"])
+def test_override_name_must_be_a_valid_mcp_tool_name(name: str) -> None:
+    assert errors_of(tools({"workload": "github", "overrides": {"open_pr": {"name": name}}})) == (
+        "aggregation.tools[0].overrides.open_pr.name: must be an MCP tool name: 1-128 letters, digits, '_', '-' or '.'",
+    )
+
+
+def test_override_name_of_128_characters_with_dots_and_dashes_is_accepted() -> None:
+    name = "a.b-c_" + "x" * 122
+    (github,) = config_from_mapping(tools({"workload": "github", "overrides": {"t": {"name": name}}})).aggregation.tools
+    assert github.overrides["t"].name == name
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"description": 3}, "description: must be a string"),
+    ({"description": None}, "description: must not be null"),
+    ({"name": None}, "name: must not be null"),
+    ({"annotations": ["readOnlyHint"]}, "annotations: must be a mapping"),
+    ({"name": "x", "title": "X"}, "title: unknown field"),
+])
+def test_override_fields_have_the_right_types(override: dict[str, Any], message: str) -> None:
+    assert errors_of(tools({"workload": "github", "overrides": {"t": override}})) == (
+        f"aggregation.tools[0].overrides.t.{message}",
+    )
+
+
+def test_override_annotations_take_any_json_values() -> None:
+    annotations = {"title": "T", "readOnlyHint": True, "weight": 1.5, "n": None, "tags": ["a", {"b": [1]}]}
+    (github,) = config_from_mapping(
+        tools({"workload": "github", "overrides": {"t": {"annotations": annotations}}})
+    ).aggregation.tools
+    assert github.overrides["t"].annotations == annotations
+
+
+def test_override_annotations_that_are_not_json_are_rejected() -> None:
+    annotations = yaml.safe_load("{since: 2024-01-01, big: .inf, 3: x, ok: true}")
+    assert errors_of(tools({"workload": "github", "overrides": {"t": {"annotations": annotations}}})) == (
+        "aggregation.tools[0].overrides.t.annotations.3: names must be strings (quote them in YAML)",
+        "aggregation.tools[0].overrides.t.annotations.big: must be a JSON value "
+        "(string, finite number, boolean, null, list, mapping with string keys)",
+        "aggregation.tools[0].overrides.t.annotations.since: must be a JSON value "
+        "(string, finite number, boolean, null, list, mapping with string keys)",
+    )
+
+
+def test_override_keys_must_not_be_empty() -> None:
+    assert errors_of(tools({"workload": "github", "overrides": {"": {"name": "x"}}})) == (
+        "aggregation.tools[0].overrides: keys must be tool names, not empty",
+    )
+
+
+def test_overrides_must_be_a_mapping_of_tool_names() -> None:
+    assert errors_of(tools({"workload": "github", "overrides": [{"name": "x"}]})) == (
+        "aggregation.tools[0].overrides: must be a mapping of tool name to settings",
+    )
+
+
+@pytest.mark.parametrize("strategy", ["prefix", "manual"])
+def test_two_overrides_of_one_workload_with_the_same_name_are_rejected(strategy: str) -> None:
+    data = tools(
+        {"workload": "github", "overrides": {"a": {"name": "x"}, "b": {"name": "x"}, "c": {"name": "y"}}},
+        conflictResolution=strategy,
+    )
+    assert errors_of(data) == ("aggregation.tools[0].overrides.b.name: 'x' is also the new name of 'a'",)
+
+
+def test_override_names_clashing_across_workloads_are_rejected_under_manual() -> None:
+    data = tools(
+        {"workload": "github", "overrides": {"a": {"name": "x"}}},
+        {"workload": "jira", "overrides": {"y": {"name": "x"}, "z": {"name": "z2"}}},
+        conflictResolution="manual",
+    )
+    assert errors_of(data) == (
+        "aggregation.tools[1].overrides.y.name: 'x' clashes with github's override of 'a' (manual conflict resolution)",
+    )
+
+
+@pytest.mark.parametrize("settings", [
+    {},
+    {"conflictResolution": "prefix"},
+    {"conflictResolution": "priority", "conflictResolutionConfig": {"priorityOrder": ["github"]}},
+])
+def test_override_names_may_repeat_across_workloads_under_prefix_and_priority(settings: dict[str, Any]) -> None:
+    data = tools(
+        {"workload": "github", "overrides": {"a": {"name": "x"}}},
+        {"workload": "jira", "overrides": {"y": {"name": "x"}}},
+        **settings,
+    )
+    github, jira = config_from_mapping(data).aggregation.tools
+    assert github.overrides["a"].name == jira.overrides["y"].name == "x"
+
+
+def test_aggregation_errors_are_reported_together() -> None:
+    data = tools(
+        {"workload": "github", "filter": ["x"], "excludeAll": True, "overrides": {"a": {"name": "bad name"}}},
+        {"workload": "nosuch", "overrides": {"b": {}}},
+        conflictResolution="priority",
+        excludeAllTools="no",
+    )
+    assert errors_of(data) == (
+        "aggregation.conflictResolutionConfig.priorityOrder: is required for conflictResolution priority",
+        "aggregation.excludeAllTools: must be true or false",
+        "aggregation.tools[0]: filter and excludeAll true contradict each other (excludeAll hides every tool); "
+        "keep one",
+        "aggregation.tools[0].overrides.a.name: must be an MCP tool name: 1-128 letters, digits, '_', '-' or '.'",
+        "aggregation.tools[1].overrides.b: must set at least one of name, description, annotations",
+        "aggregation.tools[1].workload: no backend named 'nosuch'",
+    )

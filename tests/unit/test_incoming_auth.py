@@ -167,3 +167,18 @@ def test_the_identity_carries_claims_and_token_but_never_shows_the_token():
     identity = authenticator(idp).authenticate("Bearer " + token)
     assert identity.issuer == ISSUER and identity.token == token and identity.claims["aud"] == "vmcp"
     assert token not in repr(identity)
+
+
+def test_a_failing_jwks_endpoint_is_asked_once_per_window_not_per_request():
+    idp = FakeIdP()
+    idp.down = True
+    clock = FakeClock()
+    keys = JwksKeys(ISSUER, ISSUER + "/jwks", idp, clock=clock)
+    for _ in range(10):
+        with pytest.raises(IdentityProviderUnavailable):
+            keys.key_for("k1")
+    assert len(idp.fetches) == 1
+    idp.down = False
+    clock.now += _auth.MIN_JWKS_REFETCH
+    assert keys.key_for("k1") is not None
+    assert len(idp.fetches) == 2

@@ -3,6 +3,7 @@
 from ._durations import parse_duration
 from ._env import required_env_vars
 from ._load import config_from_mapping, load_config
+from ._warnings import config_warnings
 from ._model import (
     AdminConfig,
     AggregationConfig,
@@ -36,6 +37,7 @@ __all__ = [
     "VmcpConfig",
     "WorkloadToolsConfig",
     "config_from_mapping",
+    "config_warnings",
     "load_config",
     "parse_duration",
     "required_env_vars",

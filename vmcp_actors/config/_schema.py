@@ -704,10 +704,10 @@ class AggregationSchema(_StrictSchema):
         order = settings.get("priorityOrder", missing)
         if order is None:
             return  # "must not be null" says enough
+        # priorityOrder under another strategy is allowed (ToolHive files carry it, as does
+        # the contract example) and reported by config_warnings instead.
         if kind == "priority" and (order is missing or order == []):
             message = "is required for conflictResolution priority"
-        elif kind != "priority" and order is not missing:
-            message = f"is only used with conflictResolution priority (conflictResolution is {kind})"
         else:
             return
         raise ValidationError({"conflictResolutionConfig": {"priorityOrder": [message]}})

@@ -70,11 +70,14 @@ class JwksKeys:
         # Only refetches caused by unknown key ids are rate-limited: a rotation right
         # after the first fetch must still be picked up at once.
         self._last_unknown_kid_refetch = float("-inf")
+        self._last_failure = float("-inf")
         self._lock = threading.Lock()
 
     def key_for(self, kid: str | None) -> jwt.PyJWK:
         with self._lock:
             if self._keys is None:
+                if self._clock() - self._last_failure < MIN_JWKS_REFETCH:
+                    raise IdentityProviderUnavailable()  # a failing IdP is not asked again at once
                 self._refresh()
             elif kid not in self._keys and self._clock() - self._last_unknown_kid_refetch >= MIN_JWKS_REFETCH:
                 self._last_unknown_kid_refetch = self._clock()
@@ -95,6 +98,7 @@ class JwksKeys:
             key_set = jwt.PyJWKSet.from_dict(response.json())
         except (requests.RequestException, ValueError, jwt.PyJWKSetError) as error:
             logger.warning("could not fetch the signing keys of issuer %s: %s", self._issuer, error.__class__.__name__)
+            self._last_failure = self._clock()
             if self._keys is None:
                 raise IdentityProviderUnavailable() from None
             return  # keep serving with the keys we have
@@ -135,6 +139,8 @@ class OidcAuthenticator:
         if algorithm not in self._oidc.algorithms:
             raise AuthError(f"token algorithm {str(algorithm)[:16]!r} is not allowed")
         key = self._keys.key_for(header.get("kid"))
+        if not _key_fits(key, algorithm):
+            raise AuthError("token algorithm does not match its signing key")
         try:
             claims = jwt.decode(
                 token,
@@ -147,7 +153,16 @@ class OidcAuthenticator:
             )
         except jwt.PyJWTError as error:
             raise AuthError(_reason(error)) from None
+        except (TypeError, ValueError):  # a key PyJWT cannot use with this algorithm
+            raise AuthError("token algorithm does not match its signing key") from None
         return Identity(claims["iss"], str(claims["sub"]), claims=MappingProxyType(claims), token=token)
+
+
+def _key_fits(key: jwt.PyJWK, algorithm: str) -> bool:
+    """An RSA key signs RS*/PS*, an EC key ES*, an OKP key EdDSA: a token naming another
+    algorithm than its key's family is rejected before PyJWT tries the key."""
+    families = {"RSA": ("RS", "PS"), "EC": ("ES",), "OKP": ("EdDSA",)}
+    return algorithm.startswith(families.get(key.key_type, ()))
 
 
 def _reason(error: jwt.PyJWTError) -> str:

@@ -12,7 +12,7 @@ import pykka
 from flask import Flask, current_app
 
 from vmcp_actors.backends import build_outgoing_auth
-from vmcp_actors.config import VmcpConfig
+from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.gateway import Gateway, SessionDirectory
 from vmcp_actors.sessions import DiscoveryCache, SessionServices
 from vmcp_actors.web._auth import Authenticator, build_authenticator
@@ -40,6 +40,8 @@ class Runtime:
 
 
 def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
+    for warning in config_warnings(config):
+        logger.warning("config: %s", warning)
     # Every secret the config names is read now; unset ones stop the start with their paths.
     outgoing_auth = build_outgoing_auth(config)
     admin_token = os.environ[config.admin.token_env] if config.admin.token_env else None
