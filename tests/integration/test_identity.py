@@ -505,7 +505,7 @@ class FailingJwksIdP(LocalIdP):
 
 
 def test_failing_jwks_endpoint_is_not_hammered_by_every_request(start_gateway, servers, monkeypatch):
-    monkeypatch.setattr(web_auth, "MIN_JWKS_REFETCH", 0.5)
+    monkeypatch.setattr(web_auth, "JWKS_RETRY_AFTER_FAILURE", 0.5)
     provider = FailingJwksIdP().start()
     try:
         plain = servers(header_backend("plain"))

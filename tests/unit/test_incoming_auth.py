@@ -179,6 +179,6 @@ def test_a_failing_jwks_endpoint_is_asked_once_per_window_not_per_request():
             keys.key_for("k1")
     assert len(idp.fetches) == 1
     idp.down = False
-    clock.now += _auth.MIN_JWKS_REFETCH
+    clock.now += _auth.JWKS_RETRY_AFTER_FAILURE
     assert keys.key_for("k1") is not None
     assert len(idp.fetches) == 2

@@ -155,3 +155,15 @@ def test_unset_secret_env_vars_stop_the_start_naming_variable_and_field():
     assert any("GH_KEY" in line and "outgoingAuth.backends.gh" in line for line in caught.value.errors)
     strategies = build_outgoing_auth(config, environ={"GH_KEY": "k"})
     assert strategies["gh"].headers(None) == {"X-Api-Key": "k"}
+
+
+def test_failed_exchanges_leave_no_lock_behind_for_long():
+    cache = ExchangedTokenCache()
+
+    def failing():
+        raise BackendAuthError("jira", "token exchange for backend 'jira' failed: invalid_grant")
+
+    for n in range(3000):
+        with pytest.raises(BackendAuthError):
+            cache.get_or_fetch(ExchangedTokenCache.key("jira", ALICE, f"token-{n}"), failing)
+    assert len(cache._locks) <= 1001

@@ -85,7 +85,10 @@ class ExchangedTokenCache:
         if cached is not None:
             return cached
         with self._lock:
-            key_lock = self._locks.setdefault(key, threading.Lock())
+            key_lock = self._locks.get(key)
+            if key_lock is None:
+                self._prune_idle_locks()
+                key_lock = self._locks[key] = threading.Lock()
         with key_lock:  # concurrent calls of one user wait for one exchange, not N
             cached = self._fresh(key)
             if cached is not None:
@@ -100,6 +103,14 @@ class ExchangedTokenCache:
                     old, _ = self._entries.popitem(last=False)
                     self._locks.pop(old, None)
             return token
+
+    def _prune_idle_locks(self) -> None:
+        """Drop locks whose key has no entry and nobody holds (failed or expired exchanges),
+        so the lock map stays about the size of the cache. Called under self._lock."""
+        if len(self._locks) <= len(self._entries) + 1000:
+            return
+        for key in [k for k, lock in self._locks.items() if k not in self._entries and not lock.locked()]:
+            del self._locks[key]
 
     def stats(self) -> dict[str, int]:
         with self._lock:

@@ -90,12 +90,13 @@ class SessionActor(pykka.ThreadingActor):
         """The aggregated catalog, discovered on first need.
 
         A catalog without any working backend is not kept: the next request tries again.
-        A catalog missing some backends is served as it is while the missing ones are
+        One with name conflicts is kept (the config cannot change under it): every request
+        gets the conflict error, logged once. A catalog missing some backends is served as it is while the missing ones are
         retried in the background (at most every RETRY_FAILED_AFTER seconds), so a
         backend that comes back joins the session and a hanging one delays nobody.
         """
         current = self._catalog
-        if current is None or (current.done() and not _usable(current)):
+        if current is None or (current.done() and not _has_backends(current)):
             cache = self._services.discovery_cache
             key = discovery_key(identity, self._config)
             cached = cache.get(key)
@@ -121,7 +122,7 @@ class SessionActor(pykka.ThreadingActor):
             return
         self._refresh = None
         self._catalog_done_at = time.monotonic()
-        if _usable(refresh):
+        if _has_backends(refresh):
             self._catalog = refresh
             self._aggregated.publish(refresh)
 
@@ -137,7 +138,8 @@ class SessionActor(pykka.ThreadingActor):
             {name: self._config.operational.timeouts.for_backend(name) * 3 for name in pending},
         )
         cache, key = self._services.discovery_cache, discovery_key(identity, self._config)
-        gathered.add_done_callback(lambda done: _usable(done) and cache.put(key, done.result()))  # complete ones only
+        # The cache itself refuses catalogs with failures or conflicts.
+        gathered.add_done_callback(lambda done: _has_backends(done) and cache.put(key, done.result()))
         return gathered
 
     def _report_refresh(self, refresh: cf.Future[Catalog]) -> None:
@@ -154,7 +156,7 @@ class SessionActor(pykka.ThreadingActor):
                 backends.append(future.get(timeout=ASK_TIMEOUT).to_dict())
             except (pykka.ActorDeadError, pykka.Timeout):
                 backends.append({"backend": name, "state": "unresponsive"})
-        catalog = self._catalog.result() if self._catalog is not None and _usable_or_conflicting(self._catalog) else None
+        catalog = self._catalog.result() if self._catalog is not None and _has_backends(self._catalog) else None
         return {
             "id": self._session_id,
             "subject": subject_of(self._identity),
@@ -166,12 +168,8 @@ class SessionActor(pykka.ThreadingActor):
         }
 
 
-def _usable(catalog: cf.Future[Catalog]) -> bool:
-    """Worth keeping: it has backends and no conflicts (a conflicting one is rebuilt next time)."""
-    return _usable_or_conflicting(catalog) and not catalog.result().errors
-
-
-def _usable_or_conflicting(catalog: cf.Future[Catalog]) -> bool:
+def _has_backends(catalog: cf.Future[Catalog]) -> bool:
+    """Worth keeping for the session: done, and at least one backend answered."""
     return catalog.done() and catalog.exception() is None and catalog.result().has_backends
 
 

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 # The shortest gap between two JWKS fetches caused by unknown key ids.
 MIN_JWKS_REFETCH = 30.0
+# How long a failed first fetch answers 503 before the IdP is asked again.
+JWKS_RETRY_AFTER_FAILURE = 5.0
 IDP_TIMEOUT = 10.0
 
 
@@ -76,7 +78,7 @@ class JwksKeys:
     def key_for(self, kid: str | None) -> jwt.PyJWK:
         with self._lock:
             if self._keys is None:
-                if self._clock() - self._last_failure < MIN_JWKS_REFETCH:
+                if self._clock() - self._last_failure < JWKS_RETRY_AFTER_FAILURE:
                     raise IdentityProviderUnavailable()  # a failing IdP is not asked again at once
                 self._refresh()
             elif kid not in self._keys and self._clock() - self._last_unknown_kid_refetch >= MIN_JWKS_REFETCH:
