@@ -28,10 +28,11 @@ call proves both the backend it reached and the name that backend was asked for.
 
 import asyncio
 import copy
+import json
 import logging
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from tests.backends import (
     text_result,
     tool_def,
 )
-from tests.gateway import QuickStopGatewayServer, admin_get, backend_entry, list_all, run_client
+from tests.gateway import QuickStopGatewayServer, admin_get, answer_of, backend_entry, list_all, run_client
 from vmcp_actors.config import AggregationConfig, BackendConfig, VmcpConfig, config_from_mapping
 from vmcp_actors.demo._serve import serve_asgi_in_thread
 from vmcp_actors.exceptions import ConfigError
@@ -76,8 +77,13 @@ PROMPTS: dict[str, tuple[str, ...]] = {b: ("greet", f"{b}_tips") for b in BACKEN
 BACKEND_ANNOTATIONS = {"readOnlyHint": True}  # what alpha's alpha_only says of itself
 
 
+# (backend, tool) -> times the backend ran it; the backends run in this process
+CALLS: Counter = Counter()
+
+
 def _tool(backend: str, tool: str):
     def answer(text: str = "") -> str:
+        CALLS[(backend, tool)] += 1
         return f"{backend}|{tool}|{text}"
 
     return answer
@@ -160,6 +166,7 @@ def gateway_config(served: dict, aggregation: dict, order: tuple[str, ...] | Non
         "backends": [backend_entry(name, served[name]) for name in names],
         "aggregation": aggregation,
         "admin": {"tokenEnv": ADMIN_ENV},
+        "operational": {"pageSize": 3},  # every list is paged (after the filter)
     }
 
 
@@ -311,7 +318,8 @@ def oracle(case: Case) -> Expected:
 def test_the_oracle_reads_the_requirement_as_intended():
     """A few hand-checked points, so a wrong oracle cannot make the matrix vacuous."""
     prefixed = oracle(Case("prefix_underscore", "none", "none"))
-    assert prefixed.advertised["alpha_echo"] == ("alpha", "echo") and prefixed.advertised["beta_echo"] == ("beta", "echo")
+    assert prefixed.advertised["alpha_echo"] == ("alpha", "echo")
+    assert prefixed.advertised["beta_echo"] == ("beta", "echo")
     assert "echo" not in prefixed.advertised and not prefixed.hidden and not prefixed.conflicts
 
     priority = oracle(Case("priority", "clash", "none"))
@@ -351,20 +359,29 @@ class UnknownTool:
 
     def __init__(self, gateway, sid: str):
         self.gateway, self.sid = gateway, sid
-        self.reference = call_tool(gateway, sid, NO_SUCH_TOOL)
+        self.status, self.reference = self._call(NO_SUCH_TOOL)
         assert "error" in self.reference, self.reference
         assert self.reference["error"]["code"] == INVALID_PARAMS
 
+    def _call(self, name: str) -> tuple[int, dict]:
+        params = {"name": name, "arguments": {"text": "x"}}
+        message = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params}
+        response = self.gateway.post(message, self.sid)
+        return response.status_code, answer_of(response)
+
     def assert_same_answer(self, name: str, why: str) -> None:
-        answer = call_tool(self.gateway, self.sid, name, "x")
+        """``name`` answers exactly as a name that does not exist: HTTP status, code, message, data."""
+        status, answer = self._call(name)
         assert "error" in answer, f"{why}: {name!r} was callable: {answer}"
         error, reference = answer["error"], self.reference["error"]
         assert error["code"] == INVALID_PARAMS, f"{why}: {name!r}: {error}"
-        # the same message shape as for a name that does not exist, and no extra hints
-        assert error["message"].replace(name, "<name>") == reference["message"].replace(NO_SUCH_TOOL, "<name>"), (
-            why, error, reference)
-        assert set(error) == set(reference), (why, error, reference)
-        assert error.get("data") == (None if reference.get("data") is None else error.get("data"))
+        assert status == self.status, (why, name, status, self.status)
+        assert set(answer) == set(self.reference) and set(error) == set(reference), (why, error, reference)
+
+        def shape(value: Any, own: str) -> str:
+            return json.dumps(value, sort_keys=True).replace(json.dumps(own)[1:-1], "<name>")
+
+        assert shape(error, name) == shape(reference, NO_SUCH_TOOL), (why, error, reference)
 
 
 def session_state(gateway, sid: str) -> dict:
@@ -426,6 +443,9 @@ def test_aggregation_matrix(case: Case, backends, start_gateway):
     names = [t["name"] for t in tools]
     assert len(names) == len(set(names)), names
     assert sorted(names) == sorted(expected.advertised)
+    # in sorted backend order, each backend's tools in the order it lists them
+    order = [(b, t) for b in BACKENDS for t in TOOLS[b]]
+    assert names == sorted(names, key=lambda n: order.index(expected.advertised[n]))
 
     # overrides change description and annotations (merged over the backend's)
     for tool in tools:
@@ -438,17 +458,25 @@ def test_aggregation_matrix(case: Case, backends, start_gateway):
 
     # every advertised tool reaches its backend, which receives its own tool name
     for name, (backend, original) in expected.advertised.items():
+        before = CALLS[(backend, original)]
         assert result_text(call_tool(gateway, sid, name, "hi")) == f"{backend}|{original}|hi", name
+        assert CALLS[(backend, original)] == before + 1, name
 
     # every hidden name, and every name that is not advertised, answers as an unknown tool
+    # (and no backend runs anything for them)
+    calls_before = CALLS.copy()
     unknown = UnknownTool(gateway, sid)
     for name in expected.hidden:
         unknown.assert_same_answer(name, "hidden by the filter")
+    overrides = case.tool_overrides()
     for backend in BACKENDS:
         for tool in TOOLS[backend]:
-            for name in (tool, f"{backend}.{tool}", f"{backend}_{tool}"):
-                if name not in expected.advertised and name not in expected.hidden:
-                    unknown.assert_same_answer(name, "not an advertised name")
+            renamed = overrides.get(backend, {}).get(tool, {}).get("name", tool)
+            for base in {tool, renamed}:
+                for name in (base, f"{backend}.{base}", f"{backend}_{base}"):
+                    if name not in expected.advertised and name not in expected.hidden:
+                        unknown.assert_same_answer(name, "not an advertised name")
+    assert CALLS == calls_before, "a hidden or unknown name reached a backend"
 
     # prompts: named per strategy, each reaching its backend under its own name
     prompts = [p["name"] for p in list_all(gateway, sid, "prompts/list", "prompts")]
@@ -457,8 +485,13 @@ def test_aggregation_matrix(case: Case, backends, start_gateway):
         got = gateway.rpc(sid, "prompts/get", {"name": name, "arguments": {"who": "zoe"}})
         text = got["result"]["messages"][0]["content"]["text"]
         assert text == (f"Hello zoe, from {backend}!" if original == "greet" else f"{backend}|{original}|zoe"), name
+        if original == "greet":  # the backend completes only its own prompt name
+            completed = gateway.rpc(sid, "completion/complete", {
+                "ref": {"type": "ref/prompt", "name": name}, "argument": {"name": "who", "value": "al"}})
+            assert completed["result"]["completion"]["values"] == ["alice", "albert"], (name, completed)
     for name in expected.dropped_prompts:
-        assert gateway.rpc(sid, "prompts/get", {"name": name, "arguments": {"who": "zoe"}})["error"]["code"] == INVALID_PARAMS
+        dropped = gateway.rpc(sid, "prompts/get", {"name": name, "arguments": {"who": "zoe"}})
+        assert dropped["error"]["code"] == INVALID_PARAMS, dropped
 
     # resources: never renamed, the shared one once and served by the first backend in sorted order
     uris = [r["uri"] for r in list_all(gateway, sid, "resources/list", "resources")]
@@ -547,7 +580,13 @@ def test_the_official_sdk_client_sees_the_same_matrix_case(backends, start_gatew
     gateway = start_gateway(gateway_config(backends, case.aggregation()))
 
     async def work(client):
-        listed = [t.name for t in (await client.list_tools()).tools]
+        listed, cursor = [], None
+        while True:  # pageSize 3: follow nextCursor
+            page = await client.list_tools(cursor=cursor)
+            listed += [t.name for t in page.tools]
+            cursor = page.next_cursor
+            if not cursor:
+                break
         called = (await client.call_tool("alpha.renamed", {"text": "sdk"})).content[0].text
         failures = {}
         for name in ("alpha.whoami", NO_SUCH_TOOL):
@@ -585,9 +624,6 @@ def test_other_prefix_formats(prefix_format, expected, backends, start_gateway):
 
 # -- name validity --------------------------------------------------------------------
 
-LONGEST_OK = "a" * 124  # "raw_" + 124 = 128 characters
-ONE_TOO_LONG = "b" * 125  # 129 characters once prefixed
-
 
 def raw_backend_with_tool_names(names: list[str]) -> RawMcpBackend:
     handlers = {
@@ -599,21 +635,23 @@ def raw_backend_with_tool_names(names: list[str]) -> RawMcpBackend:
 
 @pytest.mark.parametrize("strategy", ["prefix_underscore", "manual"])
 def test_invalid_advertised_names_are_reported_not_sent(strategy, start_gateway):
-    bad = ["has space", "bad/slash", "ünïcode"] + ([ONE_TOO_LONG] if strategy == "prefix_underscore" else ["c" * 129])
-    with raw_backend_with_tool_names(["ok_tool", LONGEST_OK, *bad]) as raw:
+    prefix = "raw_" if strategy == "prefix_underscore" else ""
+    longest_ok = "a" * (128 - len(prefix))  # exactly 128 characters as advertised
+    bad = ["has space", "bad/slash", "ünïcode", "b" * (129 - len(prefix))]  # the last: 129 as advertised
+    with raw_backend_with_tool_names(["ok_tool", longest_ok, *bad]) as raw:
         gateway = start_gateway(gateway_config({"raw": raw}, STRATEGIES[strategy]))
         sid = gateway.initialize()
-        prefix = "raw_" if strategy == "prefix_underscore" else ""
         names = [t["name"] for t in list_all(gateway, sid, "tools/list", "tools")]
-        assert sorted(names) == sorted([prefix + "ok_tool", prefix + LONGEST_OK])
-        assert len(prefix + LONGEST_OK) == 128
-        assert result_text(call_tool(gateway, sid, prefix + LONGEST_OK)) == f"raw|{LONGEST_OK}|"
+        assert sorted(names) == sorted([prefix + "ok_tool", prefix + longest_ok])
+        assert len(prefix + longest_ok) == 128
+        assert result_text(call_tool(gateway, sid, prefix + longest_ok)) == f"raw|{longest_ok}|"
         unknown = UnknownTool(gateway, sid)
         for original in bad:
             unknown.assert_same_answer(prefix + original, "invalid name")
         problems = session_state(gateway, sid)["catalogProblems"]
+        assert len(problems) == len(bad), problems
         for original in bad:
-            assert any(repr(original)[:60].rstrip("'") in p and "raw" in p for p in problems), (original, problems)
+            assert any(f"tool {original!r} of backend 'raw'" in p for p in problems), (original, problems)
 
 
 def test_a_long_prefix_format_hides_only_the_names_it_makes_too_long(backends, start_gateway):
@@ -675,15 +713,68 @@ def test_prompt_claimed_twice_under_manual_is_dropped_for_every_claimant_with_an
     sid = gateway.initialize()
     prompts = [p["name"] for p in list_all(gateway, sid, "prompts/list", "prompts")]
     assert sorted(prompts) == sorted(f"{b}_tips" for b in BACKENDS)
-    for who in ("greet",):
-        got = gateway.rpc(sid, "prompts/get", {"name": who, "arguments": {"who": "x"}})
-        assert got["error"]["code"] == INVALID_PARAMS
+    got = gateway.rpc(sid, "prompts/get", {"name": "greet", "arguments": {"who": "x"}})
+    assert got["error"]["code"] == INVALID_PARAMS
     logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and "'greet'" in r.getMessage()]
     assert len(logged) == 1, logged
     assert all(b in logged[0] for b in BACKENDS), logged
     assert any("'greet'" in p for p in session_state(gateway, sid)["catalogProblems"])
     # tools are unaffected: the session works
-    assert result_text(call_tool(gateway, sid, "alpha_only" if False else "renamed", "t")) == "alpha|alpha_only|t"
+    assert result_text(call_tool(gateway, sid, "renamed", "t")) == "alpha|alpha_only|t"
+
+
+def raw_prompt_backend(name: str, prompts: list[str]) -> RawMcpBackend:
+    def get(call):
+        text = f"{name}|{call.params.get('name')}|"
+        return {"messages": [{"role": "user", "content": {"type": "text", "text": text}}]}
+
+    handlers = {
+        "tools/list": static_result({"tools": [tool_def(f"{name}_tool")]}),
+        "tools/call": lambda call: text_result(f"{name}|{call.params.get('name')}|"),
+        "prompts/list": static_result({"prompts": [{"name": p, "description": f"{p} of {name}"} for p in prompts]}),
+        "prompts/get": get,
+    }
+    return RawMcpBackend(name, handlers, capabilities={"tools": {}, "prompts": {}}).start()
+
+
+def test_prompt_claimed_twice_after_priority_resolution_is_dropped_for_both(start_gateway, caplog):
+    """alpha is not listed, so its greet becomes alpha_greet: the bare name of a beta prompt."""
+    caplog.set_level(logging.ERROR, logger="vmcp_actors.sessions._aggregation")
+    with raw_prompt_backend("alpha", ["greet", "solo"]) as alpha, \
+            raw_prompt_backend("beta", ["alpha_greet", "greet"]) as beta:
+        gateway = start_gateway(gateway_config({"alpha": alpha, "beta": beta}, STRATEGIES["priority"]))
+        sid = gateway.initialize()
+        prompts = sorted(p["name"] for p in list_all(gateway, sid, "prompts/list", "prompts"))
+        assert prompts == ["alpha_solo", "greet"]
+        for name, text in (("greet", "beta|greet|"), ("alpha_solo", "alpha|solo|")):
+            got = gateway.rpc(sid, "prompts/get", {"name": name, "arguments": {}})
+            assert got["result"]["messages"][0]["content"]["text"] == text
+        dropped = gateway.rpc(sid, "prompts/get", {"name": "alpha_greet", "arguments": {}})
+        assert dropped["error"]["code"] == INVALID_PARAMS, dropped
+        logged = [r.getMessage() for r in caplog.records
+                  if r.levelno == logging.ERROR and "'alpha_greet'" in r.getMessage()]
+        assert len(logged) == 1 and "alpha" in logged[0] and "beta" in logged[0], logged
+
+
+def test_prompts_under_a_fixed_prefix_collide_and_are_dropped(backends, start_gateway, caplog):
+    """A fixed prefixFormat gives every backend's greet the same name: dropped for all."""
+    caplog.set_level(logging.ERROR, logger="vmcp_actors.sessions._aggregation")
+    aggregation = {"conflictResolution": "prefix", "conflictResolutionConfig": {"prefixFormat": "gw-"}}
+    gateway = start_gateway(gateway_config({b: backends[b] for b in ("alpha", "beta")}, aggregation))
+    sid = gateway.initialize()
+    prompts = sorted(p["name"] for p in list_all(gateway, sid, "prompts/list", "prompts"))
+    assert prompts == ["gw-alpha_tips", "gw-beta_tips"]
+    assert any("'gw-greet'" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    # tools: a name that still clashes after prefixing goes to the first backend in sorted
+    # order (documented in docs/aggregation.md); the loser is reported
+    names = [t["name"] for t in list_all(gateway, sid, "tools/list", "tools")]
+    assert names == ["gw-echo", "gw-whoami", "gw-alpha_only", "gw-report", "gw-beta_only"]
+    for name in names:
+        backend, original, _ = result_text(call_tool(gateway, sid, name)).split("|")
+        assert "gw-" + original == name and backend == ("beta" if original == "beta_only" else "alpha")
+    problems = session_state(gateway, sid)["catalogProblems"]
+    for clash in ("gw-echo", "gw-whoami"):
+        assert any(repr(clash) in p and "'beta'" in p and "'alpha'" in p for p in problems), (clash, problems)
 
 
 # -- config errors: at validate and at runtime ----------------------------------------
@@ -748,8 +839,10 @@ def test_the_same_override_names_across_workloads_load_under_prefix_and_priority
     """Only manual makes cross-workload rename collisions a config error; priority lets the order decide."""
     tools = [{"workload": "alpha", "overrides": {"alpha_only": {"name": "shared"}}},
              {"workload": "beta", "overrides": {"beta_only": {"name": "shared"}}}]
-    for strategy, wanted in (("prefix_underscore", {"alpha_shared": "alpha|alpha_only|s", "beta_shared": "beta|beta_only|s"}),
-                             ("priority", {"shared": "beta|beta_only|s"})):
+    for strategy, wanted in (
+        ("prefix_underscore", {"alpha_shared": "alpha|alpha_only|s", "beta_shared": "beta|beta_only|s"}),
+        ("priority", {"shared": "beta|beta_only|s"}),  # beta is listed: it wins, alpha's is not advertised
+    ):
         gateway = start_gateway(gateway_config(backends, {**STRATEGIES[strategy], "tools": tools}))
         sid = gateway.initialize()
         names = {t["name"] for t in list_all(gateway, sid, "tools/list", "tools")}
@@ -762,14 +855,15 @@ def test_create_app_refuses_priority_without_priority_order():
     """A config built in code (not through the loader) must not slip past the rule either."""
     from vmcp_actors.web import create_app, stop_app
 
-    config = VmcpConfig(
-        name="matrix",
-        backends=(BackendConfig("alpha", "http://127.0.0.1:9/mcp"),),
-        aggregation=AggregationConfig(conflict_resolution="priority"),
-    )
-    app = None
-    with pytest.raises((ConfigError, ValueError)) as raised:
+    try:  # refused when the config is built, or at the latest when the app starts
+        config = VmcpConfig(
+            name="matrix",
+            backends=(BackendConfig("alpha", "http://127.0.0.1:9/mcp"),),
+            aggregation=AggregationConfig(conflict_resolution="priority"),
+        )
         app = create_app(config)
-    if app is not None:
+    except (ConfigError, ValueError) as error:
+        assert "priorityOrder" in str(error) or "priority_order" in str(error)
+    else:
         stop_app(app)
-    assert "priorityOrder" in str(raised.value) or "priority_order" in str(raised.value)
+        pytest.fail("create_app started a priority gateway without a priorityOrder")

@@ -76,7 +76,8 @@ class WorkloadToolsConfig:
 class AggregationConfig:
     """How the backends' tools are merged into one list.
 
-    ``priority_order`` is set exactly when ``conflict_resolution`` is priority;
+    ``priority_order`` is required when ``conflict_resolution`` is priority (ignored, with a
+    warning from ``config_warnings``, under the other strategies);
     ``exclude_all_tools`` hides every backend tool from clients (composite tools still call them).
     """
 
@@ -89,6 +90,9 @@ class AggregationConfig:
     def __post_init__(self) -> None:
         _freeze_sequence(self, "priority_order")
         _freeze_sequence(self, "tools")
+        # The schema reports this with its path; this guards configs built in code too.
+        if self.conflict_resolution == "priority" and not self.priority_order:
+            raise ValueError("priority_order is required for conflict_resolution priority")
 
     def prefix_for(self, workload: str) -> str:
         """The prefix that ``prefix_format`` gives the tools of backend ``workload``."""
