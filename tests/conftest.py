@@ -5,7 +5,7 @@ from __future__ import annotations
 import pykka
 import pytest
 
-from tests.gateway import GatewayServer
+from tests.gateway import QuickStopGatewayServer
 
 
 @pytest.fixture(autouse=True)
@@ -16,11 +16,12 @@ def stop_all_actors():
 
 @pytest.fixture
 def start_gateway():
-    """Factory: start the gateway on a real HTTP server for a config mapping; stopped after the test."""
-    started: list[GatewayServer] = []
+    """Factory: start the gateway on a real HTTP server for a config mapping; stopped after the test
+    (a server that notices shutdown in milliseconds: many tests start one)."""
+    started: list[QuickStopGatewayServer] = []
 
-    def start(config: dict, **kwargs) -> GatewayServer:
-        server = GatewayServer(config, **kwargs).start()
+    def start(config: dict, **kwargs) -> QuickStopGatewayServer:
+        server = QuickStopGatewayServer(config, **kwargs).start()
         started.append(server)
         return server
 

@@ -35,19 +35,6 @@ EXPECTED_CAPABILITIES = ("tools", "resources", "prompts", "logging", "completion
 # ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def start_gateway():
-    """Like the conftest factory, with a gateway whose HTTP server stops in milliseconds."""
-    started: list[QuickStopGatewayServer] = []
-
-    def start(config: dict, **kwargs) -> QuickStopGatewayServer:
-        server = QuickStopGatewayServer(config, **kwargs).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in reversed(started):
-        server.stop()
 
 
 @pytest.fixture(scope="module")

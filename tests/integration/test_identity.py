@@ -23,7 +23,6 @@ import requests
 from tests.backends import authed_backend, delayed_backend, header_backend, restartable_backend
 from tests.gateway import (
     GatewayServer,
-    QuickStopGatewayServer,
     admin_get,
     answer_of,
     closed_port_url,
@@ -53,19 +52,6 @@ INIT = {
 # -- fixtures and helpers -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def start_gateway():
-    """Like conftest's, with servers that stop in milliseconds (this module starts many)."""
-    started: list[GatewayServer] = []
-
-    def start(config: dict, **kwargs) -> GatewayServer:
-        server = QuickStopGatewayServer(config, **kwargs).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in reversed(started):
-        server.stop()
 
 
 @pytest.fixture
