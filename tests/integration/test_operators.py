@@ -163,3 +163,19 @@ def test_rejected_requests_are_logged_too(start_gateway, caplog):
         assert lines[0].split()[0] == "tools/list"
         assert "404" in lines[0] and unknown[:8] in lines[0] and "duration" in lines[0]
         assert unknown not in caplog.text
+
+
+def test_requests_while_the_actor_system_is_down_get_503_not_500(start_gateway):
+    import pykka
+
+    with sdk_backend("alpha", tools=("echo",)) as alpha:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("alpha", alpha)]})
+        sid = gateway.initialize()
+        pykka.ActorRegistry.stop_all()  # as during shutdown
+        deleted = requests.delete(gateway.url, headers={"Mcp-Session-Id": sid}, timeout=10)
+        assert deleted.status_code == 503
+        opened = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                               "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                          "clientInfo": {"name": "t", "version": "1"}}})
+        assert opened.status_code == 503
+        assert requests.get(gateway.base + "/readyz", timeout=10).status_code == 503

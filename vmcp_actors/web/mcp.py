@@ -104,7 +104,11 @@ def end_session() -> Response:
     session_id = request.headers.get(SESSION_HEADER)
     if not session_id:
         return rpc_error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
-    if not _ask(current_runtime().gateway.end_session(session_id, _identity())):
+    try:
+        ended = _ask(current_runtime().gateway.end_session(session_id, _identity()))
+    except Unavailable:
+        return rpc_error(503, INTERNAL_ERROR, "Service Unavailable: the gateway is shutting down or overloaded")
+    if not ended:
         return rpc_error(404, INVALID_REQUEST, "Session not found")
     return Response(status=200)
 
