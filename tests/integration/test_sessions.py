@@ -353,3 +353,45 @@ def test_a_hanging_backend_delays_no_request_after_the_first_discovery(start_gat
             answer = gateway.rpc(sid, "tools/call", {"name": "alpha_echo", "arguments": {"text": "x"}})
             assert "error" not in answer
             assert time.monotonic() - started < 0.25  # retries of 'stuck' run in the background
+
+
+def _template_completing_backend(name: str):
+    """An official-SDK backend whose completion handler answers for its own resource template."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.types import Completion, ResourceTemplateReference
+
+    from vmcp_actors.demo._serve import serve_asgi_in_thread
+
+    server = MCPServer(name, log_level="WARNING")
+
+    @server.resource(f"{name}://rows/{{row}}")
+    def row(row: str) -> str:
+        return f"{name} row {row}"
+
+    @server.completion()
+    async def complete(ref, argument, context):
+        if isinstance(ref, ResourceTemplateReference) and argument.name == "row":
+            return Completion(values=[f"{name}-{argument.value}1", f"{name}-{argument.value}2"], has_more=False)
+        return None
+
+    return serve_asgi_in_thread(server.streamable_http_app(), name=name)
+
+
+def test_completion_for_a_resource_template_is_routed_to_the_backend_that_owns_it(start_gateway):
+    alpha, beta = _template_completing_backend("alpha"), _template_completing_backend("beta")
+    try:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("alpha", alpha), backend_entry("beta", beta)]})
+        sid = gateway.initialize()
+        templates = [t["uriTemplate"] for t in gateway.rpc(sid, "resources/templates/list")["result"]["resourceTemplates"]]
+        assert templates == ["alpha://rows/{row}", "beta://rows/{row}"]
+        answer = gateway.rpc(sid, "completion/complete", {
+            "ref": {"type": "ref/resource", "uri": "beta://rows/{row}"}, "argument": {"name": "row", "value": "x"}})
+        assert answer["result"]["completion"]["values"] == ["beta-x1", "beta-x2"]
+        unknown = gateway.rpc(sid, "completion/complete", {
+            "ref": {"type": "ref/resource", "uri": "gamma://rows/{row}"}, "argument": {"name": "row", "value": "x"}})
+        assert unknown["error"]["code"] == -32002
+        read = gateway.rpc(sid, "resources/read", {"uri": "beta://rows/7"})
+        assert read["result"]["contents"][0]["text"] == "beta row 7"
+    finally:
+        alpha.stop()
+        beta.stop()
