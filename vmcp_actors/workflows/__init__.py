@@ -1,11 +1,27 @@
-"""Composite tools: templating, argument coercion, and the step graph.
-
-Pure modules for now; the WorkflowRun actor and the config wiring build on them.
+"""Composite tools: definitions, templating, argument coercion, the step graph, and the
+WorkflowRun actor that executes one call. The config and session wiring build on them.
 """
 
 from vmcp_actors.workflows._coercion import coerce_arguments
 from vmcp_actors.workflows._dag import DagProblem, StepSpec, ready_steps, topological_levels, validate_dag
+from vmcp_actors.workflows._definition import (
+    CompositeTool,
+    ForEach,
+    OnError,
+    OutputProperty,
+    OutputSpec,
+    Step,
+    step_specs,
+)
 from vmcp_actors.workflows._errors import TemplateError, TemplateRenderError, TemplateSyntaxError, UnsafeTemplate
+from vmcp_actors.workflows._run import (
+    StepCaller,
+    WorkflowCancelled,
+    WorkflowRun,
+    error_result,
+    step_output,
+    validate_params,
+)
 from vmcp_actors.workflows._templates import (
     ForEachItem,
     StepOutcome,
@@ -20,8 +36,15 @@ from vmcp_actors.workflows._templates import (
 )
 
 __all__ = [
+    "CompositeTool",
     "DagProblem",
+    "ForEach",
     "ForEachItem",
+    "OnError",
+    "OutputProperty",
+    "OutputSpec",
+    "Step",
+    "StepCaller",
     "StepOutcome",
     "StepSpec",
     "Template",
@@ -29,15 +52,21 @@ __all__ = [
     "TemplateRenderError",
     "TemplateSyntaxError",
     "UnsafeTemplate",
+    "WorkflowCancelled",
+    "WorkflowRun",
     "coerce_arguments",
     "compile_template",
+    "error_result",
     "is_template",
     "iter_templates",
     "ready_steps",
     "referenced_steps",
     "render_condition",
     "render_value",
+    "step_output",
+    "step_specs",
     "template_context",
     "topological_levels",
     "validate_dag",
+    "validate_params",
 ]

@@ -1,0 +1,458 @@
+"""WorkflowRun: one composite-tool call run by an actor over a fake StepCaller."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pykka
+import pytest
+
+from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
+from vmcp_actors.workflows import (
+    CompositeTool,
+    StepSpec,
+    ForEach,
+    OnError,
+    OutputProperty,
+    OutputSpec,
+    Step,
+    WorkflowCancelled,
+    WorkflowRun,
+    step_specs,
+)
+
+WAIT = 5.0
+
+
+@pytest.fixture(autouse=True)
+def stop_actors():
+    yield
+    pykka.ActorRegistry.stop_all()
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": value}]}
+
+
+def structured(value: dict[str, Any]) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": "ignored"}], "structuredContent": value}
+
+
+class FakeCaller:
+    """Tools are functions ``(arguments) -> result``; records every call with its times."""
+
+    def __init__(self, tools: dict[str, Any], schemas: dict[str, dict[str, Any]] | None = None):
+        self.tools = tools
+        self.schemas = schemas or {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.spans: dict[str, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def input_schema(self, tool: str):
+        return self.schemas.get(tool)
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.calls.append((tool, arguments))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        start = time.monotonic()
+        try:
+            return self.tools[tool](arguments)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                self.spans[f"{tool}:{len(self.spans)}"] = (start, time.monotonic())
+
+
+def sleeper(seconds: float, result: dict[str, Any] | None = None):
+    def tool(arguments):
+        time.sleep(seconds)
+        return result or structured({"slept": seconds, **arguments})
+    return tool
+
+
+def echo(arguments):
+    return structured(dict(arguments))
+
+
+def composite(*steps: Step, **options: Any) -> CompositeTool:
+    options.setdefault("parameters", {"type": "object", "properties": {}})
+    return CompositeTool(name="c", description="test", steps=steps, **options)
+
+
+def run(tool: CompositeTool, caller: FakeCaller, params: dict[str, Any] | None = None, **kwargs: Any):
+    ref = WorkflowRun.start(tool, params or {}, caller, run_id="run-1", **kwargs)
+    return ref, ref.proxy().result().get(timeout=WAIT)
+
+
+def outcome(tool: CompositeTool, caller: FakeCaller, params: dict[str, Any] | None = None, **kwargs: Any):
+    _, future = run(tool, caller, params, **kwargs)
+    return future.result(timeout=WAIT)
+
+
+# -- definitions -------------------------------------------------------------------------
+
+
+def test_step_specs_read_templates_of_arguments_condition_and_collection():
+    tool = composite(
+        Step("a", "t"),
+        Step("b", "t", condition="{{ steps.a.status == 'completed' }}", depends_on=("a",), default_results={}),
+        Step("c", "t", {"x": "{{ steps.b.output }}"}, depends_on=("b",), type="forEach",
+             for_each=ForEach("{{ steps.a.output.list }}")),
+    )
+    assert step_specs(tool) == [
+        StepSpec("a", output_referenced=frozenset()),
+        StepSpec("b", ("a",), frozenset({"a"}), True, True, frozenset()),
+        StepSpec("c", ("b",), frozenset({"a", "b"}), False, False, frozenset({"a", "b"})),
+    ]
+
+
+@pytest.mark.parametrize("build", [
+    lambda: OnError("explode"),
+    lambda: OnError("retry", retry_count=11),
+    lambda: ForEach("{{ x }}", max_iterations=1001),
+    lambda: ForEach("{{ x }}", item_var="index"),
+    lambda: Step("s", "t", type="forEach"),
+    lambda: Step("s", None),
+])
+def test_definitions_refuse_out_of_range_values(build):
+    with pytest.raises(ValueError):
+        build()
+
+
+# -- the graph ---------------------------------------------------------------------------
+
+
+def test_sequential_chain_passes_output_through_templates():
+    caller = FakeCaller({"a": lambda args: structured({"value": args["n"] * 2}), "b": echo})
+    tool = composite(
+        Step("first", "a", {"n": "{{ params.n }}"}),
+        Step("second", "b", {"got": "{{ steps.first.output.value }}", "run": "{{ workflow.id }}"},
+             depends_on=("first",)),
+        parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
+    result = outcome(tool, caller, {"n": 4})
+    assert result["isError"] is False
+    assert result["structuredContent"] == {"got": 8, "run": "run-1"}
+    assert result["content"][0]["type"] == "text"
+    assert [call[0] for call in caller.calls] == ["a", "b"]
+
+
+def test_independent_steps_run_in_parallel():
+    caller = FakeCaller({"s": sleeper(0.5)})
+    tool = composite(Step("x", "s"), Step("y", "s"), Step("z", "s"))
+    started = time.monotonic()
+    result = outcome(tool, caller)
+    elapsed = time.monotonic() - started
+    assert result["isError"] is False
+    assert 0.5 <= elapsed < 1.0, elapsed
+    assert caller.max_in_flight == 3
+
+
+def test_max_parallel_one_runs_steps_one_at_a_time():
+    caller = FakeCaller({"s": sleeper(0.1)})
+    tool = composite(Step("x", "s"), Step("y", "s"), Step("z", "s"), max_parallel=1)
+    started = time.monotonic()
+    outcome(tool, caller)
+    assert time.monotonic() - started >= 0.3
+    assert caller.max_in_flight == 1
+
+
+def test_diamond_runs_the_join_after_both_branches():
+    order: list[str] = []
+
+    def tool_named(name, delay=0.0):
+        def tool(arguments):
+            time.sleep(delay)
+            order.append(name)
+            return structured({"from": name})
+        return tool
+
+    caller = FakeCaller({"top": tool_named("top"), "left": tool_named("left", 0.1),
+                         "right": tool_named("right"), "join": tool_named("join")})
+    tool = composite(
+        Step("top", "top"),
+        Step("left", "left", depends_on=("top",)),
+        Step("right", "right", depends_on=("top",)),
+        Step("join", "join", {"l": "{{ steps.left.output['from'] }}"}, depends_on=("left", "right")),
+    )
+    result = outcome(tool, caller)
+    assert order == ["top", "right", "left", "join"]
+    assert result["structuredContent"] == {"from": "join"}
+
+
+def test_condition_false_skips_the_step_and_dependents_see_default_results():
+    caller = FakeCaller({"t": echo})
+    tool = composite(
+        Step("maybe", "t", {"x": 1}, condition="{{ params.go }}", default_results={"x": "default"}),
+        Step("after", "t", {"seen": "{{ steps.maybe.output.x }}", "status": "{{ steps.maybe.status }}"},
+             depends_on=("maybe",)),
+        parameters={"type": "object", "properties": {"go": {"type": "boolean"}}},
+    )
+    assert outcome(tool, caller, {"go": False})["structuredContent"] == {"seen": "default", "status": "skipped"}
+    assert caller.calls == [("t", {"seen": "default", "status": "skipped"})]
+    pykka.ActorRegistry.stop_all()
+    assert outcome(tool, caller, {"go": True})["structuredContent"] == {"seen": 1, "status": "completed"}
+
+
+def test_condition_that_is_not_a_boolean_fails_the_step():
+    caller = FakeCaller({"t": echo})
+    result = outcome(composite(Step("s", "t", condition="{{ 'maybe' }}")), caller)
+    assert result["isError"] is True
+    assert "step 's' failed" in result["content"][0]["text"]
+    assert caller.calls == []
+
+
+# -- errors and retries ------------------------------------------------------------------
+
+
+def failing(message="backend down"):
+    def tool(arguments):
+        raise JsonRpcError(-32000, message)
+    return tool
+
+
+def test_abort_stops_the_run_with_an_error_result_naming_the_step():
+    caller = FakeCaller({"bad": failing(), "t": echo})
+    tool = composite(Step("broken", "bad"), Step("next", "t", depends_on=("broken",)))
+    result = outcome(tool, caller)
+    assert result["isError"] is True
+    assert "'broken'" in result["content"][0]["text"] and "backend down" in result["content"][0]["text"]
+    assert [call[0] for call in caller.calls] == ["bad"]
+
+
+def test_continue_on_error_exposes_the_error_to_dependents():
+    caller = FakeCaller({"bad": failing("nope"), "t": echo})
+    tool = composite(
+        Step("broken", "bad", on_error=OnError("continue")),
+        Step("next", "t", {"error": "{{ steps.broken.error }}", "status": "{{ steps.broken.status }}"},
+             depends_on=("broken",)),
+    )
+    ref, future = run(tool, caller)
+    result = future.result(timeout=WAIT)
+    assert result["structuredContent"] == {"error": "nope", "status": "failed"}
+
+
+def test_retry_succeeds_on_the_third_try_with_exponential_backoff():
+    attempts = []
+
+    def flaky(arguments):
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise RuntimeError("flaky")
+        return structured({"ok": True})
+
+    slept: list[float] = []
+    caller = FakeCaller({"f": flaky})
+    tool = composite(Step("s", "f", on_error=OnError("retry", retry_count=3, retry_delay=0.01)))
+    result = outcome(tool, caller, sleep=lambda seconds: slept.append(seconds))
+    assert result["structuredContent"] == {"ok": True}
+    assert len(attempts) == 3
+    assert slept == [0.01, 0.02]
+
+
+def test_retry_exhausted_aborts():
+    caller = FakeCaller({"bad": failing("still down")})
+    tool = composite(Step("s", "bad", on_error=OnError("retry", retry_count=2, retry_delay=0.0)))
+    result = outcome(tool, caller)
+    assert result["isError"] is True
+    assert "still down" in result["content"][0]["text"]
+    assert len(caller.calls) == 3
+
+
+def test_is_error_result_counts_as_a_failure():
+    caller = FakeCaller({"e": lambda args: {"content": [{"type": "text", "text": "no such issue"}], "isError": True}})
+    ref = WorkflowRun.start(composite(Step("s", "e")), {}, caller, run_id="r")
+    proxy = ref.proxy()
+    result = proxy.result().get(timeout=WAIT).result(timeout=WAIT)
+    assert result["isError"] is True
+    assert "no such issue" in result["content"][0]["text"]
+
+
+# -- timeouts ----------------------------------------------------------------------------
+
+
+def test_step_timeout_fails_the_step_and_ignores_the_late_answer():
+    caller = FakeCaller({"slow": sleeper(1.0), "t": echo})
+    tool = composite(
+        Step("slow", "slow", timeout=0.1, on_error=OnError("continue")),
+        Step("after", "t", {"error": "{{ steps.slow.error }}"}, depends_on=("slow",)),
+    )
+    started = time.monotonic()
+    result = outcome(tool, caller)
+    assert time.monotonic() - started < 0.6
+    assert "timed out after 0.1 s" in result["structuredContent"]["error"]
+
+
+def test_workflow_timeout_returns_an_error_result():
+    caller = FakeCaller({"slow": sleeper(1.0)})
+    started = time.monotonic()
+    result = outcome(composite(Step("s", "slow"), timeout=0.2), caller)
+    assert time.monotonic() - started < 0.7
+    assert result["isError"] is True
+    assert "timed out after 0.2 s" in result["content"][0]["text"]
+
+
+# -- forEach -----------------------------------------------------------------------------
+
+
+def test_for_each_collects_outputs_in_item_order_within_max_parallel():
+    def double(arguments):
+        time.sleep(0.05 * (5 - arguments["index"]))  # later items finish first
+        return structured({"double": arguments["value"] * 2, "index": arguments["index"]})
+
+    caller = FakeCaller({"double": double})
+    tool = composite(Step(
+        "each", "double", {"value": "{{ forEach.n }}", "index": "{{ forEach.index }}"}, type="forEach",
+        for_each=ForEach("{{ params.numbers }}", item_var="n", max_parallel=2),
+    ), parameters={"type": "object", "properties": {"numbers": {"type": "array"}}})
+    result = outcome(tool, caller, {"numbers": [1, 2, 3, 4, 5]})
+    assert result["isError"] is False
+    assert [item["double"] for item in _last_output(result)] == [2, 4, 6, 8, 10]
+    assert caller.max_in_flight == 2
+
+
+def _last_output(result):
+    import json
+    return json.loads(result["content"][0]["text"])
+
+
+def test_for_each_collection_from_a_json_string_and_over_the_limit():
+    caller = FakeCaller({"t": echo})
+    tool = composite(Step("each", "t", {"v": "{{ forEach.item }}"}, type="forEach",
+                          for_each=ForEach('{{ "[1, 2]" }}')))
+    assert _last_output(outcome(tool, caller)) == [{"v": 1}, {"v": 2}]
+    pykka.ActorRegistry.stop_all()
+    too_many = composite(Step("each", "t", type="forEach", for_each=ForEach("{{ [1, 2, 3] }}", max_iterations=2)))
+    result = outcome(too_many, caller)
+    assert result["isError"] is True and "more than the limit of 2" in result["content"][0]["text"]
+
+
+def test_for_each_item_failure_fails_the_step():
+    def picky(arguments):
+        if arguments["v"] == 2:
+            raise RuntimeError("two is bad")
+        return structured(arguments)
+
+    result = outcome(composite(Step("each", "p", {"v": "{{ forEach.item }}"}, type="forEach",
+                                    for_each=ForEach("{{ [1, 2, 3] }}"))), FakeCaller({"p": picky}))
+    assert result["isError"] is True
+    assert "item 1: two is bad" in result["content"][0]["text"]
+
+
+# -- output and coercion -----------------------------------------------------------------
+
+
+def test_output_mapping_renders_properties_with_default_fallback():
+    caller = FakeCaller({"t": lambda args: text("hello")})
+    tool = composite(Step("s", "t"), output=OutputSpec({
+        "greeting": OutputProperty("{{ steps.s.output.text }}"),
+        "missing": OutputProperty("{{ steps.s.output.nothing }}", default="fallback"),
+        "count": OutputProperty("{{ '3' }}", type="integer"),
+    }))
+    result = outcome(tool, caller)
+    assert result["structuredContent"] == {"greeting": "hello", "missing": "fallback", "count": 3}
+    assert '"greeting": "hello"' in result["content"][0]["text"]
+
+
+def test_text_only_results_become_text_keys():
+    caller = FakeCaller({"t": lambda args: {"content": [{"type": "text", "text": "one"},
+                                                         {"type": "text", "text": "two"}]}})
+    assert outcome(composite(Step("s", "t")), caller)["structuredContent"] == {"text": "one", "text_1": "two"}
+
+
+def test_arguments_are_coerced_to_the_target_input_schema():
+    schema = {"type": "object", "properties": {
+        "count": {"type": "integer"}, "flag": {"type": "boolean"},
+        "matrix": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+    }}
+    caller = FakeCaller({"t": echo}, schemas={"t": schema})
+    tool = composite(Step("s", "t", {"count": "3", "flag": "true", "matrix": [["1", "2.5"], ["3"]]}))
+    outcome(tool, caller)
+    assert caller.calls == [("t", {"count": 3, "flag": True, "matrix": [[1, 2.5], [3]]})]
+
+
+# -- parameters --------------------------------------------------------------------------
+
+
+PARAMS = {"type": "object", "required": ["issue"],
+          "properties": {"issue": {"type": "integer"}, "limit": {"type": "integer", "default": 5}}}
+
+
+def test_parameter_defaults_are_applied():
+    caller = FakeCaller({"t": echo})
+    tool = composite(Step("s", "t", {"issue": "{{ params.issue }}", "limit": "{{ params.limit }}"}),
+                     parameters=PARAMS)
+    assert outcome(tool, caller, {"issue": 7})["structuredContent"] == {"issue": 7, "limit": 5}
+
+
+@pytest.mark.parametrize("params, problem", [({}, "missing required property 'issue'"),
+                                             ({"issue": "seven"}, "issue must be integer, got string")])
+def test_bad_parameters_fail_before_any_step_runs(params, problem):
+    caller = FakeCaller({"t": echo})
+    _, future = run(composite(Step("s", "t"), parameters=PARAMS), caller, params)
+    with pytest.raises(JsonRpcError) as raised:
+        future.result(timeout=WAIT)
+    assert raised.value.code == INVALID_PARAMS
+    assert problem in raised.value.message
+    assert caller.calls == []
+
+
+# -- lifecycle ---------------------------------------------------------------------------
+
+
+def test_status_snapshot_while_running_and_cancel_on_stop():
+    release = threading.Event()
+
+    def blocked(arguments):
+        release.wait(WAIT)
+        return structured({})
+
+    caller = FakeCaller({"b": blocked, "t": echo})
+    tool = composite(Step("first", "t"), Step("wait", "b", depends_on=("first",)),
+                     Step("later", "t", depends_on=("wait",)))
+    ref = WorkflowRun.start(tool, {}, caller, run_id="run-9")
+    proxy = ref.proxy()
+    future = proxy.result().get(timeout=WAIT)
+    deadline = time.monotonic() + WAIT
+    while proxy.status().get(timeout=WAIT)["steps"]["wait"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    status = proxy.status().get(timeout=WAIT)
+    assert status["composite"] == "c" and status["runId"] == "run-9"
+    assert status["steps"] == {"first": "completed", "wait": "running", "later": "pending"}
+    assert status["stepsStarted"] == 2
+
+    ref.stop(timeout=WAIT)
+    with pytest.raises(WorkflowCancelled):
+        future.result(timeout=WAIT)
+    release.set()
+
+
+def test_cancel_fails_the_result_and_stops_the_run():
+    release = threading.Event()
+    caller = FakeCaller({"b": lambda args: (release.wait(WAIT), structured({}))[1]})
+    ref = WorkflowRun.start(composite(Step("s", "b")), {}, caller, run_id="r")
+    proxy = ref.proxy()
+    future = proxy.result().get(timeout=WAIT)
+    proxy.cancel().get(timeout=WAIT)
+    with pytest.raises(WorkflowCancelled):
+        future.result(timeout=WAIT)
+    deadline = time.monotonic() + WAIT
+    while ref.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not ref.is_alive()
+    release.set()
+
+
+def test_the_run_stops_itself_once_settled():
+    ref, future = run(composite(Step("s", "t")), FakeCaller({"t": echo}))
+    future.result(timeout=WAIT)
+    deadline = time.monotonic() + WAIT
+    while ref.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not ref.is_alive()

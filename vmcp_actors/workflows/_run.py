@@ -1,0 +1,572 @@
+"""The WorkflowRun actor: one run of a composite tool.
+
+The actor owns the run's state (which steps are pending, running, done; their outcomes;
+timers) and never waits in its loop: every step call runs on a worker thread
+(``run_in_thread``) and reports back with a message (``_CallDone``); timers report with
+``_StepTimedOut`` / ``_RunTimedOut``. Templates are rendered in the actor (CPU only,
+bounded by the sandbox's budget); the target's input schema is fetched and the arguments
+coerced on the worker thread, since ``input_schema`` may wait for the session's catalog.
+
+Semantics follow ToolHive's vMCP: every step whose dependencies are done starts at once,
+up to ``max_parallel``; ``onError`` decides whether a failure aborts the run, lets its
+dependents continue, or is retried with exponential backoff (slept on the worker thread);
+a step or run that outlives its timeout fails, and a late answer is ignored.
+
+The run stops itself once its result is settled and the owner has asked ``result()``; the
+future stays readable after that. The owner stops it early (or calls ``cancel``) to
+cancel: the result then fails with :class:`WorkflowCancelled`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import copy
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pykka
+
+from vmcp_actors.concurrency import run_in_thread
+from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
+from vmcp_actors.workflows._coercion import _has_type as has_json_type
+from vmcp_actors.workflows._coercion import coerce_arguments
+from vmcp_actors.workflows._dag import ready_steps, validate_dag
+from vmcp_actors.workflows._definition import MAX_FOR_EACH_ITERATIONS, CompositeTool, Step, step_specs
+from vmcp_actors.workflows._errors import TemplateError
+from vmcp_actors.workflows._templates import (
+    ForEachItem,
+    StepOutcome,
+    render_condition,
+    render_value,
+    template_context,
+)
+
+
+class StepCaller(Protocol):
+    """What the session layer provides to a run (the composite layer over the routing table)."""
+
+    def input_schema(self, tool: str) -> Mapping[str, Any] | None:
+        """The target tool's input schema, from below the advertising filter."""
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Call ``tool``, blocking the calling (worker) thread; the MCP CallToolResult dict.
+        Raises ``JsonRpcError`` (or any exception) on failure."""
+
+
+class WorkflowCancelled(JsonRpcError):
+    """The run was stopped before it produced a result."""
+
+    def __init__(self, composite: str):
+        super().__init__(INTERNAL_ERROR, f"composite tool {composite!r}: the run was cancelled")
+
+
+# -- messages (to the actor itself) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CallDone:
+    step_id: str
+    attempt: int
+    index: int | None  # the forEach iteration, None for a plain step
+    result: Any = None  # the CallToolResult dict, when the call returned
+    error: str | None = None  # when it raised
+
+
+@dataclass(frozen=True)
+class _StepTimedOut:
+    step_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class _RunTimedOut:
+    pass
+
+
+class _StepFailure(Exception):
+    """A step failed in a way that retrying cannot change (a template, a bad collection)."""
+
+
+@dataclass
+class _Running:
+    """A step in flight (mutable, actor-private)."""
+
+    attempt: int
+    timer: threading.Timer
+    retries: int = 0
+    # forEach only: the rendered items, their outputs, and what is left to start
+    items: list[Any] | None = None
+    outputs: list[Any] | None = None
+    next_item: int = 0
+    in_flight: int = 0
+    finished_items: int = 0
+
+
+# -- the actor ---------------------------------------------------------------------------
+
+
+class WorkflowRun(pykka.ThreadingActor):
+    """One composite-tool call. Ask ``result()`` for the CallToolResult future,
+    ``status()`` for the admin snapshot, ``cancel()`` to stop it."""
+
+    def __init__(self, tool: CompositeTool, params: dict[str, Any] | None, caller: StepCaller, *,
+                 run_id: str, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        super().__init__()
+        self._tool = tool
+        self._raw_params = params
+        self._params: dict[str, Any] = {}
+        self._caller = caller
+        self._run_id = run_id
+        self._clock = clock
+        self._sleep = sleep
+        self._steps = {step.id: step for step in reversed(tool.steps)}  # first declaration wins
+        self._specs = step_specs(tool)
+        self._future: cf.Future[dict[str, Any]] = cf.Future()
+        self._status = {step.id: "pending" for step in tool.steps}
+        self._outcomes: dict[str, StepOutcome] = {}
+        self._running: dict[str, _Running] = {}
+        self._run_timer: threading.Timer | None = None
+        self._state = "new"  # running, completed, failed, cancelled
+        self._scheduling = False
+        self._result_taken = False
+        self._started_wall = time.time()
+        self._started = clock()
+        self._ended: float | None = None
+        # counters for metrics
+        self.steps_started = 0
+        self.steps_failed = 0
+
+    # -- asked by the owner ----------------------------------------------------------------
+
+    def result(self) -> cf.Future[dict[str, Any]]:
+        """The run's CallToolResult. Once the owner holds it and it is settled, the run
+        stops itself (not before: a run settled in ``on_start`` must stay askable)."""
+        self._result_taken = True
+        if self._future.done():
+            self._stop_soon()
+        return self._future
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "composite": self._tool.name,
+            "runId": self._run_id,
+            "started": self._started_wall,
+            "state": self._state,
+            "steps": dict(self._status),
+            "stepsStarted": self.steps_started,
+            "stepsFailed": self.steps_failed,
+            "duration": self.duration,
+        }
+
+    @property
+    def duration(self) -> float:
+        return (self._ended if self._ended is not None else self._clock()) - self._started
+
+    def cancel(self) -> None:
+        self._settle(error=WorkflowCancelled(self._tool.name), state="cancelled")
+        self._stop_soon()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        self._state = "running"
+        try:
+            self._params = validate_params(self._raw_params, self._tool.parameters)
+        except JsonRpcError as err:
+            self._settle(error=err, state="failed")
+            return
+        problems = validate_dag(self._tool.name, self._specs)
+        if problems:
+            message = "; ".join(problem.message for problem in problems)
+            self._settle(error=JsonRpcError(INTERNAL_ERROR, f"invalid composite tool: {message}"), state="failed")
+            return
+        self._run_timer = self._timer(self._tool.timeout, _RunTimedOut())
+        self._schedule()
+
+    def on_stop(self) -> None:
+        self._cancel_timers()
+        if not self._future.done():
+            self._settle(error=WorkflowCancelled(self._tool.name), state="cancelled")
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self._cancel_timers()
+        if not self._future.done():
+            self._future.set_exception(JsonRpcError(INTERNAL_ERROR, f"composite tool {self._tool.name!r}: "
+                                                                    f"internal error: {exception_value}"))
+
+    def on_receive(self, message: Any) -> None:
+        if self._future.done():
+            return  # late answers and timers after the result is settled
+        if isinstance(message, _CallDone):
+            self._on_call_done(message)
+        elif isinstance(message, _StepTimedOut):
+            running = self._running.get(message.step_id)
+            if running is not None and running.attempt == message.attempt:
+                step = self._steps[message.step_id]
+                self._attempt_failed(step, f"timed out after {step.timeout:g} s")
+        elif isinstance(message, _RunTimedOut):
+            self._settle(result=error_result(
+                f"composite tool {self._tool.name!r} timed out after {self._tool.timeout:g} s"), state="failed")
+
+    # -- scheduling ------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        """Start every ready step up to max_parallel; settle the run once all are done.
+        Steps that finish at once (skipped, failing to render) loop here, not recurse."""
+        if self._scheduling:
+            return
+        self._scheduling = True
+        try:
+            while not self._future.done():
+                done = [step_id for step_id, outcome in self._outcomes.items()]
+                ready = ready_steps(self._specs, done, self._running)
+                capacity = self._tool.max_parallel - len(self._running)
+                if not ready or capacity <= 0:
+                    break
+                for step_id in ready[:capacity]:
+                    self._start_step(self._steps[step_id])
+                    if self._future.done():
+                        return
+            if not self._future.done() and not self._running:
+                if len(self._outcomes) == len(self._steps):
+                    self._settle(result=self._final_result(), state="completed")
+                else:
+                    stuck = ", ".join(repr(s) for s in self._steps if s not in self._outcomes)
+                    self._settle(error=JsonRpcError(INTERNAL_ERROR, f"composite tool {self._tool.name!r}: "
+                                                                    f"steps {stuck} cannot run"), state="failed")
+        finally:
+            self._scheduling = False
+
+    def _start_step(self, step: Step) -> None:
+        self.steps_started += 1
+        self._status[step.id] = "running"
+        if step.condition is not None:
+            try:
+                run_it = render_condition(step.condition, self._context())
+            except TemplateError as err:
+                self._step_failed(step, f"condition: {err}")
+                return
+            if not run_it:
+                self._status[step.id] = "skipped"
+                self._outcomes[step.id] = StepOutcome("skipped", copy.deepcopy(step.default_results))
+                return
+        attempt = _Running(attempt=1, timer=self._timer(step.timeout, _StepTimedOut(step.id, 1)))
+        self._running[step.id] = attempt
+        self._launch(step, attempt, delay=0.0)
+
+    def _launch(self, step: Step, running: _Running, delay: float) -> None:
+        try:
+            if step.for_each is None:
+                arguments = self._render_arguments(step, None)
+                self._submit(step, running.attempt, None, arguments, delay)
+            else:
+                running.items = self._render_collection(step)
+                running.outputs = [None] * len(running.items)
+                running.next_item = running.in_flight = running.finished_items = 0
+                if not running.items:
+                    self._step_completed(step, [])
+                    return
+                self._start_items(step, running, delay)
+        except _StepFailure as err:
+            self._step_failed(step, str(err))
+
+    def _start_items(self, step: Step, running: _Running, delay: float = 0.0) -> None:
+        assert step.for_each is not None and running.items is not None
+        while running.in_flight < step.for_each.max_parallel and running.next_item < len(running.items):
+            index = running.next_item
+            running.next_item += 1
+            running.in_flight += 1
+            item = ForEachItem(running.items[index], index, step.for_each.item_var)
+            self._submit(step, running.attempt, index, self._render_arguments(step, item), delay)
+
+    def _submit(self, step: Step, attempt: int, index: int | None, arguments: dict[str, Any], delay: float) -> None:
+        assert step.tool is not None
+        future = run_in_thread(_call_step, self._caller, step.tool, arguments, delay, self._sleep)
+        actor_ref = self.actor_ref
+
+        def report(done: cf.Future[dict[str, Any]]) -> None:
+            error = done.exception()
+            message = _CallDone(step.id, attempt, index, None if error else done.result(),
+                                None if error is None else _describe(error))
+            try:
+                actor_ref.tell(message)
+            except pykka.ActorDeadError:
+                pass  # the run is over; its late answer does not matter
+
+        future.add_done_callback(report)
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _on_call_done(self, message: _CallDone) -> None:
+        running = self._running.get(message.step_id)
+        if running is None or running.attempt != message.attempt:
+            return  # a timed-out or superseded attempt answering late
+        step = self._steps[message.step_id]
+        failure = message.error if message.error is not None else _result_error(message.result)
+        where = "" if message.index is None else f"item {message.index}: "
+        if failure is not None:
+            self._attempt_failed(step, where + failure)
+            return
+        output = step_output(message.result)
+        if message.index is None:
+            self._step_completed(step, output)
+            return
+        assert running.outputs is not None and running.items is not None
+        running.outputs[message.index] = output
+        running.in_flight -= 1
+        running.finished_items += 1
+        if running.finished_items == len(running.items):
+            self._step_completed(step, list(running.outputs))
+            return
+        try:
+            self._start_items(step, running)
+        except _StepFailure as err:
+            self._attempt_failed(step, str(err), retryable=False)
+
+    def _attempt_failed(self, step: Step, error: str, retryable: bool = True) -> None:
+        running = self._running.get(step.id)
+        if running is not None:
+            running.timer.cancel()
+            policy = step.on_error
+            if retryable and policy.action == "retry" and running.retries < policy.retry_count:
+                delay = policy.retry_delay * (2 ** running.retries)
+                running.retries += 1
+                running.attempt += 1
+                # the backoff is slept on the worker thread, so the timeout allows for it
+                running.timer = self._timer(step.timeout + delay, _StepTimedOut(step.id, running.attempt))
+                self._launch(step, running, delay)
+                return
+        self._step_failed(step, error)
+
+    def _step_failed(self, step: Step, error: str) -> None:
+        self._stop_step(step.id)
+        self.steps_failed += 1
+        self._status[step.id] = "failed"
+        self._outcomes[step.id] = StepOutcome("failed", None, error)
+        if step.on_error.action == "continue":
+            self._schedule()
+            return
+        self._settle(result=error_result(f"composite tool {self._tool.name!r}: step {step.id!r} failed: {error}"),
+                     state="failed")
+
+    def _step_completed(self, step: Step, output: Any) -> None:
+        self._stop_step(step.id)
+        self._status[step.id] = "completed"
+        self._outcomes[step.id] = StepOutcome("completed", output)
+        self._schedule()
+
+    def _stop_step(self, step_id: str) -> None:
+        running = self._running.pop(step_id, None)
+        if running is not None:
+            running.timer.cancel()
+
+    def _settle(self, *, result: dict[str, Any] | None = None, error: BaseException | None = None,
+                state: str) -> None:
+        if self._future.done():
+            return
+        self._state = state
+        self._ended = self._clock()
+        self._cancel_timers()
+        for step_id in self._running:
+            self._status[step_id] = "cancelled"
+        self._running.clear()
+        if error is not None:
+            self._future.set_exception(error)
+        else:
+            self._future.set_result(result or error_result("no result"))
+        if self._result_taken:
+            self._stop_soon()
+
+    def _stop_soon(self) -> None:
+        """Stop after the messages already queued (the result stays readable)."""
+        try:
+            self.actor_ref.stop(block=False)
+        except pykka.ActorDeadError:
+            pass  # already stopping (settled from on_stop)
+
+    # -- templates and results -------------------------------------------------------------
+
+    def _context(self, item: ForEachItem | None = None) -> dict[str, Any]:
+        return template_context(params=self._params, steps=self._outcomes, workflow_id=self._run_id, for_each=item)
+
+    def _render_arguments(self, step: Step, item: ForEachItem | None) -> dict[str, Any]:
+        try:
+            rendered = render_value(step.arguments if step.arguments is not None else {}, self._context(item))
+        except TemplateError as err:
+            raise _StepFailure(f"arguments: {err}") from None
+        if not isinstance(rendered, dict):
+            raise _StepFailure(f"arguments must render to an object, got {type(rendered).__name__}")
+        return rendered
+
+    def _render_collection(self, step: Step) -> list[Any]:
+        assert step.for_each is not None
+        try:
+            collection = render_value(step.for_each.collection, self._context())
+        except TemplateError as err:
+            raise _StepFailure(f"forEach collection: {err}") from None
+        if isinstance(collection, str):
+            try:
+                collection = json.loads(collection)
+            except ValueError:
+                raise _StepFailure("forEach collection is a string that is not a JSON array") from None
+        if not isinstance(collection, list):
+            raise _StepFailure(f"forEach collection must be an array, got {type(collection).__name__}")
+        limit = min(step.for_each.max_iterations, MAX_FOR_EACH_ITERATIONS)
+        if len(collection) > limit:
+            raise _StepFailure(f"forEach collection has {len(collection)} items, more than the limit of {limit}")
+        return collection
+
+    def _final_result(self) -> dict[str, Any]:
+        if self._tool.output is not None:
+            context = self._context()
+            structured: dict[str, Any] = {}
+            for name, prop in self._tool.output.properties.items():
+                try:
+                    value = render_value(prop.value, context)
+                except TemplateError:
+                    value = None
+                if value is None:
+                    value = copy.deepcopy(prop.default)
+                if prop.type is not None:
+                    value = coerce_arguments({"v": value}, {"type": "object",
+                                                            "properties": {"v": {"type": prop.type}}})["v"]
+                structured[name] = value
+            return structured_result(structured)
+        last = [step.id for step in self._tool.steps if self._status.get(step.id) == "completed"]
+        output = self._outcomes[last[-1]].output if last else {}
+        if isinstance(output, dict):
+            return structured_result(output)
+        text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+        return {"content": [{"type": "text", "text": text}], "isError": False}
+
+    # -- timers ----------------------------------------------------------------------------
+
+    def _timer(self, seconds: float, message: Any) -> threading.Timer:
+        actor_ref = self.actor_ref
+
+        def fire() -> None:
+            try:
+                actor_ref.tell(message)
+            except pykka.ActorDeadError:
+                pass
+
+        timer = threading.Timer(seconds, fire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _cancel_timers(self) -> None:
+        if self._run_timer is not None:
+            self._run_timer.cancel()
+        for running in self._running.values():
+            running.timer.cancel()
+
+
+# -- pure helpers ------------------------------------------------------------------------
+
+
+def _call_step(caller: StepCaller, tool: str, arguments: dict[str, Any], delay: float,
+               sleep: Callable[[float], None]) -> dict[str, Any]:
+    """On a worker thread: back off, fetch the target's schema, coerce, call."""
+    if delay > 0:
+        sleep(delay)
+    schema = caller.input_schema(tool) or {}
+    return caller.call(tool, coerce_arguments(arguments, schema))
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, JsonRpcError):
+        return error.message
+    return str(error) or type(error).__name__
+
+
+def _result_error(result: Any) -> str | None:
+    """Why ``result`` counts as a failure, or None."""
+    if not isinstance(result, Mapping):
+        return f"the tool returned {type(result).__name__}, not a result object"
+    if result.get("isError"):
+        texts = _texts(result)
+        return "; ".join(texts) if texts else "the tool reported an error"
+    return None
+
+
+def _texts(result: Mapping[str, Any]) -> list[str]:
+    return [part["text"] for part in result.get("content") or ()
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)]
+
+
+def step_output(result: Mapping[str, Any]) -> Any:
+    """What ``steps.<id>.output`` holds: ``structuredContent`` when present, else the
+    text contents as ``{"text": first, "text_1": second, ...}``."""
+    if result.get("structuredContent") is not None:
+        return result["structuredContent"]
+    return {("text" if index == 0 else f"text_{index}"): text for index, text in enumerate(_texts(result))}
+
+
+def structured_result(structured: dict[str, Any]) -> dict[str, Any]:
+    text = json.dumps(structured, ensure_ascii=False)
+    return {"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": False}
+
+
+def error_result(message: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": message}], "isError": True}
+
+
+# -- parameters --------------------------------------------------------------------------
+
+_JSON_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+
+
+def validate_params(params: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with the schema's defaults filled in; ``JsonRpcError(-32602)`` naming the
+    first problem. Checks ``type`` (a name or a list of names), ``properties``, ``required``
+    and ``default``, recursively through object properties. Not checked: ``enum``,
+    ``pattern``, bounds, ``items``, ``additionalProperties``, combinators, ``$ref`` (the
+    backend still validates what the steps send it)."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise JsonRpcError(INVALID_PARAMS, "Invalid params: arguments must be an object")
+    checked = _check(params, schema if isinstance(schema, Mapping) else {}, "")
+    return checked
+
+
+def _check(value: Any, schema: Mapping[str, Any], path: str) -> Any:
+    where = path or "arguments"
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else list(types)
+        known = [name for name in names if name in _JSON_TYPES]
+        if known and not any(has_json_type(value, name) for name in known):
+            raise JsonRpcError(INVALID_PARAMS, f"Invalid params: {where} must be {' or '.join(known)}, "
+                                               f"got {_json_type(value)}")
+    if not isinstance(value, dict):
+        return value
+    properties = schema.get("properties") or {}
+    result = dict(value)
+    for name, sub in properties.items():
+        if name not in result and isinstance(sub, Mapping) and "default" in sub:
+            result[name] = copy.deepcopy(sub["default"])
+    for name in schema.get("required") or ():
+        if name not in result:
+            raise JsonRpcError(INVALID_PARAMS, f"Invalid params: missing required property {_join(path, name)!r}")
+    for name, sub in properties.items():
+        if name in result and isinstance(sub, Mapping):
+            result[name] = _check(result[name], sub, _join(path, name))
+    return result
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _json_type(value: Any) -> str:
+    for name in _JSON_TYPES:
+        if has_json_type(value, name):
+            return name
+    return type(value).__name__
