@@ -75,9 +75,8 @@ class ElasticPool:
 _POOL = ElasticPool()
 
 
-def run_in_thread(fn: Callable[..., T], *args: Any, name: str = "vmcp-io") -> cf.Future[T]:
-    """Run ``fn(*args)`` on a worker thread; its outcome lands in the returned future.
-    (``name`` is kept for call sites' readability; pooled workers share one name.)"""
+def run_in_thread(fn: Callable[..., T], *args: Any) -> cf.Future[T]:
+    """Run ``fn(*args)`` on a pooled worker thread; its outcome lands in the returned future."""
     return _POOL.submit(fn, *args)
 
 

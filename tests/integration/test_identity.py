@@ -26,7 +26,6 @@ from tests.gateway import (
     admin_get,
     answer_of,
     closed_port_url,
-    wait_until,
 )
 from tests.idp import TOKEN_EXCHANGE_GRANT, LocalIdP
 from vmcp_actors.config import config_from_mapping
