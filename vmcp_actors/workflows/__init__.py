@@ -11,6 +11,9 @@ from vmcp_actors.workflows._definition import (
     OutputProperty,
     OutputSpec,
     Step,
+    composite_problems,
+    output_schema,
+    output_templates,
     step_specs,
 )
 from vmcp_actors.workflows._errors import TemplateError, TemplateRenderError, TemplateSyntaxError, UnsafeTemplate
@@ -56,6 +59,9 @@ __all__ = [
     "WorkflowRun",
     "coerce_arguments",
     "compile_template",
+    "composite_problems",
+    "output_schema",
+    "output_templates",
     "error_result",
     "is_template",
     "iter_templates",

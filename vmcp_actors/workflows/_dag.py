@@ -27,6 +27,7 @@ class StepSpec:
     has_condition: bool = False
     has_default_results: bool = False
     output_referenced: frozenset[str] | None = None
+    continues_on_error: bool = False  # onError continue: it may fail and leave no output
 
     @property
     def reads_output_of(self) -> frozenset[str]:
@@ -55,11 +56,14 @@ class DagProblem:
         return f"{path}: {self.message}"
 
 
-def validate_dag(composite: str, steps: Sequence[StepSpec]) -> list[DagProblem]:
+def validate_dag(composite: str, steps: Sequence[StepSpec],
+                 output_reads: Collection[str] = ()) -> list[DagProblem]:
     """Every problem of the graph, ordered by step position (rule order within a step):
     duplicate ids, unknown or repeated dependsOn entries, dependency cycles (one per
     cycle, as ``a -> b -> a``), templates reading a step that is not an ancestor, and
-    steps with a condition (so skippable) whose output is read without defaultResults."""
+    steps that may end without output (a condition, or onError continue) whose output is
+    read, by a step or by the composite's ``output`` (``output_reads``), without
+    defaultResults."""
     graph = _Graph(steps)
     problems: list[DagProblem] = []
 
@@ -97,14 +101,25 @@ def validate_dag(composite: str, steps: Sequence[StepSpec]) -> list[DagProblem]:
                                    "depends on (add it to dependsOn, directly or through another step)")
 
     for index, step in enumerate(steps):
-        if not step.has_condition or step.has_default_results or graph.position[step.id] != index:
+        if step.has_default_results or graph.position[step.id] != index:
+            continue
+        if step.has_condition:
+            why, when = "it has a condition, so it may be skipped", "skipped"
+        elif step.continues_on_error:
+            why, when = "its onError action is continue, so it may fail without output", "failed"
+        else:
             continue
         readers = [other.id for other in steps if other is not step and step.id in other.reads_output_of]
+        who = ""
         if readers:
-            who = f"step {readers[0]!r} reads" if len(readers) == 1 else \
-                f"steps {', '.join(repr(reader) for reader in readers)} read"
-            problem(index, "defaultResults", f"it has a condition, so it may be skipped, and {who} its output; "
-                                             "give it defaultResults (its output when skipped)")
+            who = f"step {readers[0]!r}" if len(readers) == 1 else \
+                f"steps {', '.join(repr(reader) for reader in readers)}"
+        if step.id in output_reads:
+            who = f"{who} and the output" if who else "the output"
+        if who:
+            who += " read" if len(readers) > 1 or (readers and step.id in output_reads) else " reads"
+            problem(index, "defaultResults", f"{why}, and {who} its output; "
+                                             f"give it defaultResults (its output when {when})")
 
     problems.sort(key=lambda found: found.index)  # stable: rule order stays within a step
     return problems

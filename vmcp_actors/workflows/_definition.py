@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmcp_actors.workflows._dag import StepSpec
-from vmcp_actors.workflows._templates import iter_templates, referenced_steps
+from vmcp_actors.workflows._dag import StepSpec, validate_dag
+from vmcp_actors.workflows._errors import TemplateError
+from vmcp_actors.workflows._templates import compile_template, iter_templates, referenced_steps
 
 ON_ERROR_ACTIONS = ("abort", "continue", "retry")
 MAX_RETRY_COUNT = 10
@@ -89,20 +90,82 @@ class Step:
             raise ValueError(f"step {self.id!r}: timeout must be positive, got {self.timeout}")
 
 
+OUTPUT_TYPES = ("string", "integer", "number", "boolean", "object", "array")
+
+
 @dataclass(frozen=True)
 class OutputProperty:
-    """One property of the composite's structured output: ``value`` is a template; when it
-    fails to render (an undefined value, a skipped step), ``default`` is used. ``type``, if
-    given, coerces the rendered value as a step argument would be."""
+    """One property of the composite's structured output (ToolHive's ``OutputProperty``).
 
-    value: str
+    ``value`` is a template; when it fails to render (an undefined value, a skipped step)
+    or renders to nothing, ``default`` is used. The rendered value is coerced to ``type``
+    as a step argument would be. An ``object`` property may instead be built from nested
+    ``properties``. ``type`` and ``description`` also make the advertised outputSchema.
+    """
+
+    value: str | None = None
     default: Any = None
     type: str | None = None
+    description: str | None = None
+    properties: Mapping[str, OutputProperty] | None = None
+
+    def __post_init__(self) -> None:
+        if self.type is not None and self.type not in OUTPUT_TYPES:
+            raise ValueError(f"output type must be one of {', '.join(OUTPUT_TYPES)}, got {self.type!r}")
+        if self.properties is not None and self.type not in (None, "object"):
+            raise ValueError("only an object output property can have nested properties")
+        if self.properties is not None and self.value is not None:
+            raise ValueError("an output property has either a value or nested properties, not both")
 
 
 @dataclass(frozen=True)
 class OutputSpec:
     properties: Mapping[str, OutputProperty]
+    required: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "required", tuple(self.required))
+
+
+def output_schema(output: OutputSpec) -> dict[str, Any]:
+    """The JSON Schema a client sees as the composite's ``outputSchema``."""
+
+    def properties_schema(properties: Mapping[str, OutputProperty]) -> dict[str, Any]:
+        schemas: dict[str, Any] = {}
+        for name, prop in properties.items():
+            schema: dict[str, Any] = {}
+            if prop.type is not None:
+                schema["type"] = prop.type
+            if prop.description:
+                schema["description"] = prop.description
+            if prop.properties is not None:
+                schema["type"] = "object"
+                schema["properties"] = properties_schema(prop.properties)
+            schemas[name] = schema
+        return schemas
+
+    schema: dict[str, Any] = {"type": "object", "properties": properties_schema(output.properties)}
+    if output.required:
+        schema["required"] = list(output.required)
+    return schema
+
+
+def output_templates(output: OutputSpec | None) -> list[tuple[str, str]]:
+    """``(location, source)`` of every value template in ``output``, e.g.
+    ``("properties.summary.value", "{{ steps.a.output.text }}")``."""
+    found: list[tuple[str, str]] = []
+
+    def walk(properties: Mapping[str, OutputProperty], location: str) -> None:
+        for name, prop in properties.items():
+            where = f"{location}.{name}"
+            if prop.value is not None:
+                found.append((f"{where}.value", prop.value))
+            if prop.properties is not None:
+                walk(prop.properties, f"{where}.properties")
+
+    if output is not None:
+        walk(output.properties, "properties")
+    return found
 
 
 @dataclass(frozen=True)
@@ -147,6 +210,62 @@ def step_specs(tool: CompositeTool) -> list[StepSpec]:
             referenced=frozenset(referenced),
             has_condition=step.condition is not None,
             has_default_results=step.default_results is not None,
+            continues_on_error=step.on_error.action == "continue",
             output_referenced=frozenset(output_referenced),
         ))
     return specs
+
+
+def output_reads(tool: CompositeTool) -> set[str]:
+    """The steps whose output the composite's ``output`` templates read."""
+    found: set[str] = set()
+    for _, source in output_templates(tool.output):
+        found |= referenced_steps(source, output_only=True)
+    return found
+
+
+def composite_problems(tool: CompositeTool) -> list[tuple[str, str]]:
+    """Every problem :func:`step_specs` and :func:`validate_dag` can find, as
+    ``(path within the composite, message)``: templates that do not compile (at their
+    place in ``arguments``, ``condition``, ``forEach.collection`` or ``output``), then the
+    graph's problems, then output templates reading unknown steps."""
+    problems: list[tuple[str, str]] = []
+    label = f"composite {tool.name!r}"
+    for index, step in enumerate(tool.steps):
+        places = [(f"steps[{index}].arguments" + (f".{where}" if where else ""), source)
+                  for where, source in iter_templates(step.arguments)]
+        if step.condition is not None:
+            places.append((f"steps[{index}].condition", step.condition))
+        if step.for_each is not None:
+            places.append((f"steps[{index}].collection", step.for_each.collection))
+        for path, source in places:
+            error = _compile_error(source)
+            if error is not None:
+                problems.append((path, f"{label}, step {step.id!r}: {error}"))
+    for path, source in output_templates(tool.output):
+        error = _compile_error(source)
+        if error is not None:
+            problems.append((f"output.{path}", f"{label}: {error}"))
+    if problems:
+        return problems  # the graph cannot be read from templates that do not parse
+
+    declared = {step.id for step in tool.steps}
+    for problem in validate_dag(tool.name, step_specs(tool), output_reads(tool)):
+        path = f"steps[{problem.index}]" + (f".{problem.field}" if problem.field else "")
+        problems.append((path, problem.message))
+    for path, source in output_templates(tool.output):
+        for read in sorted(referenced_steps(source) - declared):
+            problems.append((f"output.{path}", f"{label}: the output reads steps.{read}, but there is no step {read!r}"))
+    if tool.output is not None:
+        for position, name in enumerate(tool.output.required):
+            if name not in tool.output.properties:
+                problems.append((f"output.required[{position}]", f"{label}: {name!r} is not an output property"))
+    return problems
+
+
+def _compile_error(source: str) -> str | None:
+    try:
+        compile_template(source)
+    except TemplateError as err:
+        return err.message
+    return None

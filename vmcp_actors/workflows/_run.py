@@ -34,8 +34,15 @@ from vmcp_actors.concurrency import run_in_thread
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows._coercion import _has_type as has_json_type
 from vmcp_actors.workflows._coercion import coerce_arguments
-from vmcp_actors.workflows._dag import ready_steps, validate_dag
-from vmcp_actors.workflows._definition import MAX_FOR_EACH_ITERATIONS, CompositeTool, Step, step_specs
+from vmcp_actors.workflows._dag import ready_steps
+from vmcp_actors.workflows._definition import (
+    MAX_FOR_EACH_ITERATIONS,
+    CompositeTool,
+    OutputProperty,
+    Step,
+    composite_problems,
+    step_specs,
+)
 from vmcp_actors.workflows._errors import TemplateError
 from vmcp_actors.workflows._templates import (
     ForEachItem,
@@ -115,8 +122,14 @@ class WorkflowRun(pykka.ThreadingActor):
 
     def __init__(self, tool: CompositeTool, params: dict[str, Any] | None, caller: StepCaller, *,
                  run_id: str, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 on_progress: Callable[[int, int, str], None] | None = None,
+                 on_finish: Callable[[dict[str, Any]], None] | None = None):
+        """``on_progress(done, total, message)`` is called (in the actor) as each step
+        ends; ``on_finish(status)`` once, when the run settles. Both must not block."""
         super().__init__()
+        self._on_progress = on_progress
+        self._on_finish = on_finish
         self._tool = tool
         self._raw_params = params
         self._params: dict[str, Any] = {}
@@ -180,9 +193,9 @@ class WorkflowRun(pykka.ThreadingActor):
         except JsonRpcError as err:
             self._settle(error=err, state="failed")
             return
-        problems = validate_dag(self._tool.name, self._specs)
+        problems = composite_problems(self._tool)
         if problems:
-            message = "; ".join(problem.message for problem in problems)
+            message = "; ".join(f"{path}: {problem}" for path, problem in problems)
             self._settle(error=JsonRpcError(INTERNAL_ERROR, f"invalid composite tool: {message}"), state="failed")
             return
         self._run_timer = self._timer(self._tool.timeout, _RunTimedOut())
@@ -254,6 +267,7 @@ class WorkflowRun(pykka.ThreadingActor):
             if not run_it:
                 self._status[step.id] = "skipped"
                 self._outcomes[step.id] = StepOutcome("skipped", copy.deepcopy(step.default_results))
+                self._progress(f"step {step.id!r} skipped")
                 return
         attempt = _Running(attempt=1, timer=self._timer(step.timeout, _StepTimedOut(step.id, 1)))
         self._running[step.id] = attempt
@@ -347,8 +361,10 @@ class WorkflowRun(pykka.ThreadingActor):
         self._stop_step(step.id)
         self.steps_failed += 1
         self._status[step.id] = "failed"
-        self._outcomes[step.id] = StepOutcome("failed", None, error)
+        # a step that continues on error offers its defaultResults to the steps after it
+        self._outcomes[step.id] = StepOutcome("failed", copy.deepcopy(step.default_results), error)
         if step.on_error.action == "continue":
+            self._progress(f"step {step.id!r} failed; continuing")
             self._schedule()
             return
         self._settle(result=error_result(f"composite tool {self._tool.name!r}: step {step.id!r} failed: {error}"),
@@ -358,7 +374,15 @@ class WorkflowRun(pykka.ThreadingActor):
         self._stop_step(step.id)
         self._status[step.id] = "completed"
         self._outcomes[step.id] = StepOutcome("completed", output)
+        self._progress(f"step {step.id!r} completed")
         self._schedule()
+
+    def _progress(self, message: str) -> None:
+        if self._on_progress is not None:
+            try:
+                self._on_progress(len(self._outcomes), len(self._steps), message)
+            except Exception:  # noqa: BLE001 - an observer must not break the run
+                pass
 
     def _stop_step(self, step_id: str) -> None:
         running = self._running.pop(step_id, None)
@@ -379,6 +403,11 @@ class WorkflowRun(pykka.ThreadingActor):
             self._future.set_exception(error)
         else:
             self._future.set_result(result or error_result("no result"))
+        if self._on_finish is not None:
+            try:
+                self._on_finish(self.status())
+            except Exception:  # noqa: BLE001 - an observer must not break the run
+                pass
         if self._result_taken:
             self._stop_soon()
 
@@ -423,26 +452,36 @@ class WorkflowRun(pykka.ThreadingActor):
 
     def _final_result(self) -> dict[str, Any]:
         if self._tool.output is not None:
-            context = self._context()
-            structured: dict[str, Any] = {}
-            for name, prop in self._tool.output.properties.items():
-                try:
-                    value = render_value(prop.value, context)
-                except TemplateError:
-                    value = None
-                if value is None:
-                    value = copy.deepcopy(prop.default)
-                if prop.type is not None:
-                    value = coerce_arguments({"v": value}, {"type": "object",
-                                                            "properties": {"v": {"type": prop.type}}})["v"]
-                structured[name] = value
-            return structured_result(structured)
+            return structured_result(self._build_output(self._tool.output.properties, self._context()))
         last = [step.id for step in self._tool.steps if self._status.get(step.id) == "completed"]
         output = self._outcomes[last[-1]].output if last else {}
         if isinstance(output, dict):
             return structured_result(output)
         text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
         return {"content": [{"type": "text", "text": text}], "isError": False}
+
+    def _build_output(self, properties: Mapping[str, OutputProperty], context: dict[str, Any]) -> dict[str, Any]:
+        structured: dict[str, Any] = {}
+        for name, prop in properties.items():
+            if prop.properties is not None:
+                structured[name] = self._build_output(prop.properties, context)
+                continue
+            try:
+                value = render_value(prop.value, context) if prop.value is not None else None
+            except TemplateError:
+                value = None
+            if value is None or value == "":
+                value = copy.deepcopy(prop.default)
+            if prop.type is not None and value is not None:
+                if prop.type in ("object", "array") and isinstance(value, str):
+                    try:
+                        value = json.loads(value)  # ToolHive: an object value may be JSON text
+                    except ValueError:
+                        pass
+                value = coerce_arguments({"v": value}, {"type": "object",
+                                                        "properties": {"v": {"type": prop.type}}})["v"]
+            structured[name] = value
+        return structured
 
     # -- timers ----------------------------------------------------------------------------
 
