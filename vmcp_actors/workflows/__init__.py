@@ -2,6 +2,14 @@
 WorkflowRun actor that executes one call. The config and session wiring build on them.
 """
 
+from vmcp_actors.workflows._annotations import (
+    ANNOTATION_KEYS,
+    HINTS,
+    composite_annotations,
+    derive_annotations,
+    step_hints,
+    unsafe_claims,
+)
 from vmcp_actors.workflows._coercion import coerce_arguments
 from vmcp_actors.workflows._dag import DagProblem, StepSpec, ready_steps, topological_levels, validate_dag
 from vmcp_actors.workflows._definition import (
@@ -39,6 +47,12 @@ from vmcp_actors.workflows._templates import (
 )
 
 __all__ = [
+    "ANNOTATION_KEYS",
+    "HINTS",
+    "composite_annotations",
+    "derive_annotations",
+    "step_hints",
+    "unsafe_claims",
     "CompositeTool",
     "DagProblem",
     "ForEach",
