@@ -171,7 +171,7 @@ def test_internal_resolution_by_advertised_name_or_workload_dot_original_name():
     catalog = build_catalog({"a": caps("a", ["x"])}, {}, config)
     assert catalog.resolve_internal("a_renamed").route.original_name == "x"
     assert catalog.resolve_internal("a.x").route.original_name == "x"
-    assert catalog.resolve_internal("a.renamed") is None  # the dot form uses the original name
+    assert catalog.resolve_internal("a.renamed").route.original_name == "x"  # the override's name works too
     assert catalog.resolve_internal(".x") is None
     assert catalog.resolve_internal("nope.x") is None
 

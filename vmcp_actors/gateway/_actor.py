@@ -74,6 +74,7 @@ class Gateway(pykka.ThreadingActor):
         return {
             "uptime": time.time() - self._started,
             "discoveryCache": self._services.discovery_cache.stats(),
+            "workflows": self._services.workflow_metrics.snapshot(),
             "sessions": self._directory.overview(),
         }
 

@@ -18,4 +18,9 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
             sessions.append({**future.get(timeout=ASK_TIMEOUT), **facts})
         except (pykka.ActorDeadError, pykka.Timeout):
             continue  # ended while we asked
-    return {"uptime": round(overview["uptime"], 3), "discoveryCache": overview["discoveryCache"], "sessions": sessions}
+    return {
+        "uptime": round(overview["uptime"], 3),
+        "discoveryCache": overview["discoveryCache"],
+        "workflows": overview["workflows"],
+        "sessions": sessions,
+    }

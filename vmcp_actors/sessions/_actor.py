@@ -18,6 +18,7 @@ from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity, subject_of
 from vmcp_actors.sessions._aggregation import Catalog, build_catalog
 from vmcp_actors.sessions._capabilities import AggregatedBackends
+from vmcp_actors.sessions._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import McpDispatcher
 from vmcp_actors.sessions._filter import AdvertisingFilter
@@ -40,6 +41,7 @@ class SessionServices:
 
     outgoing_auth: Mapping[str, OutgoingAuth] = field(default_factory=dict)
     discovery_cache: DiscoveryCache = field(default_factory=lambda: DiscoveryCache(0))
+    workflow_metrics: WorkflowMetrics = field(default_factory=WorkflowMetrics)
 
 
 class SessionActor(pykka.ThreadingActor):
@@ -70,11 +72,14 @@ class SessionActor(pykka.ThreadingActor):
             {name: future.get(timeout=ASK_TIMEOUT) for name, future in channels.items()},
             discovery_timeout(self._config),
         )
-        # Decorators, outermost first: advertising filter -> (composite tools) -> backends.
-        advertised = AdvertisingFilter(self._aggregated, self._config.aggregation)
+        # Decorators, outermost first: advertising filter -> composite tools -> backends.
+        self._composites = CompositeTools(self._aggregated, getattr(self._config, "composite_tools", ()), self._config.aggregation,
+                                          self._services.workflow_metrics)
+        advertised = AdvertisingFilter(self._composites, self._config.aggregation)
         self._dispatcher = McpDispatcher(advertised, page_size=self._config.operational.page_size)
 
     def on_stop(self) -> None:
+        self._composites.close()  # cancel runs in flight: their steps need these connections
         for connection in self._connections.values():
             try:
                 connection.actor_ref.stop(block=False)
@@ -164,6 +169,8 @@ class SessionActor(pykka.ThreadingActor):
             "catalogFromCache": self._catalog_from_cache,
             "catalogErrors": list(catalog.errors) if catalog else [],
             "catalogProblems": list(catalog.problems) if catalog else [],
+            "compositeProblems": list(self._composites.problems()),
+            "workflowRuns": self._composites.running(),
             "backends": backends,
         }
 

@@ -36,12 +36,14 @@ class Route:
     """Where an advertised name really lives.
 
     ``original_name`` is the backend's own name (what it receives); ``resolved_name`` is the
-    name after overrides and before conflict resolution (what filters match).
+    name after overrides and before conflict resolution (what filters match). A composite
+    tool's route has ``composite`` set and no backend.
     """
 
     backend: str
     original_name: str
     resolved_name: str = ""
+    composite: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,8 @@ class Catalog:
 
     def resolve_internal(self, name: str) -> InternalTool | None:
         """For internal callers (composite steps): an exact advertised name first, else
-        ``workload.tool`` with the backend's original tool name, whatever the strategy,
-        renames or filters. A leading dot is rejected."""
+        ``workload.tool`` whatever the strategy or filters, where ``tool`` is the backend's
+        own name or, failing that, the name its override gives it. A leading dot is rejected."""
         if not name or name.startswith("."):
             return None
         route = self.tool_routes.get(name)
@@ -111,7 +113,11 @@ class Catalog:
         workload, dot, tool = name.partition(".")
         if not dot or not tool:
             return None
-        return self.internal_tools.get((workload, tool))
+        found = self.internal_tools.get((workload, tool))
+        if found is not None:
+            return found
+        return next((internal for (backend, _), internal in self.internal_tools.items()
+                     if backend == workload and internal.route.resolved_name == tool), None)
 
 
 def advertised_name(aggregation: AggregationConfig, backend: str, name: str) -> str:

@@ -151,6 +151,11 @@ class AggregatedBackends:
         route = self.lookup_tool(identity, name)
         if route is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+        return self.call_route(identity, route, arguments, meta)
+
+    def call_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
+                   meta: dict[str, Any] | None = None) -> Exchange:
+        """Call the backend tool ``route`` leads to (composite steps use it for hidden tools too)."""
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
         return self._request(identity, route.backend, "tools/call", params)
 

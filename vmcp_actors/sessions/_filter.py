@@ -19,7 +19,10 @@ from vmcp_actors.sessions._capabilities import Capabilities, Exchange
 
 
 def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
-    """The one predicate: ``filter`` matches the post-override, pre-prefix name."""
+    """The one predicate: ``filter`` matches the post-override, pre-prefix name. Composite
+    tools are the operator's own and are not filtered (the filter chooses backend tools)."""
+    if route.composite:
+        return True
     if aggregation.exclude_all_tools:
         return False
     workload = aggregation.tools_for(route.backend)

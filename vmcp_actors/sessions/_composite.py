@@ -1,0 +1,334 @@
+"""Composite tools: a decorator over the capability interface, below the advertising filter.
+
+Outermost first: AdvertisingFilter -> CompositeTools -> AggregatedBackends. A composite
+sees every backend tool, hidden or not, by advertised name or ``workload.tool``, and
+reads each target's input schema from below the filter (ToolHive #4287 read it from the
+filtered list, so coercion silently did nothing for hidden tools).
+
+What a session offers is decided per catalog, so per user: a composite is advertised
+only when every step's tool resolves in that user's catalog, its name is not taken by an
+advertised backend tool, and its explicit annotations claim no more safety than its
+steps. A composite that is not advertised is not callable either (the same -32602 as an
+unknown name); the reason is in the admin state, and logged once per catalog.
+
+Each call runs in its own ``WorkflowRun`` actor; the calling web thread waits for its
+result (relaying progress when the client asked for it), so the SessionActor is never
+involved and the session keeps serving other requests meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from vmcp_actors.concurrency import ASK_TIMEOUT
+from vmcp_actors.config import AggregationConfig
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
+from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
+from vmcp_actors.sessions._capabilities import AggregatedBackends, Exchange
+from vmcp_actors.sessions._filter import is_advertised
+from vmcp_actors.workflows import (
+    CompositeTool,
+    WorkflowRun,
+    composite_annotations,
+    output_schema,
+    unsafe_claims,
+)
+
+logger = logging.getLogger(__name__)
+
+# A run settles within its own timeout; this much longer and the caller stops waiting.
+RESULT_GRACE = 30.0
+
+
+@dataclass(frozen=True)
+class CompositeView:
+    """The composites one catalog allows: their tool definitions, routes and step targets."""
+
+    tools: tuple[dict[str, Any], ...]  # the catalog's tools, then the advertised composites
+    advertised: Mapping[str, CompositeTool]
+    targets: Mapping[str, InternalTool]  # step tool reference -> the tool it reaches
+    problems: tuple[str, ...] = ()
+
+
+def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregation: AggregationConfig) -> CompositeView:
+    advertised_backend_tools = {name for name, route in catalog.tool_routes.items() if is_advertised(aggregation, route)}
+    definitions: list[dict[str, Any]] = []
+    advertised: dict[str, CompositeTool] = {}
+    targets: dict[str, InternalTool] = {}
+    problems: list[str] = []
+    for composite in composites:
+        why_not = None
+        if composite.name in advertised_backend_tools:
+            route = catalog.tool_routes[composite.name]
+            why_not = (f"backend {route.backend!r} advertises a tool with the same name "
+                       f"(its {route.original_name!r}); rename one of them")
+        resolved: list[tuple[str, InternalTool]] = []
+        for step in composite.steps:
+            if why_not is not None:
+                break
+            assert step.tool is not None
+            target = catalog.resolve_internal(step.tool)
+            if target is None:
+                why_not = f"step {step.id!r} calls {step.tool!r}, which this session's backends do not offer"
+            else:
+                resolved.append((step.id, target))
+        step_annotations = [target.definition.get("annotations") for _, target in resolved]
+        if why_not is None and composite.annotations:
+            claims = unsafe_claims(composite.annotations, [(step_id, target.definition.get("annotations"))
+                                                           for step_id, target in resolved])
+            if claims:
+                why_not = "; ".join(claims)
+        if why_not is not None:
+            problems.append(f"composite tool {composite.name!r} is not advertised: {why_not}")
+            continue
+        for step, (_, target) in zip(composite.steps, resolved, strict=True):
+            targets[step.tool] = target  # type: ignore[index]
+        definition: dict[str, Any] = {
+            "name": composite.name,
+            "description": composite.description,
+            "inputSchema": dict(composite.parameters),
+            "annotations": composite_annotations(composite.annotations, step_annotations),
+        }
+        if composite.output is not None:
+            definition["outputSchema"] = output_schema(composite.output)
+        definitions.append(definition)
+        advertised[composite.name] = composite
+    for problem in problems:
+        logger.warning("%s", problem)
+    return CompositeView(
+        tools=catalog.tools + tuple(definitions),
+        advertised=advertised,
+        targets=targets,
+        problems=tuple(problems),
+    )
+
+
+class WorkflowMetrics:
+    """Process-wide counters per composite, ready for a metrics endpoint. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_composite: dict[str, dict[str, float]] = {}
+
+    def started(self, composite: str) -> None:
+        with self._lock:
+            self._counters(composite)["runs"] += 1
+
+    def finished(self, status: Mapping[str, Any]) -> None:
+        with self._lock:
+            counters = self._counters(status["composite"])
+            state = status["state"]
+            counters[state if state in ("completed", "failed", "cancelled") else "failed"] += 1
+            counters["durationSecondsTotal"] += status["duration"]
+            counters["durationSecondsMax"] = max(counters["durationSecondsMax"], status["duration"])
+            counters["stepsStarted"] += status["stepsStarted"]
+            counters["stepsFailed"] += status["stepsFailed"]
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            return {name: {**counters, "running": counters["runs"] - counters["completed"] - counters["failed"]
+                           - counters["cancelled"]}
+                    for name, counters in sorted(self._by_composite.items())}
+
+    def _counters(self, composite: str) -> dict[str, float]:
+        return self._by_composite.setdefault(composite, {
+            "runs": 0, "completed": 0, "failed": 0, "cancelled": 0,
+            "durationSecondsTotal": 0.0, "durationSecondsMax": 0.0, "stepsStarted": 0, "stepsFailed": 0,
+        })
+
+
+class _StepCaller:
+    """What a WorkflowRun calls, for one user: backend tools through the routing table,
+    whatever the advertising filter hides. Runs on the run's worker threads."""
+
+    def __init__(self, backends: AggregatedBackends, identity: Identity | None, targets: Mapping[str, InternalTool]):
+        self._backends = backends
+        self._identity = identity
+        self._targets = targets
+
+    def _target(self, tool: str) -> InternalTool | None:
+        return self._targets.get(tool) or self._backends.lookup_internal(self._identity, tool)
+
+    def input_schema(self, tool: str) -> Mapping[str, Any] | None:
+        target = self._target(tool)
+        schema = target.definition.get("inputSchema") if target is not None else None
+        return schema if isinstance(schema, Mapping) else None
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        target = self._target(tool)
+        if target is None:
+            raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
+        exchange = self._backends.call_route(self._identity, target.route, arguments)
+        try:
+            while True:
+                next(exchange)  # a step's progress and log notifications are not relayed
+        except StopIteration as done:
+            return done.value
+        finally:
+            exchange.close()
+
+
+@dataclass
+class _LiveRuns:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    refs: dict[str, pykka.ActorRef[WorkflowRun]] = field(default_factory=dict)
+
+
+class CompositeTools:
+    """Capabilities plus the config's composite tools."""
+
+    def __init__(self, inner: AggregatedBackends, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
+                 metrics: WorkflowMetrics | None = None):
+        self._inner = inner
+        self._composites = tuple(composites)
+        self._aggregation = aggregation
+        self._metrics = metrics if metrics is not None else WorkflowMetrics()
+        self._view: tuple[Catalog, CompositeView] | None = None
+        self._runs = _LiveRuns()
+
+    def view(self, identity: Identity | None) -> CompositeView:
+        catalog = self._inner.catalog(identity)
+        cached = self._view
+        if cached is not None and cached[0] is catalog:
+            return cached[1]
+        view = build_view(catalog, self._composites, self._aggregation)
+        self._view = (catalog, view)  # one atomic assignment; a race only builds it twice
+        return view
+
+    def problems(self) -> tuple[str, ...]:
+        """Why composites are not advertised, for the catalog last served (admin state)."""
+        cached = self._view
+        return cached[1].problems if cached is not None else ()
+
+    # -- tools -----------------------------------------------------------------------
+
+    def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
+        if not self._composites:
+            return self._inner.list_tools(identity)
+        return self.view(identity).tools
+
+    def lookup_tool(self, identity: Identity | None, name: str) -> Route | None:
+        if self._composites and name in self.view(identity).advertised:
+            return Route("", name, name, composite=True)
+        return self._inner.lookup_tool(identity, name)
+
+    def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
+                  meta: dict[str, Any] | None) -> Exchange:
+        if self._composites:
+            view = self.view(identity)
+            composite = view.advertised.get(name)
+            if composite is not None:
+                return self._run(identity, composite, view, arguments, meta)
+        return self._inner.call_tool(identity, name, arguments, meta)
+
+    def _run(self, identity: Identity | None, composite: CompositeTool, view: CompositeView,
+             arguments: dict[str, Any] | None, meta: dict[str, Any] | None) -> Exchange:
+        progress_token = (meta or {}).get("progressToken")
+        events: queue.SimpleQueue[tuple[int, int, str] | None] = queue.SimpleQueue()
+        run_id = secrets.token_hex(8)
+        self._metrics.started(composite.name)
+        ref = WorkflowRun.start(
+            composite, arguments, _StepCaller(self._inner, identity, view.targets),
+            run_id=run_id,
+            on_progress=(lambda done, total, message: events.put((done, total, message)))
+            if progress_token is not None else None,
+            on_finish=self._metrics.finished,
+        )
+        with self._runs.lock:
+            self._runs.refs[run_id] = ref
+        try:
+            pending = ref.proxy().result().get(timeout=ASK_TIMEOUT)
+            pending.add_done_callback(lambda _: events.put(None))
+            deadline = time.monotonic() + composite.timeout + RESULT_GRACE
+            while not pending.done():
+                try:
+                    event = events.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r} did not finish") from None
+                if event is not None and progress_token is not None:
+                    done, total, message = event
+                    yield {"jsonrpc": "2.0", "method": "notifications/progress",
+                           "params": {"progressToken": progress_token, "progress": done, "total": total,
+                                      "message": message}}
+            return pending.result()
+        except (pykka.ActorDeadError, pykka.Timeout):
+            raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r}: the run ended unexpectedly") from None
+        finally:
+            with self._runs.lock:
+                self._runs.refs.pop(run_id, None)
+            _stop_quietly(ref)  # cancels a run the client walked away from; a no-op once it stopped itself
+
+    # -- operators -------------------------------------------------------------------
+
+    def running(self) -> list[dict[str, Any]]:
+        """The status of every run in flight (admin state); runs that end meanwhile are left out."""
+        with self._runs.lock:
+            refs = list(self._runs.refs.values())
+        asked = []
+        for ref in refs:
+            try:
+                asked.append(ref.proxy().status())
+            except pykka.ActorDeadError:
+                continue
+        statuses = []
+        for future in asked:
+            try:
+                statuses.append(future.get(timeout=ASK_TIMEOUT))
+            except (pykka.ActorDeadError, pykka.Timeout):
+                continue
+        return statuses
+
+    def close(self) -> None:
+        """Cancel every run still in flight (the session is ending)."""
+        with self._runs.lock:
+            refs = list(self._runs.refs.values())
+            self._runs.refs.clear()
+        for ref in refs:
+            _stop_quietly(ref)
+        self._inner.close()
+
+    # -- everything else passes through --------------------------------------------------
+
+    def list_resources(self, identity):
+        return self._inner.list_resources(identity)
+
+    def list_resource_templates(self, identity):
+        return self._inner.list_resource_templates(identity)
+
+    def lookup_resource(self, identity, uri):
+        return self._inner.lookup_resource(identity, uri)
+
+    def read_resource(self, identity, uri, meta):
+        return self._inner.read_resource(identity, uri, meta)
+
+    def list_prompts(self, identity):
+        return self._inner.list_prompts(identity)
+
+    def lookup_prompt(self, identity, name):
+        return self._inner.lookup_prompt(identity, name)
+
+    def get_prompt(self, identity, name, arguments, meta):
+        return self._inner.get_prompt(identity, name, arguments, meta)
+
+    def complete(self, identity, params):
+        return self._inner.complete(identity, params)
+
+    def set_logging_level(self, identity, level):
+        return self._inner.set_logging_level(identity, level)
+
+
+def _stop_quietly(ref: pykka.ActorRef[Any]) -> None:
+    try:
+        ref.stop(block=False)
+    except pykka.ActorDeadError:
+        pass
