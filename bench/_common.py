@@ -408,19 +408,22 @@ def backend_process(kind: str, name: str, *tools: str) -> Iterator[BackendProces
         _stop_process(proc)
 
 
-def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A gateway config for ``{backend name: MCP URL}``."""
+def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] | None = None,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A gateway config for ``{backend name: MCP URL}``; ``extra`` adds top-level sections."""
     config: dict[str, Any] = {"name": "bench", "backends": [{"name": n, "url": u} for n, u in backends.items()]}
     if operational:
         config["operational"] = dict(operational)
+    config.update(extra or {})
     return config
 
 
 @contextlib.contextmanager
 def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
-            operational: Mapping[str, Any] | None = None) -> Iterator[RunningGateway]:
+            operational: Mapping[str, Any] | None = None,
+            extra: Mapping[str, Any] | None = None) -> Iterator[RunningGateway]:
     """The gateway over ``backends`` ({name: MCP URL}), stopped (and its actors) on exit."""
-    config = config_mapping(backends, operational)
+    config = config_mapping(backends, operational, extra)
     if server == "werkzeug":
         import logging
 

@@ -14,7 +14,7 @@ import time
 
 from bench._common import ROOT, table
 
-BENCHMARKS = ("fanout", "concurrent_calls", "isolation", "overhead")
+BENCHMARKS = ("fanout", "concurrent_calls", "isolation", "overhead", "composite_parallel")
 PER_BENCHMARK_TIMEOUT = 150.0
 
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vmcp_actors.demo._serve import ServedApp
 
 __all__ = [
+    "DEMO_COMPOSITE_TOOLS",
     "DEMO_EXTRA_MESSAGE",
     "DEMO_PREFIX_FORMAT",
     "demo_config_mapping",
@@ -26,6 +28,55 @@ __all__ = [
 
 DEMO_GATEWAY_NAME = "demo"
 DEMO_PREFIX_FORMAT = "{workload}_"
+
+# Composite tools over the demo backends (docs/composite-tools.md walks through them).
+DEMO_COMPOSITE_TOOLS: list[dict[str, Any]] = [
+    {
+        "name": "trip_brief",
+        "description": "Forecast, current conditions and related notes for a trip, gathered in parallel",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "A city the weather backend knows, e.g. Oslo"},
+                "days": {"type": "integer", "description": "Forecast length, 1-7 days", "default": 3},
+            },
+            "required": ["city"],
+        },
+        "steps": [
+            {"id": "forecast", "tool": "weather.get_forecast",
+             "arguments": {"city": "{{ params.city }}", "days": "{{ params.days }}"}},
+            {"id": "now", "tool": "weather.current_conditions", "arguments": {"city": "{{ params.city }}"}},
+            {"id": "notes", "tool": "notes.search", "arguments": {"query": "{{ params.city }}"},
+             "onError": {"action": "continue"}, "defaultResults": {"result": "(notes unavailable)"}},
+        ],
+        "output": {
+            "properties": {
+                "city": {"type": "string", "value": "{{ params.city }}"},
+                "forecast": {"type": "string", "value": "{{ steps.forecast.output.result }}"},
+                "conditions": {"type": "object", "value": "{{ steps.now.output }}",
+                               "description": "Current conditions, as the weather backend reports them"},
+                "notes": {"type": "string", "value": "{{ steps.notes.output.result }}", "default": ""},
+            },
+            "required": ["city", "forecast", "conditions"],
+        },
+    },
+    {
+        "name": "compare_cities",
+        "description": "Current conditions for several cities at once (one call per city, in parallel)",
+        "parameters": {
+            "type": "object",
+            "properties": {"cities": {"type": "array", "items": {"type": "string"}, "default": ["Oslo", "Lisbon"]}},
+        },
+        "steps": [
+            {"id": "each", "type": "forEach", "collection": "{{ params.cities }}", "itemVar": "city",
+             "maxParallel": 4, "step": {"tool": "weather.current_conditions", "arguments": {"city": "{{ forEach.city }}"}}},
+        ],
+        "output": {
+            "properties": {"cities": {"type": "array", "value": "{{ steps.each.output }}",
+                                      "description": "One conditions object per city, in the order asked"}},
+        },
+    },
+]
 
 
 def start_demo_backends(host: str = "127.0.0.1") -> list[tuple[str, ServedApp]]:
@@ -66,4 +117,5 @@ def demo_config_mapping(backends: Sequence[tuple[str, ServedApp]]) -> dict[str, 
             "conflictResolution": "prefix",
             "conflictResolutionConfig": {"prefixFormat": DEMO_PREFIX_FORMAT},
         },
+        "compositeTools": copy.deepcopy(DEMO_COMPOSITE_TOOLS),
     }

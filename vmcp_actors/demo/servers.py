@@ -139,25 +139,27 @@ def build_weather_server() -> Any:
         version="1.0.0",
         log_level="WARNING",
     )
+    read_only = types.ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True,
+                                      openWorldHint=False)
 
-    @srv.tool()
+    @srv.tool(annotations=read_only)
     def get_forecast(city: str, days: int = 3) -> str:
         """A multi-day forecast (1-7 days) for a city."""
         return _forecast_text(city, days)
 
-    @srv.tool()
+    @srv.tool(annotations=read_only)
     def current_conditions(city: str) -> dict[str, Any]:
         """Current conditions for a city, as structured data."""
         return _day_weather(city, 0)
 
-    @srv.tool()
+    @srv.tool(annotations=read_only)
     def search(query: str) -> str:
         """Search the known cities by name or country."""
         q = query.strip().lower()
         hits = [f"{d} ({c})" for d, c, _ in CITIES.values() if q in d.lower() or q in c.lower()]
         return "\n".join(hits) if hits else f"No city matches {query!r}."
 
-    @srv.tool()
+    @srv.tool(annotations=read_only)
     def convert_temperature(value: float, to: str = "F") -> str:
         """Convert a temperature between Celsius and Fahrenheit (to='F' or to='C')."""
         if to.upper() == "F":
@@ -226,6 +228,8 @@ def build_notes_server() -> Any:
         version="1.0.0",
         log_level="WARNING",
     )
+    read_only = types.ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True,
+                                      openWorldHint=False)
     notes: dict[int, dict[str, Any]] = {}
     for seed in _SEED_NOTES:
         note_id = len(notes) + 1
@@ -238,20 +242,20 @@ def build_notes_server() -> Any:
         return f"#{note['id']} {note['title']} [{', '.join(note['tags'])}]"
 
 
-    @srv.tool()
+    @srv.tool(annotations=read_only)
     def search(query: str) -> str:
         """Full-text search over note titles and bodies."""
         q = query.strip().lower()
         hits = [one_line(n) for n in notes.values() if q in n["title"].lower() or q in n["body"].lower()]
         return "\n".join(hits) if hits else f"No note matches {query!r}."
 
-    @srv.tool()
+    @srv.tool(annotations=read_only)
     def list_notes(tag: str | None = None) -> str:
         """List notes, optionally only those carrying a tag."""
         chosen = [one_line(n) for n in notes.values() if tag is None or tag in n["tags"]]
         return "\n".join(chosen) if chosen else "No notes."
 
-    @srv.tool()
+    @srv.tool(annotations=read_only)
     def get_note(note_id: int) -> dict[str, Any]:
         """One note, as structured data."""
         if note_id not in notes:
