@@ -456,3 +456,48 @@ def test_the_run_stops_itself_once_settled():
     while ref.is_alive() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not ref.is_alive()
+
+
+def test_nested_output_properties_build_an_object_and_values_left_empty_are_absent():
+    caller = FakeCaller({"t": lambda args: structured({"n": "7", "tags": '["a", "b"]'})})
+    tool = composite(Step("s", "t"), output=OutputSpec({
+        "summary": OutputProperty(properties={
+            "count": OutputProperty("{{ steps.s.output.n }}", type="integer"),
+            "tags": OutputProperty("{{ steps.s.output.tags }}", type="array"),
+        }),
+        "absent": OutputProperty("{{ steps.s.output.nothing }}", type="string"),
+    }))
+    assert outcome(tool, caller)["structuredContent"] == {"summary": {"count": 7, "tags": ["a", "b"]}}
+
+
+def test_a_required_output_without_value_or_default_is_an_error_result():
+    caller = FakeCaller({"t": lambda args: text("hello")})
+    tool = composite(Step("s", "t"), output=OutputSpec(
+        {"title": OutputProperty("{{ steps.s.output.title }}", type="string")}, required=("title",)))
+    result = outcome(tool, caller)
+    assert result["isError"] is True
+    assert "required output 'title' has no value" in result["content"][0]["text"]
+
+
+def test_a_step_that_continues_on_error_offers_its_default_results_downstream():
+    caller = FakeCaller({"bad": failing(), "t": echo})
+    tool = composite(
+        Step("a", "bad", on_error=OnError("continue"), default_results={"title": "fallback"}),
+        Step("b", "t", {"got": "{{ steps.a.output.title }}", "status": "{{ steps.a.status }}"}, depends_on=("a",)),
+    )
+    result = outcome(tool, caller)
+    assert result["structuredContent"] == {"got": "fallback", "status": "failed"}
+
+
+def test_observers_hear_each_step_end_and_the_settled_run_once():
+    progress: list[tuple[int, int, str]] = []
+    finished: list[dict[str, Any]] = []
+    caller = FakeCaller({"t": echo})
+    tool = composite(Step("a", "t"), Step("b", "t", condition="{{ false }}", default_results={}),
+                     Step("c", "t", depends_on=("a",)))
+    result = outcome(tool, caller, on_progress=lambda *event: progress.append(event), on_finish=finished.append)
+    assert result["isError"] is False
+    assert [done for done, _, _ in progress] == [1, 2, 3]
+    assert {total for _, total, _ in progress} == {3}
+    assert "step 'b' skipped" in [message for _, _, message in progress]
+    assert len(finished) == 1 and finished[0]["state"] == "completed" and finished[0]["composite"] == "c"

@@ -452,7 +452,12 @@ class WorkflowRun(pykka.ThreadingActor):
 
     def _final_result(self) -> dict[str, Any]:
         if self._tool.output is not None:
-            return structured_result(self._build_output(self._tool.output.properties, self._context()))
+            structured = self._build_output(self._tool.output.properties, self._context())
+            missing = [name for name in self._tool.output.required if name not in structured]
+            if missing:
+                return error_result(f"composite tool {self._tool.name!r}: required output "
+                                    f"{', '.join(repr(name) for name in missing)} has no value (and no default)")
+            return structured_result(structured)
         last = [step.id for step in self._tool.steps if self._status.get(step.id) == "completed"]
         output = self._outcomes[last[-1]].output if last else {}
         if isinstance(output, dict):
@@ -480,7 +485,8 @@ class WorkflowRun(pykka.ThreadingActor):
                         pass
                 value = coerce_arguments({"v": value}, {"type": "object",
                                                         "properties": {"v": {"type": prop.type}}})["v"]
-            structured[name] = value
+            if value is not None:  # absent rather than null, which the outputSchema's type would refuse
+                structured[name] = value
         return structured
 
     # -- timers ----------------------------------------------------------------------------
