@@ -236,7 +236,7 @@ def test_validate_reports_every_error_with_its_path(tmp_path):
     line_with("backends[1].ulr", "unknown field")
     line_with("operational.timeouts.default", "forever")
     line_with("backends[2].name", "duplicate")
-    line_with("compositeTools", "not supported yet")
+    line_with("compositeTools[0].description", "is required")
     assert "ok" not in cli.stdout
 
 
@@ -321,9 +321,10 @@ def test_demo_serves_the_bundled_backends_and_stops_on_sigterm(tmp_path):
             weather = await client.call_tool("weather_search", {"query": "Lisbon"})
             notes = await client.call_tool("notes_search", {"query": "Lisbon"})
             forecast = await client.call_tool("weather_get_forecast", {"city": "Oslo", "days": 2})
-            return tools, resources, prompts, weather, notes, forecast
+            trip = await client.call_tool("trip_brief", {"city": "Lisbon"})
+            return tools, resources, prompts, weather, notes, forecast, trip
 
-        tools, resources, prompts, weather, notes, forecast = run_client(base + "/mcp", work, mode="legacy")
+        tools, resources, prompts, weather, notes, forecast, trip = run_client(base + "/mcp", work, mode="legacy")
         names = {t.name for t in tools.tools}
         assert any(n.startswith("weather_") for n in names) and any(n.startswith("notes_") for n in names), names
         # both demo servers expose `search`: it appears once under each prefix, never bare
@@ -342,6 +343,16 @@ def test_demo_serves_the_bundled_backends_and_stops_on_sigterm(tmp_path):
         assert not weather.is_error and "Lisbon (Portugal)" in weather.content[0].text
         assert not notes.is_error and "Trip to Lisbon" in notes.content[0].text
         assert not forecast.is_error and "Forecast for Oslo" in forecast.content[0].text
+
+        # the demo's composite tools: advertised with derived annotations, and they run
+        composites = {t.name: t for t in tools.tools if t.name in ("trip_brief", "compare_cities")}
+        assert set(composites) == {"trip_brief", "compare_cities"}
+        assert composites["trip_brief"].annotations.read_only_hint is True
+        assert not trip.is_error, trip
+        assert trip.structured_content["city"] == "Lisbon"
+        assert trip.structured_content["forecast"].startswith("Forecast for Lisbon")
+        assert trip.structured_content["conditions"]["country"] == "Portugal"
+        assert "Trip to Lisbon" in trip.structured_content["notes"]
 
         with requests.Session() as http:
             _, raw_names = raw_session_with_tools_list(http, base + "/mcp")

@@ -73,7 +73,7 @@ class SessionActor(pykka.ThreadingActor):
             discovery_timeout(self._config),
         )
         # Decorators, outermost first: advertising filter -> composite tools -> backends.
-        self._composites = CompositeTools(self._aggregated, getattr(self._config, "composite_tools", ()), self._config.aggregation,
+        self._composites = CompositeTools(self._aggregated, self._config.composite_tools, self._config.aggregation,
                                           self._services.workflow_metrics)
         advertised = AdvertisingFilter(self._composites, self._config.aggregation)
         self._dispatcher = McpDispatcher(advertised, page_size=self._config.operational.page_size)
