@@ -240,6 +240,43 @@ def test_validate_reports_every_error_with_its_path(tmp_path):
     assert "ok" not in cli.stdout
 
 
+BAD_COMPOSITES = """\
+name: composites
+backends:
+  - {name: alpha, url: "http://127.0.0.1:9/mcp"}
+compositeTools:
+  - name: triage
+    description: Fetch and label
+    steps:
+      - {id: fetch, tool: alpha.get, onError: {action: retry, retryCount: 20}}
+      - {id: label, tool: alpha.label, dependsOn: [fetsh], arguments: {id: "{{ steps.fetch.output.id }}"}}
+      - {id: each, type: forEach, collection: "{{ steps.fetch.output.items }}", tool: alpha.tag}
+  - name: triage
+    description: ""
+    steps: [{id: a, tool: triage}]
+"""
+
+
+def test_validate_reports_composite_tool_errors_with_their_paths(tmp_path):
+    config = tmp_path / "bad-composites.yaml"
+    config.write_text(BAD_COMPOSITES)
+    cli = CliProcess([VMCP, "validate", "--config", str(config)], tmp_path, "validate-composites")
+    assert cli.run_to_end() == CONFIG_ERROR
+    lines = cli.stderr.splitlines()
+    for expected in (
+        "compositeTools[0].steps[0].onError.retryCount: must be between 1 and 10",
+        "compositeTools[0].steps[2].step: is required for type forEach",
+        "compositeTools[0].steps[2].tool: a forEach step has no tool of its own: put it in step (step.tool)",
+        "compositeTools[1].description: must not be empty",
+        "compositeTools[1].name: duplicate composite name 'triage' (also compositeTools[0])",
+        "compositeTools[1].steps[0].tool: composite 'triage', step 'a': 'triage' is a composite tool, "
+        "and composite tools cannot call composite tools",
+    ):
+        assert expected in lines, f"missing {expected!r} in {lines}"
+    assert "ok" not in cli.stdout
+    assert "Traceback" not in cli.stderr
+
+
 def test_validate_missing_file_exits_2_with_a_clear_message(tmp_path):
     missing = tmp_path / "does-not-exist.yaml"
     cli = CliProcess([VMCP, "validate", "--config", str(missing)], tmp_path, "validate-missing")

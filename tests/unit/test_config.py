@@ -328,7 +328,6 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"compositeTools": [{"name": "t"}]}, "compositeTools: compositeTools is not supported yet"),
         ({"compositeToolRefs": ["t"]}, "compositeToolRefs: compositeToolRefs is not supported yet"),
         ({"groupRef": "engineering"}, "groupRef: groupRef is not supported yet"),
         ({"telemetry": {}}, "telemetry: telemetry is not supported yet"),
@@ -428,7 +427,7 @@ def test_several_errors_are_reported_together_sorted_by_path() -> None:
             {"name": "a", "url": "ftp://a"},
             {"name": "a", "url": "http://b", "ulr": "x"},
         ],
-        "compositeTools": [],
+        "compositeTools": [{"name": "t", "description": "d"}],
         "incomingAuth": {"type": "oidc"},
         "operational": {"timeouts": {"default": "abc", "perWorkload": {"nosuch": "1s"}}, "pageSize": 0},
     }
@@ -436,7 +435,7 @@ def test_several_errors_are_reported_together_sorted_by_path() -> None:
         "backends[0].url: must be an http(s) URL with a host",
         "backends[1].name: duplicate backend name 'a' (also backends[0])",
         "backends[1].ulr: unknown field",
-        "compositeTools: compositeTools is not supported yet",
+        "compositeTools[0].steps: is required",
         "incomingAuth.oidc: is required for type oidc",
         "operational.pageSize: must be between 1 and 10000",
         "operational.timeouts.default: invalid duration 'abc' (use e.g. 500ms, 30s, 2m)",
@@ -1459,3 +1458,13 @@ def test_aggregation_errors_are_reported_together() -> None:
         "aggregation.tools[1].overrides.b: must set at least one of name, description, annotations",
         "aggregation.tools[1].workload: no backend named 'nosuch'",
     )
+
+
+def test_a_yaml_alias_used_inside_itself_is_a_config_error_not_a_crash(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text("name: x\nbackends: [{name: a, url: 'http://127.0.0.1:1/mcp'}]\n"
+                    "compositeTools:\n  - name: c\n    description: d\n"
+                    "    steps: [{id: s, tool: a.t, arguments: &x {loop: [*x]}}]\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert raised.value.errors == ("config: nested too deeply (is a YAML alias used inside itself?)",)

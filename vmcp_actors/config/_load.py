@@ -49,6 +49,8 @@ def config_from_mapping(data: Any) -> VmcpConfig:
         return VmcpSchema().load(data)
     except ValidationError as err:
         raise ConfigError(error_lines(err.messages)) from None
+    except RecursionError:  # a YAML alias used inside itself (`a: &x [*x]`), or absurd nesting
+        raise ConfigError([f"{ROOT_PATH}: nested too deeply (is a YAML alias used inside itself?)"]) from None
 
 
 def error_lines(messages: Any) -> list[str]:

@@ -6,7 +6,10 @@ import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vmcp_actors.workflows import CompositeTool
 
 DEFAULT_TRANSPORT = "streamable-http"
 DEFAULT_ALGORITHMS = ("RS256", "ES256")
@@ -221,7 +224,8 @@ class OutgoingAuthConfig:
 
 @dataclass(frozen=True)
 class VmcpConfig:
-    """A whole virtual MCP server: its name, its backends and how they are served."""
+    """A whole virtual MCP server: its name, its backends, how they are served, and the
+    composite tools (declarative workflows over the backends' tools) it adds."""
 
     name: str
     backends: tuple[BackendConfig, ...]
@@ -230,9 +234,12 @@ class VmcpConfig:
     operational: OperationalConfig = field(default_factory=OperationalConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     outgoing_auth: OutgoingAuthConfig = field(default_factory=OutgoingAuthConfig)
+    # Left out of the hash: a composite's parameters and arguments are plain JSON mappings.
+    composite_tools: tuple[CompositeTool, ...] = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "backends")
+        _freeze_sequence(self, "composite_tools")
 
     def backend(self, name: str) -> BackendConfig | None:
         return next((b for b in self.backends if b.name == name), None)

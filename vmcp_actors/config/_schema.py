@@ -6,17 +6,33 @@ as ``NotSupportedYet`` fields, so they are rejected by name instead of as "unkno
 
 from __future__ import annotations
 
-import math
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from marshmallow import RAISE, Schema, ValidationError, fields, post_load, pre_load, validate, validates_schema
+from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
 from marshmallow.utils import missing
 
+from ._composite import CompositeToolSchema, composite_reference_problems
 from ._durations import parse_duration
+from ._fields import (
+    NotSupportedYet,
+    _Boolean,
+    _Choice,
+    _dig,
+    _Duration,
+    _Integer,
+    _JsonMapping,
+    _List,
+    _Nested,
+    _not_blank,
+    _PlainMessages,
+    _StrictSchema,
+    _String,
+    _tool_name,
+)
 from ._model import (
     DEFAULT_ALGORITHMS,
     DEFAULT_PREFIX_FORMAT,
@@ -41,7 +57,6 @@ BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Characters a prefix may add to tool names (MCP tool names: letters, digits, _ - .).
 PREFIX_TEXT = re.compile(r"[A-Za-z0-9_.-]*")
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # RFC 7230 token: the characters an HTTP header name may have.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Visible ASCII, inner spaces and tabs only: no line breaks (header injection), no padding.
@@ -98,72 +113,6 @@ OVERRIDE_KEYS = ("name", "description", "annotations")
 # --- fields -----------------------------------------------------------------------------
 
 
-class _PlainMessages:
-    """Lower-case messages that read well after a ``path:``."""
-
-    default_error_messages = {
-        "required": "is required",
-        "null": "must not be null",
-        "validator_failed": "invalid value",
-    }
-
-
-class _String(_PlainMessages, fields.String):
-    default_error_messages = {"invalid": "must be a string", "invalid_utf8": "must be valid UTF-8"}
-
-
-class _Integer(_PlainMessages, fields.Integer):
-    """An integer written as one: no strings, floats or booleans."""
-
-    default_error_messages = {"invalid": "must be an integer", "too_large": "is too large"}
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(strict=True, **kwargs)
-
-    def _validated(self, value: Any) -> int:
-        if isinstance(value, bool):  # YAML `true` is an int to Python
-            raise self.make_error("invalid", input=value)
-        return super()._validated(value)
-
-
-class _Boolean(_PlainMessages, fields.Field):
-    """``true`` or ``false`` as YAML booleans: no strings or numbers."""
-
-    default_error_messages = {"invalid": "must be true or false"}
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
-        if not isinstance(value, bool):
-            raise self.make_error("invalid")
-        return value
-
-
-class _List(_PlainMessages, fields.List):
-    default_error_messages = {"invalid": "must be a list"}
-
-
-class _Nested(_PlainMessages, fields.Nested):
-    pass
-
-
-class _Duration(_PlainMessages, fields.Field):
-    """``30s`` -> 30.0 seconds; ``allow_zero`` also takes ``0``, ``at_most`` is a duration like ``5m``."""
-
-    def __init__(self, *, allow_zero: bool = False, at_most: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.allow_zero = allow_zero
-        self.at_most = at_most
-        self.max_seconds = parse_duration(at_most) if at_most is not None else None
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> float:
-        try:
-            seconds = parse_duration(value, allow_zero=self.allow_zero)
-        except ValueError as exc:
-            raise ValidationError(str(exc)) from None
-        if self.max_seconds is not None and seconds > self.max_seconds:
-            raise ValidationError(f"must be at most {self.at_most}")
-        return seconds
-
-
 class _DurationPerName(_PlainMessages, fields.Field):
     """A mapping of name -> duration; errors are reported under each key."""
 
@@ -207,68 +156,6 @@ class _SchemaPerName(_PlainMessages, fields.Field):
             raise ValidationError(errors)
         return result
 
-
-class _JsonMapping(_PlainMessages, fields.Field):
-    """A mapping of string keys to JSON values (what a client will receive as JSON)."""
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
-        if not isinstance(value, Mapping):
-            raise ValidationError("must be a mapping")
-        errors: dict[str, list[str]] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                errors[str(key)] = ["names must be strings (quote them in YAML)"]
-            elif not _is_json(item):
-                errors[key] = [
-                    "must be a JSON value (string, finite number, boolean, null, list, mapping with string keys)"
-                ]
-        if errors:
-            raise ValidationError(errors)
-        return dict(value)
-
-
-def _is_json(value: Any) -> bool:
-    if value is None or isinstance(value, (str, bool, int)):
-        return True
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list):
-        return all(_is_json(item) for item in value)
-    if isinstance(value, Mapping):
-        return all(isinstance(key, str) and _is_json(item) for key, item in value.items())
-    return False  # e.g. a YAML date or binary
-
-
-class NotSupportedYet(fields.Field):
-    """A contract field this project has not built yet: any value at all is an error."""
-
-    def __init__(self, hint: str = "", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.hint = hint
-
-    def deserialize(self, value: Any, attr: str | None = None, data: Any = None, **kwargs: Any) -> Any:
-        if value is missing:
-            return missing
-        raise ValidationError(f"{self.data_key or self.name} is not supported yet{self.hint}")
-
-
-# --- validators -------------------------------------------------------------------------
-
-
-class _Choice(validate.Validator):
-    """One of ``supported``; values in ``not_yet`` are part of the contract but not built."""
-
-    def __init__(self, supported: Iterable[str], not_yet: Iterable[str] = (), hint: str = "") -> None:
-        self.supported = tuple(supported)
-        self.not_yet = tuple(not_yet)
-        self.hint = hint
-
-    def __call__(self, value: str) -> str:
-        if value in self.supported:
-            return value
-        if value in self.not_yet:
-            raise ValidationError(f"{value!r} is not supported yet{self.hint}")
-        raise ValidationError(f"must be one of {', '.join(self.supported + self.not_yet)}")
 
 
 class _HeaderName(validate.Validator):
@@ -333,21 +220,11 @@ def _scope(value: str) -> None:
         raise ValidationError("must be an OAuth scope: printable ASCII without spaces, '\"' or '\\'")
 
 
-def _not_blank(value: str) -> None:
-    if not value.strip():
-        raise ValidationError("must not be empty")
-
-
 def _backend_name(value: str) -> None:
     if not BACKEND_NAME.fullmatch(value):
         raise ValidationError(
             "must be 1-63 letters, digits, '_' or '-', starting with a letter or digit"
         )
-
-
-def _tool_name(value: str) -> None:
-    if not TOOL_NAME.fullmatch(value):
-        raise ValidationError("must be an MCP tool name: 1-128 letters, digits, '_', '-' or '.'")
 
 
 def _issuer(value: str) -> None:
@@ -429,20 +306,6 @@ def _env_var_name(value: str | None) -> None:
 
 
 # --- schemas ----------------------------------------------------------------------------
-
-
-class _StrictSchema(Schema):
-    error_messages = {"unknown": "unknown field", "type": "must be a mapping"}
-
-    class Meta:
-        unknown = RAISE
-
-    @pre_load
-    def _stringify_keys(self, data: Any, **kwargs: Any) -> Any:
-        # YAML allows `1: x`; an int key would later read as a list index in the error path.
-        if isinstance(data, Mapping) and not all(isinstance(key, str) for key in data):
-            return {str(key): value for key, value in data.items()}
-        return data
 
 
 class BackendSchema(_StrictSchema):
@@ -810,7 +673,7 @@ class VmcpSchema(_StrictSchema):
     admin = _Nested(AdminSchema, load_default=AdminConfig)
     outgoing_auth = _Nested(OutgoingAuthSchema, data_key="outgoingAuth", load_default=OutgoingAuthConfig)
 
-    composite_tools = NotSupportedYet(data_key="compositeTools")
+    composite_tools = _List(_Nested(CompositeToolSchema), data_key="compositeTools", load_default=tuple)
     composite_tool_refs = NotSupportedYet(data_key="compositeToolRefs")
     group_ref = NotSupportedYet(data_key="groupRef")
     telemetry = NotSupportedYet()
@@ -911,6 +774,13 @@ class VmcpSchema(_StrictSchema):
         if errors:
             raise ValidationError({"outgoingAuth": errors})
 
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_composite_tools(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if isinstance(original_data, Mapping):
+            errors = composite_reference_problems(original_data)
+            if errors:
+                raise ValidationError(errors)
+
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> VmcpConfig:
         return VmcpConfig(
@@ -921,12 +791,5 @@ class VmcpSchema(_StrictSchema):
             operational=data["operational"],
             admin=data["admin"],
             outgoing_auth=data["outgoing_auth"],
+            composite_tools=tuple(data["composite_tools"]),
         )
-
-
-def _dig(data: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(data, Mapping):
-            return None
-        data = data.get(key)
-    return data

@@ -1,5 +1,5 @@
-"""Settings that load but have no effect: reported (validate prints them, the server logs
-them at start), never silently ignored."""
+"""Settings that load but have no effect, or may not do what they seem to: reported
+(validate prints them, the server logs them at start), never silently ignored."""
 
 from __future__ import annotations
 
@@ -14,4 +14,21 @@ def config_warnings(config: VmcpConfig) -> list[str]:
             "aggregation.conflictResolutionConfig.priorityOrder: only used with conflictResolution priority; "
             f"ignored under {aggregation.conflict_resolution}"
         )
+    warnings.extend(_unknown_step_workloads(config))
+    return warnings
+
+
+def _unknown_step_workloads(config: VmcpConfig) -> list[str]:
+    """A step tool ``w.t`` reads as tool ``t`` of backend ``w``; without such a backend it
+    only works if some backend advertises a tool named exactly ``w.t`` (dots are allowed)."""
+    warnings = []
+    for index, composite in enumerate(config.composite_tools):
+        for position, step in enumerate(composite.steps):
+            workload, dot, _ = step.tool.partition(".")
+            if dot and config.backend(workload) is None:
+                where = f"compositeTools[{index}].steps[{position}]" + (".step" if step.for_each else "") + ".tool"
+                warnings.append(
+                    f"{where}: {step.tool!r} reads as workload.tool, but there is no backend named {workload!r}; "
+                    "it only works if a backend advertises a tool with exactly this name"
+                )
     return warnings

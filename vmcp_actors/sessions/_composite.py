@@ -250,16 +250,17 @@ class CompositeTools:
             pending = ref.proxy().result().get(timeout=ASK_TIMEOUT)
             pending.add_done_callback(lambda _: events.put(None))
             deadline = time.monotonic() + composite.timeout + RESULT_GRACE
-            while not pending.done():
+            while True:
                 try:
                     event = events.get(timeout=max(deadline - time.monotonic(), 0.0))
                 except queue.Empty:
                     raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r} did not finish") from None
-                if event is not None and progress_token is not None:
-                    done, total, message = event
-                    yield {"jsonrpc": "2.0", "method": "notifications/progress",
-                           "params": {"progressToken": progress_token, "progress": done, "total": total,
-                                      "message": message}}
+                if event is None:
+                    break  # settled; every progress event was queued before this marker
+                done, total, message = event
+                yield {"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {"progressToken": progress_token, "progress": done, "total": total,
+                                  "message": message}}
             return pending.result()
         except (pykka.ActorDeadError, pykka.Timeout):
             raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r}: the run ended unexpectedly") from None

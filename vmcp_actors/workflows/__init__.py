@@ -13,6 +13,11 @@ from vmcp_actors.workflows._annotations import (
 from vmcp_actors.workflows._coercion import coerce_arguments
 from vmcp_actors.workflows._dag import DagProblem, StepSpec, ready_steps, topological_levels, validate_dag
 from vmcp_actors.workflows._definition import (
+    MAX_FOR_EACH_ITERATIONS,
+    MAX_RETRY_COUNT,
+    ON_ERROR_ACTIONS,
+    OUTPUT_TYPES,
+    STEP_TYPES,
     CompositeTool,
     ForEach,
     OnError,
@@ -47,6 +52,11 @@ from vmcp_actors.workflows._templates import (
 )
 
 __all__ = [
+    "MAX_FOR_EACH_ITERATIONS",
+    "MAX_RETRY_COUNT",
+    "ON_ERROR_ACTIONS",
+    "OUTPUT_TYPES",
+    "STEP_TYPES",
     "ANNOTATION_KEYS",
     "HINTS",
     "composite_annotations",

@@ -1,0 +1,612 @@
+"""marshmallow schemas for ``compositeTools`` (ToolHive's composite tool definitions),
+loading each entry into the frozen dataclasses of ``vmcp_actors.workflows``.
+
+Three layers of checks, each reported as ``path: message``:
+
+* the fields of one composite (the schemas below), including what the dataclasses'
+  ``__post_init__`` would refuse, so a user never meets a bare ``ValueError``;
+* the composite as a whole once its fields loaded: templates and the step graph
+  (``workflows.composite_problems``);
+* what needs the rest of the config (:func:`composite_reference_problems`, run by
+  ``VmcpSchema`` on the raw input): duplicate names, composites calling composites,
+  names of renamed backend tools, annotations safer than the overrides allow.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from marshmallow import ValidationError, fields, post_load, validate, validates_schema
+from marshmallow.exceptions import SCHEMA
+
+from vmcp_actors.protocol import JsonRpcError
+from vmcp_actors.workflows import (
+    ANNOTATION_KEYS,
+    HINTS,
+    MAX_FOR_EACH_ITERATIONS,
+    MAX_RETRY_COUNT,
+    ON_ERROR_ACTIONS,
+    OUTPUT_TYPES,
+    STEP_TYPES,
+    CompositeTool,
+    ForEach,
+    OnError,
+    OutputProperty,
+    OutputSpec,
+    Step,
+    composite_problems,
+    is_template,
+    unsafe_claims,
+    validate_params,
+)
+
+from ._fields import (
+    NotSupportedYet,
+    _Boolean,
+    _Choice,
+    _dig,
+    _Duration,
+    _Integer,
+    _is_json,
+    _JsonMapping,
+    _List,
+    _Nested,
+    _not_blank,
+    _PlainMessages,
+    _StrictSchema,
+    _String,
+    _tool_name,
+)
+from ._model import DEFAULT_PREFIX_FORMAT, WORKLOAD_PLACEHOLDER
+
+# An MCP tool name without dots: a dot in a step's tool means workload.tool.
+COMPOSITE_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+STEP_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ITEM_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+JSON_SCHEMA_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
+
+DEFAULT_COMPOSITE_TIMEOUT = 1800.0
+DEFAULT_STEP_TIMEOUT = 300.0
+DEFAULT_MAX_PARALLEL = 10
+DEFAULT_RETRY_COUNT = 3
+DEFAULT_RETRY_DELAY = 1.0
+DEFAULT_ITEM_VAR = "item"
+DEFAULT_MAX_ITERATIONS = 100
+FOR_EACH_KEYS = ("collection", "itemVar", "maxParallel", "maxIterations", "step")
+INNER_STEP_KEYS = ("tool", "arguments")  # what a forEach step keeps under `step`
+RETRY_KEYS = ("retryCount", "retryDelay")
+
+_JSON_VALUE = "must be a JSON value (string, finite number, boolean, null, list, mapping with string keys)"
+
+
+# --- fields and validators --------------------------------------------------------------
+
+
+class _JsonValue(_PlainMessages, fields.Field):
+    """Any JSON value, deep-copied so the loaded config shares nothing with its input."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if not _is_json(value):
+            raise ValidationError(_JSON_VALUE)
+        return copy.deepcopy(value)
+
+
+class _JsonArguments(_JsonMapping):
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        return copy.deepcopy(super()._deserialize(value, attr, data, **kwargs))
+
+
+class _Parameters(_JsonArguments):
+    """The composite's input schema: a JSON Schema object, checked as far as
+    ``workflows.validate_params`` reads it (type, properties, required, default)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        schema = super()._deserialize(value, attr, data, **kwargs)
+        errors: dict[str, Any] = {}
+        if "type" not in schema:
+            errors["type"] = ["is required and must be object"]
+        elif schema["type"] != "object":
+            errors["type"] = ["must be object (a tool's arguments are a JSON object)"]
+        errors.update(_object_schema_problems(schema, "parameters", top_level=True))
+        if errors:
+            raise ValidationError(errors)
+        return schema
+
+
+def _object_schema_problems(schema: Mapping[str, Any], where: str, *, top_level: bool = False) -> dict[str, Any]:
+    """Problems of ``properties`` and ``required`` in an object schema at ``where``."""
+    errors: dict[str, Any] = {}
+    properties = schema.get("properties", {})
+    if not isinstance(properties, Mapping):
+        errors["properties"] = ["must be a mapping of property name to JSON Schema"]
+        properties = {}
+    else:
+        per_property = {
+            name: problems
+            for name, prop in properties.items()
+            if (problems := _property_problems(name, prop, f"{where}.properties.{name}", where))
+        }
+        if per_property:
+            errors["properties"] = per_property
+
+    required = schema.get("required", [])
+    if isinstance(required, bool) and not top_level:
+        pass  # said by the enclosing property's check, with the form JSON Schema wants
+    elif not isinstance(required, list):
+        errors["required"] = ["must be a list of property names"]
+    else:
+        unknown = {
+            index: ["must be a property name (a string)"] if not isinstance(name, str)
+            else [f"{name!r} is not one of the properties"]
+            for index, name in enumerate(required)
+            if not isinstance(name, str) or name not in properties
+        }
+        if unknown:
+            errors["required"] = unknown
+    return errors
+
+
+def _property_problems(name: str, prop: Any, where: str, parent: str) -> Any:
+    if not isinstance(prop, Mapping):
+        return ["must be a mapping (a JSON Schema)"]
+    errors: dict[str, Any] = {}
+    if "type" in prop and not _is_schema_type(prop["type"]):
+        errors["type"] = [f"must be one of {', '.join(JSON_SCHEMA_TYPES)} (or a list of them)"]
+    if isinstance(prop.get("required"), bool):
+        errors["required"] = [
+            f"JSON Schema lists required names at the level above, not on the property: "
+            f"{parent}.required: [{name}]"
+        ]
+    errors.update(_object_schema_problems(prop, where))
+    if not errors and "default" in prop:
+        try:
+            validate_params({}, {"type": "object", "properties": {name: prop}})
+        except JsonRpcError as err:
+            errors["default"] = [f"does not match the property: {err.message.removeprefix('Invalid params: ')}"]
+    return errors
+
+
+def _is_schema_type(value: Any) -> bool:
+    names = value if isinstance(value, list) else [value]
+    return bool(names) and all(isinstance(name, str) and name in JSON_SCHEMA_TYPES for name in names)
+
+
+def _composite_name(value: str) -> None:
+    if not COMPOSITE_NAME.fullmatch(value):
+        raise ValidationError("must be an MCP tool name without dots: 1-128 letters, digits, '_' or '-'")
+
+
+def _step_id(value: str) -> None:
+    if not STEP_ID.fullmatch(value):
+        raise ValidationError("must be 1-64 letters, digits, '_' or '-'")
+
+
+def _item_var(value: str) -> None:
+    if not ITEM_VAR.fullmatch(value):
+        raise ValidationError("must be an identifier: letters, digits and '_', not starting with a digit")
+    if value == "index":
+        raise ValidationError("cannot be 'index': forEach.index is the iteration number")
+
+
+def _condition(value: str) -> None:
+    # Anything else would fail at every run: a condition must render to true or false.
+    if not is_template(value) and value.strip().lower() not in ("true", "false"):
+        raise ValidationError('must be a template that renders to true or false, e.g. "{{ params.go }}"')
+
+
+def _collection(value: str) -> None:
+    if not is_template(value):
+        raise ValidationError('must be a template that renders to a list, e.g. "{{ steps.fetch.output.items }}"')
+
+
+def _built(build: Any, *args: Any, **kwargs: Any) -> Any:
+    """A dataclass built from loaded values; its ``ValueError`` (a check this module
+    missed) still comes out as a config error rather than a traceback."""
+    try:
+        return build(*args, **kwargs)
+    except ValueError as err:
+        raise ValidationError(str(err)) from None
+
+
+# --- schemas ----------------------------------------------------------------------------
+
+
+class OnErrorSchema(_StrictSchema):
+    action = _String(load_default="abort", validate=_Choice(ON_ERROR_ACTIONS))
+    retry_count = _Integer(
+        data_key="retryCount",
+        validate=validate.Range(1, MAX_RETRY_COUNT, error=f"must be between 1 and {MAX_RETRY_COUNT}"),
+    )
+    retry_delay = _Duration(data_key="retryDelay", allow_zero=True)
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_retry_settings(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        action = original_data.get("action", "abort")
+        if action == "retry" or action not in ON_ERROR_ACTIONS:
+            return
+        misplaced = {key: [f"only used with action retry (action is {action})"]
+                     for key in RETRY_KEYS if key in original_data}
+        if misplaced:
+            raise ValidationError(misplaced)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> OnError:
+        if data["action"] != "retry":
+            return _built(OnError, data["action"])
+        return _built(
+            OnError,
+            "retry",
+            retry_count=data.get("retry_count", DEFAULT_RETRY_COUNT),
+            retry_delay=data.get("retry_delay", DEFAULT_RETRY_DELAY),
+        )
+
+
+class ForEachInnerStepSchema(_StrictSchema):
+    """A forEach step's ``step``: the tool each iteration calls."""
+
+    error_messages = {"unknown": f"unknown field (a forEach step's inner step has only {' and '.join(INNER_STEP_KEYS)})"}
+
+    tool = _String(required=True, validate=_tool_name)
+    arguments = _JsonArguments(load_default=dict)
+
+
+class StepSchema(_StrictSchema):
+    id = _String(required=True, validate=_step_id)
+    type = _String(load_default="tool", validate=_Choice(STEP_TYPES, ["elicitation"]))
+    tool = _String(validate=_tool_name)  # an advertised tool name, or workload.tool
+    arguments = _JsonArguments()
+    depends_on = _List(_String(), data_key="dependsOn", load_default=tuple)
+    condition = _String(validate=_condition)
+    on_error = _Nested(OnErrorSchema, data_key="onError", load_default=OnError)
+    timeout = _Duration(load_default=DEFAULT_STEP_TIMEOUT)
+    default_results = _JsonValue(data_key="defaultResults", load_default=None, allow_none=True)
+
+    # forEach only
+    collection = _String(validate=_collection)
+    item_var = _String(data_key="itemVar", validate=_item_var)
+    max_parallel = _Integer(data_key="maxParallel", validate=validate.Range(min=1, error="must be at least 1"))
+    max_iterations = _Integer(
+        data_key="maxIterations",
+        validate=validate.Range(
+            1, MAX_FOR_EACH_ITERATIONS, error=f"must be between 1 and {MAX_FOR_EACH_ITERATIONS}"
+        ),
+    )
+    step = _Nested(ForEachInnerStepSchema)
+
+    # ToolHive's elicitation step fields.
+    message = NotSupportedYet(hint=" (it belongs to elicitation steps)")
+    elicitation_schema = NotSupportedYet(data_key="schema", hint=" (it belongs to elicitation steps)")
+    on_decline = NotSupportedYet(data_key="onDecline", hint=" (it belongs to elicitation steps)")
+    on_cancel = NotSupportedYet(data_key="onCancel", hint=" (it belongs to elicitation steps)")
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_keys_for_type(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        kind = original_data.get("type", "tool")
+        errors: dict[str, list[str]] = {}
+        if kind == "tool":
+            errors.update({key: ["only for type forEach"] for key in FOR_EACH_KEYS if key in original_data})
+            if "tool" not in original_data:
+                errors["tool"] = ["is required for type tool"]
+        elif kind == "forEach":
+            errors.update({
+                key: [f"a forEach step has no {key} of its own: put it in step ({'step.' + key})"]
+                for key in INNER_STEP_KEYS if key in original_data
+            })
+            errors.update({key: ["is required for type forEach"]
+                           for key in ("collection", "step") if key not in original_data})
+        if errors:
+            raise ValidationError(errors)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> Step:
+        common = {
+            "id": data["id"],
+            "depends_on": tuple(data["depends_on"]),
+            "condition": data.get("condition"),
+            "on_error": data["on_error"],
+            "timeout": data["timeout"],
+            "default_results": data["default_results"],
+        }
+        if data["type"] == "tool":
+            return _built(Step, tool=data["tool"], arguments=data.get("arguments", {}), **common)
+        for_each = _built(
+            ForEach,
+            collection=data["collection"],
+            item_var=data.get("item_var", DEFAULT_ITEM_VAR),
+            max_parallel=data.get("max_parallel", DEFAULT_MAX_PARALLEL),
+            max_iterations=data.get("max_iterations", DEFAULT_MAX_ITERATIONS),
+        )
+        inner = data["step"]
+        return _built(Step, tool=inner["tool"], arguments=inner["arguments"], type="forEach",
+                      for_each=for_each, **common)
+
+
+class _OutputProperties(_PlainMessages, fields.Field):
+    """Property name -> output property; nested ``properties`` load the same way."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, OutputProperty]:
+        if not isinstance(value, Mapping):
+            raise ValidationError("must be a mapping of property name to property")
+        if not value:
+            raise ValidationError("must define at least one property")
+        if "" in value:
+            raise ValidationError("property names must not be empty")
+        loaded: dict[str, OutputProperty] = {}
+        errors: dict[str, Any] = {}
+        for name, raw in value.items():
+            try:
+                loaded[str(name)] = OutputPropertySchema().load(raw)
+            except ValidationError as err:
+                errors[str(name)] = err.messages
+        if errors:
+            raise ValidationError(errors)
+        return loaded
+
+
+class OutputPropertySchema(_StrictSchema):
+    type = _String(validate=_Choice(OUTPUT_TYPES))
+    description = _String()
+    value = _String(validate=_not_blank)  # a template
+    default = _JsonValue(allow_none=True)
+    properties = _OutputProperties()
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_value_or_properties(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        has_value, has_properties = "value" in original_data, "properties" in original_data
+        if has_value and has_properties:
+            raise ValidationError("has a value or nested properties, not both")
+        if not has_value and not has_properties:
+            raise ValidationError("needs a value (a template) or nested properties")
+        kind = original_data.get("type", "object")
+        if has_properties and kind != "object" and kind in OUTPUT_TYPES:
+            raise ValidationError({"properties": [f"only an object has nested properties (type is {kind})"]})
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> OutputProperty:
+        return _built(OutputProperty, **data)
+
+
+class OutputSchema(_StrictSchema):
+    properties = _OutputProperties(required=True)
+    required = _List(_String(), load_default=tuple)  # must name properties: composite_problems
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> OutputSpec:
+        return _built(OutputSpec, properties=data["properties"], required=tuple(data["required"]))
+
+
+class AnnotationsSchema(_StrictSchema.from_dict(
+    {key: _String() if key == "title" else _Boolean() for key in ANNOTATION_KEYS}
+)):
+    """Explicit MCP tool annotations; keys as MCP spells them (``readOnlyHint``)."""
+
+    error_messages = {"unknown": f"unknown annotation (MCP tool annotations are {', '.join(ANNOTATION_KEYS)})"}
+
+
+class CompositeToolSchema(_StrictSchema):
+    name = _String(required=True, validate=_composite_name)
+    description = _String(required=True, validate=_not_blank)
+    parameters = _Parameters(load_default=lambda: {"type": "object", "properties": {}})
+    timeout = _Duration(load_default=DEFAULT_COMPOSITE_TIMEOUT)
+    max_parallel = _Integer(
+        data_key="maxParallel",
+        load_default=DEFAULT_MAX_PARALLEL,
+        validate=validate.Range(min=1, error="must be at least 1"),
+    )
+    annotations = _Nested(AnnotationsSchema, load_default=None, allow_none=True)
+    output = _Nested(OutputSchema, load_default=None, allow_none=True)
+    steps = _List(
+        _Nested(StepSchema),
+        required=True,
+        validate=validate.Length(min=1, error="must list at least one step"),
+    )
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> CompositeTool:
+        tool = _built(CompositeTool, steps=tuple(data.pop("steps")), **data)
+        problems = composite_problems(tool)
+        if problems:
+            raise ValidationError(_nest_problems(tool, problems))
+        return tool
+
+
+def _nest_problems(tool: CompositeTool, problems: list[tuple[str, str]]) -> dict[str, Any]:
+    """``composite_problems``' ``(path, message)`` pairs as marshmallow's nested messages,
+    at the YAML's places: a forEach step's arguments live under its ``step``."""
+    messages: dict[Any, Any] = {}
+    for path, message in problems:
+        parts = _path_parts(path)
+        if (len(parts) > 2 and parts[0] == "steps" and isinstance(parts[1], int)
+                and parts[2] == "arguments" and tool.steps[parts[1]].for_each is not None):
+            parts.insert(2, "step")
+        _add_message(messages, parts, message)
+    return messages
+
+
+def _add_message(messages: dict[Any, Any], path: Sequence[str | int], message: str) -> None:
+    """Put ``message`` at ``path`` in marshmallow's nested messages; the ``_schema`` key
+    lets a place hold messages of its own besides those of places under it."""
+    node = messages
+    for part in path:
+        node = node.setdefault(part, {})
+    node.setdefault(SCHEMA, []).append(message)
+
+
+_INDICES = re.compile(r"((?:\[\d+\])*)$")
+
+
+def _path_parts(path: str) -> list[str | int]:
+    """``steps[2].dependsOn[0]`` -> ``["steps", 2, "dependsOn", 0]``; it renders back to
+    the same text (a key holding a dot reads as two keys, which print alike)."""
+    parts: list[str | int] = []
+    for segment in path.split("."):
+        indices = _INDICES.search(segment).group(1)
+        name = segment[: len(segment) - len(indices)]
+        if name or not indices:
+            parts.append(name)
+        parts.extend(int(index) for index in re.findall(r"\d+", indices))
+    return parts
+
+
+# --- checks across the config -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Override:
+    """One ``aggregation.tools[].overrides`` entry as the raw input states it."""
+
+    workload: str
+    original: str
+    new_name: str | None
+    annotations: Mapping[str, Any] | None
+    path: str  # aggregation.tools[j].overrides.<original>
+    advertised_as: str | None  # the name clients would see it under, when the config tells
+    visible: bool  # advertised to clients (not hidden by excludeAll, excludeAllTools or filter)
+
+
+def composite_reference_problems(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Problems of ``config["compositeTools"]`` that need the rest of the raw config, as
+    marshmallow's nested messages under ``compositeTools``; ``{}`` when there are none."""
+    composites = config.get("compositeTools")
+    if not isinstance(composites, list):
+        return {}
+    errors: dict[Any, Any] = {}
+
+    def add(index: int, path: tuple[str | int, ...], message: str) -> None:
+        _add_message(errors, (index, *path), message)
+
+    first_index: dict[str, int] = {}
+    for index, composite in enumerate(composites):
+        name = composite.get("name") if isinstance(composite, Mapping) else None
+        if not isinstance(name, str):
+            continue
+        if name in first_index:
+            add(index, ("name",), f"duplicate composite name {name!r} (also compositeTools[{first_index[name]}])")
+        else:
+            first_index[name] = index
+
+    overrides = _overrides(config)
+    advertised = {o.advertised_as: o for o in overrides if o.visible and o.advertised_as is not None}
+    for index, composite in enumerate(composites):
+        if not isinstance(composite, Mapping):
+            continue
+        name = composite.get("name")
+        label = f"composite {name!r}"
+        clash = advertised.get(name) if isinstance(name, str) else None
+        if clash is not None:
+            add(index, ("name",), f"{name!r} is also the name clients see for {clash.workload}.{clash.original} "
+                                  f"(renamed by {clash.path}.name); composite and backend tools share one list "
+                                  "of names, rename one of them")
+
+        step_tools = list(_step_tools(composite))
+        for step_id, tool, path in step_tools:
+            if tool in first_index:
+                add(index, path, f"{label}, step {step_id!r}: {tool!r} is a composite tool, and composite tools "
+                                 "cannot call composite tools")
+
+        explicit = composite.get("annotations")
+        if not isinstance(explicit, Mapping):
+            continue
+        for step_id, tool, _ in step_tools:
+            override = _resolve_step_tool(tool, overrides)
+            if override is None or not isinstance(override.annotations, Mapping):
+                continue
+            for hint in HINTS:
+                if hint in explicit:
+                    for claim in unsafe_claims({hint: explicit[hint]}, [(step_id, override.annotations)],
+                                               known_only=True):
+                        add(index, ("annotations", hint), f"{label}: {claim} (set by {override.path}.annotations)")
+    return {"compositeTools": errors} if errors else {}
+
+
+def _step_tools(composite: Mapping[str, Any]) -> Iterator[tuple[str, str, tuple[str | int, ...]]]:
+    """``(step id, tool, path of the tool)`` of each step whose tool is a string."""
+    steps = composite.get("steps")
+    if not isinstance(steps, list):
+        return
+    for index, step in enumerate(steps):
+        if not isinstance(step, Mapping):
+            continue
+        step_id = step.get("id")
+        if step.get("type", "tool") == "forEach":
+            inner = step.get("step")
+            tool = inner.get("tool") if isinstance(inner, Mapping) else None
+            path: tuple[str | int, ...] = ("steps", index, "step", "tool")
+        else:
+            tool, path = step.get("tool"), ("steps", index, "tool")
+        if isinstance(tool, str):
+            yield (step_id if isinstance(step_id, str) else f"steps[{index}]"), tool, path
+
+
+def _overrides(config: Mapping[str, Any]) -> list[_Override]:
+    """Every override of a configured backend, with the name the config says clients see it
+    under. Renamed tools only: a tool's own name is known from discovery alone."""
+    backends = config.get("backends")
+    backend_names = {
+        backend.get("name") for backend in backends
+        if isinstance(backend, Mapping) and isinstance(backend.get("name"), str)
+    } if isinstance(backends, list) else set()
+    aggregation = config.get("aggregation", {})
+    tools = _dig(aggregation, "tools")
+    if not isinstance(aggregation, Mapping) or not isinstance(tools, list):
+        return []
+    strategy = aggregation.get("conflictResolution", "prefix")
+    prefix_format = _dig(aggregation, "conflictResolutionConfig", "prefixFormat")
+    if prefix_format is None:
+        prefix_format = DEFAULT_PREFIX_FORMAT
+    hide_all = aggregation.get("excludeAllTools") is True
+
+    found = []
+    for index, entry in enumerate(tools):
+        workload = entry.get("workload") if isinstance(entry, Mapping) else None
+        overrides = entry.get("overrides") if isinstance(entry, Mapping) else None
+        if not isinstance(workload, str) or workload not in backend_names or not isinstance(overrides, Mapping):
+            continue
+        listed = entry.get("filter")
+        for original, override in overrides.items():
+            if not isinstance(override, Mapping):
+                continue
+            new_name = override.get("name") if isinstance(override.get("name"), str) else None
+            advertised_as = None
+            if new_name is not None:
+                if strategy == "prefix" and isinstance(prefix_format, str):
+                    advertised_as = prefix_format.replace(WORKLOAD_PLACEHOLDER, workload) + new_name
+                elif strategy in ("priority", "manual"):
+                    advertised_as = new_name
+            visible = (not hide_all and entry.get("excludeAll") is not True
+                       and (not isinstance(listed, list) or new_name in listed))
+            annotations = override.get("annotations")
+            found.append(_Override(
+                workload=workload,
+                original=str(original),
+                new_name=new_name,
+                annotations=annotations if isinstance(annotations, Mapping) else None,
+                path=f"aggregation.tools[{index}].overrides.{original}",
+                advertised_as=advertised_as,
+                visible=visible,
+            ))
+    return found
+
+
+def _resolve_step_tool(tool: str, overrides: list[_Override]) -> _Override | None:
+    """The override a step's tool reaches, as composite steps resolve names: an advertised
+    name first, then ``workload.tool`` by the backend's own name, then by the new name."""
+    for override in overrides:
+        if override.advertised_as == tool:
+            return override
+    workload, dot, name = tool.partition(".")
+    if not dot:
+        return None
+    mine = [override for override in overrides if override.workload == workload]
+    return (next((o for o in mine if o.original == name), None)
+            or next((o for o in mine if o.new_name == name), None))
