@@ -737,3 +737,23 @@ def test_dot_form_step_tool_of_no_backend_is_a_warning() -> None:
 
 def test_composites_over_known_backends_give_no_warning() -> None:
     assert config_warnings(load(composite(steps=[step(), for_each()]))) == []
+
+
+def test_a_go_template_function_is_refused_at_load_where_jinja_would_read_it_as_a_variable():
+    data = {
+        "name": "gw",
+        "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}],
+        "compositeTools": [{
+            "name": "c", "description": "d",
+            "steps": [
+                {"id": "s", "tool": "a.t", "arguments": {"same": "{{ eq .params.a .params.b }}"}},
+                {"id": "e", "type": "forEach", "collection": "{{ [1] }}",
+                 "step": {"tool": "a.t", "arguments": {"x": "{{ forEach.item }}", "y": "{{ item }}"}}},
+            ],
+        }],
+    }
+    with pytest.raises(ConfigError) as raised:
+        config_from_mapping(data)
+    paths = [line.split(":")[0] for line in raised.value.errors]
+    assert paths == ["compositeTools[0].steps[0].arguments.same", "compositeTools[0].steps[1].step.arguments.y"]
+    assert "reads 'eq'" in raised.value.errors[0] and "reads 'item'" in raised.value.errors[1]

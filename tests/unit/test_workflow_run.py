@@ -20,6 +20,7 @@ from vmcp_actors.workflows import (
     Step,
     WorkflowCancelled,
     WorkflowRun,
+    composite_problems,
     step_specs,
 )
 
@@ -501,3 +502,32 @@ def test_observers_hear_each_step_end_and_the_settled_run_once():
     assert {total for _, total, _ in progress} == {3}
     assert "step 'b' skipped" in [message for _, _, message in progress]
     assert len(finished) == 1 and finished[0]["state"] == "completed" and finished[0]["composite"] == "c"
+
+
+def test_an_output_value_of_the_wrong_type_falls_back_to_the_default_or_is_left_out():
+    caller = FakeCaller({"t": lambda args: structured({"word": "many", "n": "4"})})
+    tool = composite(Step("s", "t"), output=OutputSpec({
+        "count": OutputProperty("{{ steps.s.output.word }}", type="integer", default=0),
+        "flag": OutputProperty("{{ steps.s.output.word }}", type="boolean"),
+        "n": OutputProperty("{{ steps.s.output.n }}", type="integer", default="not a number"),
+    }))
+    assert outcome(tool, caller)["structuredContent"] == {"count": 0, "n": 4}
+
+
+def test_templates_reading_names_the_context_lacks_are_composite_problems():
+    go_function = composite(Step("a", "t", {"same": "{{ eq .params.a .params.b }}"}))
+    assert composite_problems(go_function) == [(
+        "steps[0].arguments.same",
+        "composite 'c', step 'a': reads 'eq', which templates do not have (they read params, steps, workflow, "
+        "and forEach in a forEach step's arguments; Go-template functions such as eq are not supported, write Jinja)",
+    )]
+    stray_item = composite(Step("a", "t", {"x": "{{ forEach.item }}"}))
+    assert composite_problems(stray_item)[0][1].endswith("forEach is only defined in the arguments of a forEach "
+                                                         "step's inner step")
+    fine = composite(
+        Step("a", "t", {"x": "{{ forEach.item }}", "y": "{% set z = params.q %}{{ z }}{{ range(2) | list }}"},
+             type="forEach", for_each=ForEach("{{ [1] }}")),
+        output=OutputSpec({"v": OutputProperty("{{ workflow.id }}")}))
+    assert composite_problems(fine) == []
+    unknown_in_output = composite(Step("a", "t"), output=OutputSpec({"v": OutputProperty("{{ nope }}")}))
+    assert composite_problems(unknown_in_output)[0][0] == "output.properties.v.value"

@@ -16,7 +16,7 @@ from typing import Any
 
 from vmcp_actors.workflows._dag import StepSpec, validate_dag
 from vmcp_actors.workflows._errors import TemplateError
-from vmcp_actors.workflows._templates import compile_template, iter_templates, referenced_steps
+from vmcp_actors.workflows._templates import compile_template, free_names, iter_templates, referenced_steps
 
 ON_ERROR_ACTIONS = ("abort", "continue", "retry")
 MAX_RETRY_COUNT = 10
@@ -227,7 +227,8 @@ def output_reads(tool: CompositeTool) -> set[str]:
 def composite_problems(tool: CompositeTool) -> list[tuple[str, str]]:
     """Every problem :func:`step_specs` and :func:`validate_dag` can find, as
     ``(path within the composite, message)``: templates that do not compile (at their
-    place in ``arguments``, ``condition``, ``forEach.collection`` or ``output``), then the
+    place in ``arguments``, ``condition``, ``forEach.collection`` or ``output``) or that
+    read names the context will not have, then the
     graph's problems, then output templates reading unknown steps."""
     problems: list[tuple[str, str]] = []
     label = f"composite {tool.name!r}"
@@ -239,11 +240,12 @@ def composite_problems(tool: CompositeTool) -> list[tuple[str, str]]:
         if step.for_each is not None:
             places.append((f"steps[{index}].collection", step.for_each.collection))
         for path, source in places:
-            error = _compile_error(source)
+            error = _compile_error(source) or _unknown_names(source, for_each_item=(
+                step.for_each is not None and path.startswith(f"steps[{index}].arguments")))
             if error is not None:
                 problems.append((path, f"{label}, step {step.id!r}: {error}"))
     for path, source in output_templates(tool.output):
-        error = _compile_error(source)
+        error = _compile_error(source) or _unknown_names(source, for_each_item=False)
         if error is not None:
             problems.append((f"output.{path}", f"{label}: {error}"))
     if problems:
@@ -261,6 +263,23 @@ def composite_problems(tool: CompositeTool) -> list[tuple[str, str]]:
             if name not in tool.output.properties:
                 problems.append((f"output.required[{position}]", f"{label}: {name!r} is not an output property"))
     return problems
+
+
+CONTEXT_NAMES = ("params", "steps", "workflow")
+
+
+def _unknown_names(source: str, *, for_each_item: bool) -> str | None:
+    """Why ``source`` reads a name its context will not have (e.g. a Go-template function
+    such as ``eq`` that Jinja reads as a variable), or None."""
+    allowed = set(CONTEXT_NAMES) | ({"forEach"} if for_each_item else set())
+    unknown = sorted(free_names(source) - allowed)
+    if not unknown:
+        return None
+    if unknown == ["forEach"]:
+        return "forEach is only defined in the arguments of a forEach step's inner step"
+    names = ", ".join(repr(name) for name in unknown)
+    return (f"reads {names}, which templates do not have (they read {', '.join(CONTEXT_NAMES)}, and forEach in "
+            "a forEach step's arguments; Go-template functions such as eq are not supported, write Jinja)")
 
 
 def _compile_error(source: str) -> str | None:

@@ -475,17 +475,10 @@ class WorkflowRun(pykka.ThreadingActor):
                 value = render_value(prop.value, context) if prop.value is not None else None
             except TemplateError:
                 value = None
-            if value is None or value == "":
-                value = copy.deepcopy(prop.default)
-            if prop.type is not None and value is not None:
-                if prop.type in ("object", "array") and isinstance(value, str):
-                    try:
-                        value = json.loads(value)  # ToolHive: an object value may be JSON text
-                    except ValueError:
-                        pass
-                value = coerce_arguments({"v": value}, {"type": "object",
-                                                        "properties": {"v": {"type": prop.type}}})["v"]
-            if value is not None:  # absent rather than null, which the outputSchema's type would refuse
+            value = _typed(value, prop.type)
+            if value is None:
+                value = _typed(copy.deepcopy(prop.default), prop.type)
+            if value is not None:  # absent rather than null or mistyped, which the outputSchema would refuse
                 structured[name] = value
         return structured
 
@@ -513,6 +506,22 @@ class WorkflowRun(pykka.ThreadingActor):
 
 
 # -- pure helpers ------------------------------------------------------------------------
+
+
+def _typed(value: Any, json_type: str | None) -> Any:
+    """``value`` coerced to ``json_type`` (JSON text for an object or array, as ToolHive
+    allows), or None when it is empty or cannot be."""
+    if value is None or value == "":
+        return None
+    if json_type is None:
+        return value
+    if json_type in ("object", "array") and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    value = coerce_arguments({"v": value}, {"type": "object", "properties": {"v": {"type": json_type}}})["v"]
+    return value if has_json_type(value, json_type) else None
 
 
 def _call_step(caller: StepCaller, tool: str, arguments: dict[str, Any], delay: float,

@@ -32,6 +32,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+import jinja2.meta
 from jinja2 import nodes
 from jinja2.environment import TemplateExpression
 from jinja2.sandbox import SecurityError
@@ -291,6 +292,16 @@ def referenced_steps(source: str, *, output_only: bool = False) -> set[str]:
         if step is not None and not (output_only and _reads_only_metadata(parent, node)):
             found.add(step)
     return found
+
+
+def free_names(source: str) -> set[str]:
+    """The top-level names ``source`` reads from its context (``params``, ``steps``, ...),
+    leaving out names the template sets itself and the sandbox's globals (``range``...).
+    Raises :class:`TemplateSyntaxError` as :func:`compile_template` does."""
+    if not is_template(source):
+        return set()
+    _, tree = _parse(source)
+    return set(jinja2.meta.find_undeclared_variables(tree)) - set(ENVIRONMENT.globals)
 
 
 def _walk(node: nodes.Node, parent: nodes.Node | None) -> Iterator[tuple[nodes.Node | None, nodes.Node]]:
