@@ -15,8 +15,11 @@ a minute. Workers are daemon threads so a hung exchange never holds up process e
 from __future__ import annotations
 
 import concurrent.futures as cf
+import heapq
+import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -78,6 +81,72 @@ _POOL = ElasticPool()
 def run_in_thread(fn: Callable[..., T], *args: Any) -> cf.Future[T]:
     """Run ``fn(*args)`` on a pooled worker thread; its outcome lands in the returned future."""
     return _POOL.submit(fn, *args)
+
+
+class TimerHandle:
+    """A scheduled call; ``cancel()`` before it is due and it never runs."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class TimerQueue:
+    """Delayed calls on one daemon thread, for the many short-lived timeouts of workflow
+    runs (a thread per ``threading.Timer`` would cost a thread per step). The calls must
+    be quick and must not raise: they run one after another on the timer thread (an actor
+    ``tell`` is the intended use)."""
+
+    def __init__(self, name: str = "vmcp-timers"):
+        self._heap: list[tuple[float, int, TimerHandle, Callable[[], None]]] = []
+        self._order = itertools.count()  # ties keep scheduling order; handles never compare
+        self._wakeup = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._name = name
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> TimerHandle:
+        handle = TimerHandle()
+        with self._wakeup:
+            heapq.heappush(self._heap, (time.monotonic() + max(delay, 0.0), next(self._order), handle, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._wakeup.notify()
+        return handle
+
+    def pending(self) -> int:
+        with self._wakeup:
+            return sum(1 for _, _, handle, _ in self._heap if not handle.cancelled)
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                while True:
+                    while self._heap and self._heap[0][2].cancelled:
+                        heapq.heappop(self._heap)  # cancelled timers leave as they reach the top
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        _, _, handle, fn = heapq.heappop(self._heap)
+                        break
+                    self._wakeup.wait(self._heap[0][0] - now if self._heap else None)
+            if not handle.cancelled:
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - one bad callback must not stop every timer
+                    pass
+            del handle, fn
+
+
+_TIMERS = TimerQueue()
+
+
+def call_later(delay: float, fn: Callable[[], None]) -> TimerHandle:
+    """Run the quick, non-raising ``fn()`` after ``delay`` seconds on the shared timer thread."""
+    return _TIMERS.call_later(delay, fn)
 
 
 def resolved(value: T) -> cf.Future[T]:

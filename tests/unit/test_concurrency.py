@@ -56,3 +56,48 @@ def test_idle_workers_leave():
         time.sleep(0.02)
     assert pool.workers == 0
     assert pool.submit(lambda: "back").result(timeout=5) == "back"
+
+
+# -- the timer queue ---------------------------------------------------------------------
+
+
+def test_timers_fire_in_deadline_order_on_one_thread():
+    from vmcp_actors.concurrency import TimerQueue
+
+    timers = TimerQueue(name="test-timers")
+    fired: list[tuple[str, str]] = []
+    done = threading.Event()
+    for name, delay in (("late", 0.06), ("early", 0.01), ("middle", 0.03)):
+        timers.call_later(delay, lambda name=name: fired.append((name, threading.current_thread().name)))
+    timers.call_later(0.08, done.set)
+    assert done.wait(2)
+    assert [name for name, _ in fired] == ["early", "middle", "late"]
+    assert {thread for _, thread in fired} == {"test-timers"}
+
+
+def test_a_cancelled_timer_never_fires_and_a_failing_one_does_not_stop_the_others():
+    from vmcp_actors.concurrency import TimerQueue
+
+    timers = TimerQueue()
+    fired: list[str] = []
+    done = threading.Event()
+    cancelled = timers.call_later(0.01, lambda: fired.append("cancelled"))
+    timers.call_later(0.02, lambda: 1 / 0)
+    timers.call_later(0.03, lambda: fired.append("after the failure"))
+    timers.call_later(0.04, done.set)
+    cancelled.cancel()
+    assert done.wait(2)
+    assert fired == ["after the failure"]
+    assert timers.pending() == 0
+
+
+def test_an_earlier_timer_scheduled_later_wakes_the_thread():
+    from vmcp_actors.concurrency import TimerQueue
+
+    timers = TimerQueue()
+    far = threading.Event()
+    near = threading.Event()
+    timers.call_later(60, far.set)
+    timers.call_later(0.01, near.set)
+    assert near.wait(2) and not far.is_set()
+    assert timers.pending() == 1

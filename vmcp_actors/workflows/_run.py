@@ -22,7 +22,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import copy
 import json
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any, Protocol
 
 import pykka
 
-from vmcp_actors.concurrency import run_in_thread
+from vmcp_actors.concurrency import TimerHandle, call_later, run_in_thread
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows._coercion import _has_type as has_json_type
 from vmcp_actors.workflows._coercion import coerce_arguments
@@ -103,7 +102,7 @@ class _Running:
     """A step in flight (mutable, actor-private)."""
 
     attempt: int
-    timer: threading.Timer
+    timer: TimerHandle
     retries: int = 0
     # forEach only: the rendered items, their outputs, and what is left to start
     items: list[Any] | None = None
@@ -143,7 +142,7 @@ class WorkflowRun(pykka.ThreadingActor):
         self._status = {step.id: "pending" for step in tool.steps}
         self._outcomes: dict[str, StepOutcome] = {}
         self._running: dict[str, _Running] = {}
-        self._run_timer: threading.Timer | None = None
+        self._run_timer: TimerHandle | None = None
         self._state = "new"  # running, completed, failed, cancelled
         self._scheduling = False
         self._result_taken = False
@@ -484,7 +483,7 @@ class WorkflowRun(pykka.ThreadingActor):
 
     # -- timers ----------------------------------------------------------------------------
 
-    def _timer(self, seconds: float, message: Any) -> threading.Timer:
+    def _timer(self, seconds: float, message: Any) -> TimerHandle:
         actor_ref = self.actor_ref
 
         def fire() -> None:
@@ -493,10 +492,7 @@ class WorkflowRun(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 pass
 
-        timer = threading.Timer(seconds, fire)
-        timer.daemon = True
-        timer.start()
-        return timer
+        return call_later(seconds, fire)
 
     def _cancel_timers(self) -> None:
         if self._run_timer is not None:
