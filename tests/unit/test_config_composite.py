@@ -757,3 +757,20 @@ def test_a_go_template_function_is_refused_at_load_where_jinja_would_read_it_as_
     paths = [line.split(":")[0] for line in raised.value.errors]
     assert paths == ["compositeTools[0].steps[0].arguments.same", "compositeTools[0].steps[1].step.arguments.y"]
     assert "reads 'eq'" in raised.value.errors[0] and "reads 'item'" in raised.value.errors[1]
+
+
+def test_the_worked_example_in_the_docs_is_the_demo_s_trip_brief():
+    """docs/composite-tools.md section 1.1 shows trip_brief as YAML; it must stay the demo's definition."""
+    from pathlib import Path
+
+    import yaml
+
+    from vmcp_actors.demo import DEMO_COMPOSITE_TOOLS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "composite-tools.md").read_text(encoding="utf-8")
+    section = page[page.index("### 1.1 The definition"):]
+    block = section[section.index("```yaml\n") + len("```yaml\n"):section.index("```\n", section.index("```yaml"))]
+    backends = [{"name": "weather", "url": "http://127.0.0.1:1/mcp"}, {"name": "notes", "url": "http://127.0.0.1:2/mcp"}]
+    documented = config_from_mapping({"name": "doc", "backends": backends, **yaml.safe_load(block)})
+    demo = config_from_mapping({"name": "doc", "backends": backends, "compositeTools": DEMO_COMPOSITE_TOOLS[:1]})
+    assert documented.composite_tools == demo.composite_tools
