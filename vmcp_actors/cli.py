@@ -65,7 +65,8 @@ def _validate(path: str) -> int:
         return EXIT_CONFIG_ERROR
     for warning in config_warnings(config):
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"{path}: ok ({len(config.backends)} backends)")
+    composites = len(config.composite_tools)
+    print(f"{path}: ok ({len(config.backends)} backends, {composites} composite tool{'' if composites == 1 else 's'})")
     return 0
 
 

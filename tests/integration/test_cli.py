@@ -202,7 +202,7 @@ def two_backend_config(alpha, beta) -> dict:
 def test_validate_accepts_the_example_config(tmp_path):
     cli = CliProcess([VMCP, "validate", "--config", str(EXAMPLE_CONFIG)], tmp_path, "validate-example")
     assert cli.run_to_end() == 0
-    assert "ok" in cli.stdout
+    assert f"{EXAMPLE_CONFIG}: ok (2 backends, 1 composite tool)" in cli.stdout
     assert cli.stderr.strip() == "" or "error" not in cli.stderr.lower()
 
 
