@@ -531,3 +531,13 @@ def test_templates_reading_names_the_context_lacks_are_composite_problems():
     assert composite_problems(fine) == []
     unknown_in_output = composite(Step("a", "t"), output=OutputSpec({"v": OutputProperty("{{ nope }}")}))
     assert composite_problems(unknown_in_output)[0][0] == "output.properties.v.value"
+
+
+def test_a_failed_run_is_logged_once_with_the_composite_the_step_and_why(caplog):
+    caplog.set_level("DEBUG", logger="vmcp_actors.workflows._run")
+    caller = FakeCaller({"bad": failing("backend down")})
+    result = outcome(composite(Step("broken", "bad")), caller)
+    assert result["isError"] is True
+    lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows._run"]
+    assert len(lines) == 1 and lines[0].levelname == "WARNING"
+    assert "composite 'c' run" in lines[0].getMessage() and "step 'broken' failed: backend down" in lines[0].getMessage()

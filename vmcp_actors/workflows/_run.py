@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import copy
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ from vmcp_actors.workflows._templates import (
     render_value,
     template_context,
 )
+
+
+logger = logging.getLogger(__name__)
 
 
 class StepCaller(Protocol):
@@ -402,6 +406,7 @@ class WorkflowRun(pykka.ThreadingActor):
             self._future.set_exception(error)
         else:
             self._future.set_result(result or error_result("no result"))
+        self._log_outcome(result, error)
         if self._on_finish is not None:
             try:
                 self._on_finish(self.status())
@@ -409,6 +414,22 @@ class WorkflowRun(pykka.ThreadingActor):
                 pass
         if self._result_taken:
             self._stop_soon()
+
+    def _log_outcome(self, result: dict[str, Any] | None, error: BaseException | None) -> None:
+        """One line per run that did not complete (what failed and why), DEBUG otherwise."""
+        duration = f"{self.duration:.3f}s"
+        if self._state == "completed":
+            logger.debug("composite %r run %s completed in %s", self._tool.name, self._run_id, duration)
+            return
+        if error is not None:
+            why = _describe(error)
+        else:
+            texts = _texts(result or {})
+            why = texts[0] if texts else "no result"
+        level = logging.INFO if self._state == "cancelled" or isinstance(error, JsonRpcError) and \
+            error.code == INVALID_PARAMS else logging.WARNING
+        logger.log(level, "composite %r run %s %s after %s: %s", self._tool.name, self._run_id, self._state,
+                   duration, why[:500])
 
     def _stop_soon(self) -> None:
         """Stop after the messages already queued (the result stays readable)."""
