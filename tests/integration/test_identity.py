@@ -1173,3 +1173,38 @@ def test_backend_address_never_in_errors_when_every_backend_is_down(start_gatewa
     assert "error" in answer_of(response)
     assert down.split("//")[1].split("/")[0] not in body
     assert "127.0.0.1" not in body
+
+
+# -- composite tools, per user ------------------------------------------------------------------
+
+
+def test_a_composite_is_advertised_to_the_users_whose_discovery_finds_every_step_tool(
+        start_gateway, idp, servers, monkeypatch):
+    """alice's token exchange shows her `issues` and `reports`; bob's only `reports`. The
+    composite over both is alice's alone, and its steps run with alice's exchanged token."""
+    monkeypatch.setenv("VMCP_ADMIN_TOKEN", ADMIN_TOKEN)
+    jira = servers(authed_backend("jira", idp, "jira-api", {"alice": ["issues", "reports"], "bob": ["reports"]}))
+    config = gateway_config({"jira": jira}, incoming=oidc(idp), outgoing={"backends": {"jira": exchange(idp, "jira-api")}},
+                            admin=True)
+    config["compositeTools"] = [{
+        "name": "digest", "description": "issues and reports",
+        "steps": [{"id": "issues", "tool": "jira.issues"}, {"id": "reports", "tool": "jira_reports"}],
+        "output": {"properties": {"issues": {"type": "string", "value": "{{ steps.issues.output.text }}"},
+                                  "reports": {"type": "string", "value": "{{ steps.reports.output.text }}"}}},
+    }]
+    gateway = start_gateway(config)
+    alice, bob = Caller(gateway, idp.issue_token("alice", AUD)), Caller(gateway, idp.issue_token("bob", AUD))
+    alice_sid, bob_sid = alice.open(), bob.open()
+
+    assert alice.tools(alice_sid) == ["digest", "jira_issues", "jira_reports"]
+    answer = alice.call(alice_sid, "digest")
+    assert answer["result"]["structuredContent"] == {"issues": "jira:issues:alice", "reports": "jira:reports:alice"}
+
+    assert bob.tools(bob_sid) == ["jira_reports"]
+    refused = bob.call(bob_sid, "digest")
+    assert refused["error"]["code"] == -32602 and refused["error"]["message"] == "Unknown tool: digest"
+    assert not [m for m in received(jira, "tools/call") if m.subject == "bob"]
+    problems = session_row(admin_state(gateway), bob_sid)["compositeProblems"]
+    assert problems == ["composite tool 'digest' is not advertised: step 'issues' calls 'jira.issues', "
+                        "which this session's backends do not offer"]
+    assert session_row(admin_state(gateway), alice_sid)["compositeProblems"] == []
