@@ -5,6 +5,7 @@ from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route, adve
 from vmcp_actors.sessions._capabilities import (
     AggregatedBackends,
     Capabilities,
+    CapabilitiesLayer,
     ConflictingNames,
     NoBackendsAvailable,
     to_jsonrpc_error,
@@ -22,6 +23,7 @@ __all__ = [
     "is_advertised",
     "AggregatedBackends",
     "Capabilities",
+    "CapabilitiesLayer",
     "Catalog",
     "DiscoveryCache",
     "McpDispatcher",

@@ -53,6 +53,54 @@ class Capabilities(Protocol):
     def close(self) -> None: ...
 
 
+class CapabilitiesLayer:
+    """Base of the decorators over ``Capabilities``: every method passes through to the
+    layer below; a decorator overrides what it changes (the advertising filter and the
+    composite tools both change only tools)."""
+
+    def __init__(self, inner: Capabilities):
+        self._inner = inner
+
+    def list_tools(self, identity):
+        return self._inner.list_tools(identity)
+
+    def lookup_tool(self, identity, name):
+        return self._inner.lookup_tool(identity, name)
+
+    def call_tool(self, identity, name, arguments, meta):
+        return self._inner.call_tool(identity, name, arguments, meta)
+
+    def list_resources(self, identity):
+        return self._inner.list_resources(identity)
+
+    def list_resource_templates(self, identity):
+        return self._inner.list_resource_templates(identity)
+
+    def lookup_resource(self, identity, uri):
+        return self._inner.lookup_resource(identity, uri)
+
+    def read_resource(self, identity, uri, meta):
+        return self._inner.read_resource(identity, uri, meta)
+
+    def list_prompts(self, identity):
+        return self._inner.list_prompts(identity)
+
+    def lookup_prompt(self, identity, name):
+        return self._inner.lookup_prompt(identity, name)
+
+    def get_prompt(self, identity, name, arguments, meta):
+        return self._inner.get_prompt(identity, name, arguments, meta)
+
+    def complete(self, identity, params):
+        return self._inner.complete(identity, params)
+
+    def set_logging_level(self, identity, level):
+        return self._inner.set_logging_level(identity, level)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class ConflictingNames(JsonRpcError):
     """Aggregation left clashes that the config must resolve (manual strategy)."""
 

@@ -34,7 +34,7 @@ from vmcp_actors.config import AggregationConfig
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
-from vmcp_actors.sessions._capabilities import AggregatedBackends, Exchange
+from vmcp_actors.sessions._capabilities import AggregatedBackends, CapabilitiesLayer, Exchange
 from vmcp_actors.sessions._filter import is_advertised
 from vmcp_actors.workflows import (
     CompositeTool,
@@ -184,12 +184,14 @@ class _LiveRuns:
     refs: dict[str, pykka.ActorRef[WorkflowRun]] = field(default_factory=dict)
 
 
-class CompositeTools:
-    """Capabilities plus the config's composite tools."""
+class CompositeTools(CapabilitiesLayer):
+    """Capabilities plus the config's composite tools (everything but tools passes through)."""
+
+    _inner: AggregatedBackends
 
     def __init__(self, inner: AggregatedBackends, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
                  metrics: WorkflowMetrics | None = None):
-        self._inner = inner
+        super().__init__(inner)
         self._composites = tuple(composites)
         self._aggregation = aggregation
         self._metrics = metrics if metrics is not None else WorkflowMetrics()
@@ -297,35 +299,6 @@ class CompositeTools:
         for ref in refs:
             _stop_quietly(ref)
         self._inner.close()
-
-    # -- everything else passes through --------------------------------------------------
-
-    def list_resources(self, identity):
-        return self._inner.list_resources(identity)
-
-    def list_resource_templates(self, identity):
-        return self._inner.list_resource_templates(identity)
-
-    def lookup_resource(self, identity, uri):
-        return self._inner.lookup_resource(identity, uri)
-
-    def read_resource(self, identity, uri, meta):
-        return self._inner.read_resource(identity, uri, meta)
-
-    def list_prompts(self, identity):
-        return self._inner.list_prompts(identity)
-
-    def lookup_prompt(self, identity, name):
-        return self._inner.lookup_prompt(identity, name)
-
-    def get_prompt(self, identity, name, arguments, meta):
-        return self._inner.get_prompt(identity, name, arguments, meta)
-
-    def complete(self, identity, params):
-        return self._inner.complete(identity, params)
-
-    def set_logging_level(self, identity, level):
-        return self._inner.set_logging_level(identity, level)
 
 
 def _stop_quietly(ref: pykka.ActorRef[Any]) -> None:

@@ -15,7 +15,7 @@ from vmcp_actors.config import AggregationConfig
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 from vmcp_actors.sessions._aggregation import Route
-from vmcp_actors.sessions._capabilities import Capabilities, Exchange
+from vmcp_actors.sessions._capabilities import Capabilities, CapabilitiesLayer, Exchange
 
 
 def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
@@ -33,11 +33,12 @@ def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
     return workload.filter is None or route.resolved_name in workload.filter
 
 
-class AdvertisingFilter:
-    """Capabilities minus the tools the config hides from clients."""
+class AdvertisingFilter(CapabilitiesLayer):
+    """Capabilities minus the tools the config hides from clients (the filter only
+    subtracts tools; everything else passes through)."""
 
     def __init__(self, inner: Capabilities, aggregation: AggregationConfig):
-        self._inner = inner
+        super().__init__(inner)
         self._aggregation = aggregation
 
     def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
@@ -53,35 +54,3 @@ class AdvertisingFilter:
         if self.lookup_tool(identity, name) is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")  # the same answer as for no such tool
         return self._inner.call_tool(identity, name, arguments, meta)
-
-    # Everything else passes through: the filter only subtracts tools.
-
-    def list_resources(self, identity):
-        return self._inner.list_resources(identity)
-
-    def list_resource_templates(self, identity):
-        return self._inner.list_resource_templates(identity)
-
-    def lookup_resource(self, identity, uri):
-        return self._inner.lookup_resource(identity, uri)
-
-    def read_resource(self, identity, uri, meta):
-        return self._inner.read_resource(identity, uri, meta)
-
-    def list_prompts(self, identity):
-        return self._inner.list_prompts(identity)
-
-    def lookup_prompt(self, identity, name):
-        return self._inner.lookup_prompt(identity, name)
-
-    def get_prompt(self, identity, name, arguments, meta):
-        return self._inner.get_prompt(identity, name, arguments, meta)
-
-    def complete(self, identity, params):
-        return self._inner.complete(identity, params)
-
-    def set_logging_level(self, identity, level):
-        return self._inner.set_logging_level(identity, level)
-
-    def close(self) -> None:
-        self._inner.close()
