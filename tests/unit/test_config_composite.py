@@ -774,3 +774,27 @@ def test_the_worked_example_in_the_docs_is_the_demo_s_trip_brief():
     documented = config_from_mapping({"name": "doc", "backends": backends, **yaml.safe_load(block)})
     demo = config_from_mapping({"name": "doc", "backends": backends, "compositeTools": DEMO_COMPOSITE_TOOLS[:1]})
     assert documented.composite_tools == demo.composite_tools
+
+
+def test_field_errors_and_graph_problems_of_one_composite_are_reported_together():
+    data = {
+        "name": "gw",
+        "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}],
+        "compositeTools": [{
+            "name": "c", "description": "d",
+            "steps": [
+                {"id": "x", "tool": "a.t", "dependsOn": ["y"], "onError": {"action": "explode"}},
+                {"id": "y", "tool": "a.t", "dependsOn": ["x"], "arguments": {"q": "{{ steps.z.output }}"}},
+                {"tool": "a.t", "timeout": "soon"},
+            ],
+        }],
+    }
+    with pytest.raises(ConfigError) as raised:
+        config_from_mapping(data)
+    errors = raised.value.errors
+    assert any(line.startswith("compositeTools[0].steps[0].onError.action: must be one of") for line in errors)
+    assert any(line.startswith("compositeTools[0].steps[2].id: ") for line in errors)
+    assert any(line.startswith("compositeTools[0].steps[2].timeout: ") for line in errors)
+    assert "compositeTools[0].steps[0].dependsOn[0]: composite 'c', step 'x': dependency cycle x -> y -> x" in errors
+    assert any(line.startswith("compositeTools[0].steps[1]: composite 'c', step 'y': its templates read steps.z")
+               for line in errors)

@@ -411,13 +411,76 @@ class CompositeToolSchema(_StrictSchema):
         validate=validate.Length(min=1, error="must list at least one step"),
     )
 
-    @post_load
-    def _build(self, data: dict[str, Any], **kwargs: Any) -> CompositeTool:
-        tool = _built(CompositeTool, steps=tuple(data.pop("steps")), **data)
+    # Runs even when fields failed, on a sketch of the raw input, so one validate run
+    # shows a composite's template and graph problems together with its field errors.
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_templates_and_graph(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        tool = _sketch(original_data)
+        if tool is None:
+            return
         problems = composite_problems(tool)
         if problems:
             raise ValidationError(_nest_problems(tool, problems))
-        return tool
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> CompositeTool:
+        return _built(CompositeTool, steps=tuple(data.pop("steps")), **data)
+
+
+def _sketch(raw: Any) -> CompositeTool | None:
+    """What ``composite_problems`` needs of a composite, read leniently from raw input:
+    every step keeps its index (a step too broken to read gets a placeholder), values
+    that failed their own checks fall back to defaults (their errors are reported by
+    the fields). None if there are no steps to look at."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("steps"), list) or not raw["steps"]:
+        return None
+    steps = [_sketch_step(index, step) for index, step in enumerate(raw["steps"])]
+    output = None
+    try:
+        output = _sketch_output(raw.get("output"))
+    except (TypeError, ValueError, AttributeError):
+        pass  # an output too broken to read: its fields say why
+    name = raw.get("name") if isinstance(raw.get("name"), str) else "?"
+    return CompositeTool(name, "", {}, tuple(steps), output=output)
+
+
+def _sketch_step(index: int, raw: Any) -> Step:
+    raw = raw if isinstance(raw, Mapping) else {}
+    step_id = raw.get("id") if isinstance(raw.get("id"), str) and raw.get("id") else f"steps[{index}]"
+    on_error = raw.get("onError") if isinstance(raw.get("onError"), Mapping) else {}
+    action = on_error.get("action") if on_error.get("action") in ON_ERROR_ACTIONS else "abort"
+    depends_on = raw.get("dependsOn") if isinstance(raw.get("dependsOn"), list) else []
+    common = {
+        "depends_on": tuple(dep for dep in depends_on if isinstance(dep, str)),
+        "condition": raw.get("condition") if isinstance(raw.get("condition"), str) else None,
+        "on_error": OnError(action),
+        "default_results": raw.get("defaultResults"),
+    }
+    if raw.get("type") == "forEach":
+        inner = raw.get("step") if isinstance(raw.get("step"), Mapping) else {}
+        collection = raw.get("collection") if isinstance(raw.get("collection"), str) else "[]"
+        return Step(step_id, "?", inner.get("arguments"), type="forEach", for_each=ForEach(collection), **common)
+    return Step(step_id, "?", raw.get("arguments"), **common)
+
+
+def _sketch_output(raw: Any) -> OutputSpec | None:
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("properties"), Mapping):
+        return None
+
+    def properties(raw_properties: Mapping[str, Any]) -> dict[str, OutputProperty]:
+        sketched = {}
+        for name, prop in raw_properties.items():
+            if not isinstance(prop, Mapping):
+                continue
+            nested = prop.get("properties")
+            if isinstance(nested, Mapping):
+                sketched[str(name)] = OutputProperty(properties=properties(nested))
+            elif isinstance(prop.get("value"), str):
+                sketched[str(name)] = OutputProperty(prop["value"])
+        return sketched
+
+    required = raw.get("required") if isinstance(raw.get("required"), list) else []
+    return OutputSpec(properties(raw["properties"]), tuple(name for name in required if isinstance(name, str)))
 
 
 def _nest_problems(tool: CompositeTool, problems: list[tuple[str, str]]) -> dict[str, Any]:
