@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pykka
+
 T = TypeVar("T")
 
 
@@ -147,6 +149,23 @@ _TIMERS = TimerQueue()
 def call_later(delay: float, fn: Callable[[], None]) -> TimerHandle:
     """Run the quick, non-raising ``fn()`` after ``delay`` seconds on the shared timer thread."""
     return _TIMERS.call_later(delay, fn)
+
+
+def stop_quietly(ref: pykka.ActorRef[Any]) -> None:
+    """Ask an actor to stop without waiting; one that already stopped is fine."""
+    try:
+        ref.stop(block=False)
+    except pykka.ActorDeadError:
+        pass
+
+
+def tell_quietly(ref: pykka.ActorRef[Any], message: Any) -> None:
+    """Fire and forget from a worker or timer thread: an actor that stopped meanwhile
+    no longer needs the news."""
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
 
 
 def resolved(value: T) -> cf.Future[T]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 
+from vmcp_actors.concurrency import TimerHandle, call_later, stop_quietly
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.gateway._directory import SessionDirectory, SessionHandle, SessionRecord
 from vmcp_actors.identity import Identity, identity_key
@@ -27,7 +27,7 @@ class Gateway(pykka.ThreadingActor):
         self._services = services if services is not None else SessionServices()
         self._directory = directory if directory is not None else SessionDirectory(clock)
         self._started = time.time()
-        self._reaper: threading.Timer | None = None
+        self._reaper: TimerHandle | None = None
 
     def on_start(self) -> None:
         self._schedule_reaping()
@@ -36,7 +36,7 @@ class Gateway(pykka.ThreadingActor):
         if self._reaper is not None:
             self._reaper.cancel()
         for record in self._directory.remove_all():
-            _stop_quietly(record.actor)
+            stop_quietly(record.actor)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ class Gateway(pykka.ThreadingActor):
         record = self._directory.remove(session_id, identity)
         if record is None:
             return False
-        _stop_quietly(record.actor)
+        stop_quietly(record.actor)
         logger.info("session %s ended by the client", short_id(session_id))
         return True
 
@@ -61,7 +61,7 @@ class Gateway(pykka.ThreadingActor):
         ttl = self._config.operational.session_ttl
         reaped = self._directory.remove_idle(ttl)
         for record in reaped:
-            _stop_quietly(record.actor)
+            stop_quietly(record.actor)
             logger.info("session %s reaped after %gs idle", short_id(record.handle.session_id), ttl)
         self._schedule_reaping()
         return len(reaped)
@@ -95,18 +95,9 @@ class Gateway(pykka.ThreadingActor):
             except pykka.ActorDeadError:
                 pass
 
-        self._reaper = threading.Timer(interval, tick)
-        self._reaper.daemon = True
-        self._reaper.start()
+        self._reaper = call_later(interval, tick)
 
 
 def short_id(session_id: str) -> str:
     """Enough of a session id to correlate log lines, too little to use it."""
     return session_id[:8]
-
-
-def _stop_quietly(actor: pykka.ActorRef[Any]) -> None:
-    try:
-        actor.stop(block=False)
-    except pykka.ActorDeadError:
-        pass

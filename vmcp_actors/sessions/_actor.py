@@ -12,7 +12,7 @@ from typing import Any
 import pykka
 
 from vmcp_actors.backends import BackendCapabilities, BackendConnection, OutgoingAuth
-from vmcp_actors.concurrency import ASK_TIMEOUT, resolved, run_in_thread
+from vmcp_actors.concurrency import ASK_TIMEOUT, resolved, run_in_thread, stop_quietly
 from vmcp_actors.config import AggregationConfig, VmcpConfig
 from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity, subject_of
@@ -81,10 +81,7 @@ class SessionActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         self._composites.close()  # cancel runs in flight: their steps need these connections
         for connection in self._connections.values():
-            try:
-                connection.actor_ref.stop(block=False)
-            except pykka.ActorDeadError:
-                pass
+            stop_quietly(connection.actor_ref)
 
     # -- asked by the gateway and by AggregatedBackends (web threads) ------------------
 

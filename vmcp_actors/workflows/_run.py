@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import pykka
 
-from vmcp_actors.concurrency import TimerHandle, call_later, run_in_thread
+from vmcp_actors.concurrency import TimerHandle, call_later, run_in_thread, stop_quietly, tell_quietly
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows._coercion import _has_type as has_json_type
 from vmcp_actors.workflows._coercion import coerce_arguments
@@ -308,12 +308,8 @@ class WorkflowRun(pykka.ThreadingActor):
 
         def report(done: cf.Future[dict[str, Any]]) -> None:
             error = done.exception()
-            message = _CallDone(step.id, attempt, index, None if error else done.result(),
-                                None if error is None else _describe(error))
-            try:
-                actor_ref.tell(message)
-            except pykka.ActorDeadError:
-                pass  # the run is over; its late answer does not matter
+            tell_quietly(actor_ref, _CallDone(step.id, attempt, index, None if error else done.result(),
+                                              None if error is None else _describe(error)))
 
         future.add_done_callback(report)
 
@@ -426,17 +422,15 @@ class WorkflowRun(pykka.ThreadingActor):
         else:
             texts = _texts(result or {})
             why = texts[0] if texts else "no result"
-        level = logging.INFO if self._state == "cancelled" or isinstance(error, JsonRpcError) and \
-            error.code == INVALID_PARAMS else logging.WARNING
+        expected = self._state == "cancelled" or (isinstance(error, JsonRpcError) and error.code == INVALID_PARAMS)
+        level = logging.INFO if expected else logging.WARNING
         logger.log(level, "composite %r run %s %s after %s: %s", self._tool.name, self._run_id, self._state,
                    duration, why[:500])
 
     def _stop_soon(self) -> None:
-        """Stop after the messages already queued (the result stays readable)."""
-        try:
-            self.actor_ref.stop(block=False)
-        except pykka.ActorDeadError:
-            pass  # already stopping (settled from on_stop)
+        """Stop after the messages already queued (the result stays readable); a run
+        settled from ``on_stop`` is already stopping."""
+        stop_quietly(self.actor_ref)
 
     # -- templates and results -------------------------------------------------------------
 
@@ -506,14 +500,7 @@ class WorkflowRun(pykka.ThreadingActor):
 
     def _timer(self, seconds: float, message: Any) -> TimerHandle:
         actor_ref = self.actor_ref
-
-        def fire() -> None:
-            try:
-                actor_ref.tell(message)
-            except pykka.ActorDeadError:
-                pass
-
-        return call_later(seconds, fire)
+        return call_later(seconds, lambda: tell_quietly(actor_ref, message))
 
     def _cancel_timers(self) -> None:
         if self._run_timer is not None:
