@@ -71,6 +71,11 @@ def _mcp() -> tuple[Any, Any, Any, Any]:
     return mcpserver.MCPServer, mcpserver.Context, types, errors
 
 
+def _read_only(types: Any) -> Any:
+    """Annotations of a demo tool that only reads the demo's own data."""
+    return types.ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
+
+
 async def log_to_client(ctx: Any, message: str, level: str = "info") -> None:
     """Send ``notifications/message`` to the caller via ``ctx.log``.
 
@@ -139,8 +144,7 @@ def build_weather_server() -> Any:
         version="1.0.0",
         log_level="WARNING",
     )
-    read_only = types.ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True,
-                                      openWorldHint=False)
+    read_only = _read_only(types)
 
     @srv.tool(annotations=read_only)
     def get_forecast(city: str, days: int = 3) -> str:
@@ -228,8 +232,7 @@ def build_notes_server() -> Any:
         version="1.0.0",
         log_level="WARNING",
     )
-    read_only = types.ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True,
-                                      openWorldHint=False)
+    read_only = _read_only(types)
     notes: dict[int, dict[str, Any]] = {}
     for seed in _SEED_NOTES:
         note_id = len(notes) + 1

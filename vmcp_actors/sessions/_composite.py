@@ -24,12 +24,12 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
 
-from vmcp_actors.concurrency import ASK_TIMEOUT
+from vmcp_actors.concurrency import ASK_TIMEOUT, stop_quietly
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
@@ -67,37 +67,18 @@ def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregatio
     targets: dict[str, InternalTool] = {}
     problems: list[str] = []
     for composite in composites:
-        why_not = None
-        if composite.name in advertised_backend_tools:
-            route = catalog.tool_routes[composite.name]
-            why_not = (f"backend {route.backend!r} advertises a tool with the same name "
-                       f"(its {route.original_name!r}); rename one of them")
-        resolved: list[tuple[str, InternalTool]] = []
-        for step in composite.steps:
-            if why_not is not None:
-                break
-            assert step.tool is not None
-            target = catalog.resolve_internal(step.tool)
-            if target is None:
-                why_not = f"step {step.id!r} calls {step.tool!r}, which this session's backends do not offer"
-            else:
-                resolved.append((step.id, target))
-        step_annotations = [target.definition.get("annotations") for _, target in resolved]
-        if why_not is None and composite.annotations:
-            claims = unsafe_claims(composite.annotations, [(step_id, target.definition.get("annotations"))
-                                                           for step_id, target in resolved])
-            if claims:
-                why_not = "; ".join(claims)
+        resolved, why_not = _resolve(composite, catalog, advertised_backend_tools)
         if why_not is not None:
             problems.append(f"composite tool {composite.name!r} is not advertised: {why_not}")
             continue
-        for step, (_, target) in zip(composite.steps, resolved, strict=True):
-            targets[step.tool] = target  # type: ignore[index]
+        targets.update(resolved)
         definition: dict[str, Any] = {
             "name": composite.name,
             "description": composite.description,
             "inputSchema": dict(composite.parameters),
-            "annotations": composite_annotations(composite.annotations, step_annotations),
+            "annotations": composite_annotations(
+                composite.annotations, [resolved[step.tool].definition.get("annotations")  # type: ignore[index]
+                                        for step in composite.steps]),
         }
         if composite.output is not None:
             definition["outputSchema"] = output_schema(composite.output)
@@ -111,6 +92,30 @@ def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregatio
         targets=targets,
         problems=tuple(problems),
     )
+
+
+def _resolve(composite: CompositeTool, catalog: Catalog,
+             advertised_backend_tools: set[str]) -> tuple[dict[str, InternalTool], str | None]:
+    """The tools ``composite``'s steps reach (by the step's tool reference), or why it
+    cannot be advertised in ``catalog``."""
+    if composite.name in advertised_backend_tools:
+        route = catalog.tool_routes[composite.name]
+        return {}, (f"backend {route.backend!r} advertises a tool with the same name "
+                    f"(its {route.original_name!r}); rename one of them")
+    resolved: dict[str, InternalTool] = {}
+    for step in composite.steps:
+        assert step.tool is not None
+        target = catalog.resolve_internal(step.tool)
+        if target is None:
+            return {}, f"step {step.id!r} calls {step.tool!r}, which this session's backends do not offer"
+        resolved[step.tool] = target
+    if composite.annotations:
+        step_annotations = [(step.id, resolved[step.tool].definition.get("annotations"))  # type: ignore[index]
+                            for step in composite.steps]
+        claims = unsafe_claims(composite.annotations, step_annotations)
+        if claims:
+            return {}, "; ".join(claims)
+    return resolved, None
 
 
 class WorkflowMetrics:
@@ -178,12 +183,6 @@ class _StepCaller:
             exchange.close()
 
 
-@dataclass
-class _LiveRuns:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    refs: dict[str, pykka.ActorRef[WorkflowRun]] = field(default_factory=dict)
-
-
 class CompositeTools(CapabilitiesLayer):
     """Capabilities plus the config's composite tools (everything but tools passes through)."""
 
@@ -196,7 +195,8 @@ class CompositeTools(CapabilitiesLayer):
         self._aggregation = aggregation
         self._metrics = metrics if metrics is not None else WorkflowMetrics()
         self._view: tuple[Catalog, CompositeView] | None = None
-        self._runs = _LiveRuns()
+        self._runs_lock = threading.Lock()
+        self._runs: dict[str, pykka.ActorRef[WorkflowRun]] = {}  # run id -> run in flight
 
     def view(self, identity: Identity | None) -> CompositeView:
         catalog = self._inner.catalog(identity)
@@ -246,8 +246,8 @@ class CompositeTools(CapabilitiesLayer):
             if progress_token is not None else None,
             on_finish=self._metrics.finished,
         )
-        with self._runs.lock:
-            self._runs.refs[run_id] = ref
+        with self._runs_lock:
+            self._runs[run_id] = ref
         try:
             pending = ref.proxy().result().get(timeout=ASK_TIMEOUT)
             pending.add_done_callback(lambda _: events.put(None))
@@ -267,16 +267,16 @@ class CompositeTools(CapabilitiesLayer):
         except (pykka.ActorDeadError, pykka.Timeout):
             raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r}: the run ended unexpectedly") from None
         finally:
-            with self._runs.lock:
-                self._runs.refs.pop(run_id, None)
-            _stop_quietly(ref)  # cancels a run the client walked away from; a no-op once it stopped itself
+            with self._runs_lock:
+                self._runs.pop(run_id, None)
+            stop_quietly(ref)  # cancels a run the client walked away from; a no-op once it stopped itself
 
     # -- operators -------------------------------------------------------------------
 
     def running(self) -> list[dict[str, Any]]:
         """The status of every run in flight (admin state); runs that end meanwhile are left out."""
-        with self._runs.lock:
-            refs = list(self._runs.refs.values())
+        with self._runs_lock:
+            refs = list(self._runs.values())
         asked = []
         for ref in refs:
             try:
@@ -293,16 +293,9 @@ class CompositeTools(CapabilitiesLayer):
 
     def close(self) -> None:
         """Cancel every run still in flight (the session is ending)."""
-        with self._runs.lock:
-            refs = list(self._runs.refs.values())
-            self._runs.refs.clear()
+        with self._runs_lock:
+            refs = list(self._runs.values())
+            self._runs.clear()
         for ref in refs:
-            _stop_quietly(ref)
+            stop_quietly(ref)
         self._inner.close()
-
-
-def _stop_quietly(ref: pykka.ActorRef[Any]) -> None:
-    try:
-        ref.stop(block=False)
-    except pykka.ActorDeadError:
-        pass

@@ -110,14 +110,15 @@ def validate_dag(composite: str, steps: Sequence[StepSpec],
         else:
             continue
         readers = [other.id for other in steps if other is not step and step.id in other.reads_output_of]
-        who = ""
+        subjects = []
         if readers:
-            who = f"step {readers[0]!r}" if len(readers) == 1 else \
-                f"steps {', '.join(repr(reader) for reader in readers)}"
+            subjects.append(f"step {readers[0]!r}" if len(readers) == 1 else
+                            f"steps {', '.join(repr(reader) for reader in readers)}")
         if step.id in output_reads:
-            who = f"{who} and the output" if who else "the output"
-        if who:
-            who += " read" if len(readers) > 1 or (readers and step.id in output_reads) else " reads"
+            subjects.append("the output")
+        if subjects:
+            one_reader = len(readers) + (step.id in output_reads) == 1
+            who = " and ".join(subjects) + (" reads" if one_reader else " read")
             problem(index, "defaultResults", f"{why}, and {who} its output; "
                                              f"give it defaultResults (its output when {when})")
 
