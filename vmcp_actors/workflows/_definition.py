@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from vmcp_actors.workflows._dag import StepSpec, validate_dag
@@ -187,6 +188,19 @@ class CompositeTool:
             raise ValueError(f"composite {self.name!r}: timeout must be positive, got {self.timeout}")
         if self.max_parallel < 1:
             raise ValueError(f"composite {self.name!r}: maxParallel must be at least 1, got {self.max_parallel}")
+
+    # Worked out once per definition, not per call: every run of it reads them. (A
+    # cached_property writes the instance dict directly, so it works on a frozen
+    # dataclass, and stays out of eq and repr.)
+    @cached_property
+    def problems(self) -> tuple[tuple[str, str], ...]:
+        """:func:`composite_problems` of this definition."""
+        return tuple(composite_problems(self))
+
+    @cached_property
+    def graph(self) -> tuple[StepSpec, ...]:
+        """:func:`step_specs` of this definition (valid only when it has no problems)."""
+        return tuple(step_specs(self))
 
 
 def step_specs(tool: CompositeTool) -> list[StepSpec]:

@@ -34,14 +34,12 @@ from vmcp_actors.concurrency import TimerHandle, call_later, run_in_thread, stop
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows._coercion import _has_type as has_json_type
 from vmcp_actors.workflows._coercion import coerce_arguments
-from vmcp_actors.workflows._dag import ready_steps
+from vmcp_actors.workflows._dag import StepSpec, ready_steps
 from vmcp_actors.workflows._definition import (
     MAX_FOR_EACH_ITERATIONS,
     CompositeTool,
     OutputProperty,
     Step,
-    composite_problems,
-    step_specs,
 )
 from vmcp_actors.workflows._errors import TemplateError
 from vmcp_actors.workflows._templates import (
@@ -141,7 +139,7 @@ class WorkflowRun(pykka.ThreadingActor):
         self._clock = clock
         self._sleep = sleep
         self._steps = {step.id: step for step in reversed(tool.steps)}  # first declaration wins
-        self._specs = step_specs(tool)
+        self._specs: tuple[StepSpec, ...] = ()  # the step graph, once the definition proved valid
         self._future: cf.Future[dict[str, Any]] = cf.Future()
         self._status = {step.id: "pending" for step in tool.steps}
         self._outcomes: dict[str, StepOutcome] = {}
@@ -196,11 +194,12 @@ class WorkflowRun(pykka.ThreadingActor):
         except JsonRpcError as err:
             self._settle(error=err, state="failed")
             return
-        problems = composite_problems(self._tool)
+        problems = self._tool.problems
         if problems:
             message = "; ".join(f"{path}: {problem}" for path, problem in problems)
             self._settle(error=JsonRpcError(INTERNAL_ERROR, f"invalid composite tool: {message}"), state="failed")
             return
+        self._specs = self._tool.graph
         self._run_timer = self._timer(self._tool.timeout, _RunTimedOut())
         self._schedule()
 
