@@ -17,11 +17,16 @@ def main(argv: list[str]) -> None:
 
     backend = sdk_backend(name, tools=tools or None) if kind == "sdk" else delayed_backend(0, name=name)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # The SIGTERM handler takes no lock: Event.set() in a handler can deadlock the main
+    # thread (a second signal landing inside the first handler's set()), as happened when
+    # a killed benchmark's PR_SET_PDEATHSIG and its closed stdin came together.
+    terminated: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: terminated.append(signum))
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     print(backend.mcp_url, flush=True)
     try:
-        stop.wait()
+        while not terminated and not stop.wait(0.1):
+            pass
     finally:
         backend.stop()
 

@@ -9,6 +9,12 @@ instead, for comparison.
 
 ``VMCP_BENCH_LOG_DIR=DIR`` keeps each gunicorn gateway's log (one INFO line per request
 with the gateway's own duration_ms) in DIR.
+
+``VMCP_BENCH_GATEWAY_TREE=DIR`` serves the gateway from the source tree DIR (a checkout or
+a ``git archive`` of another commit) instead of the installed package: ``python -c`` with
+``PYTHONPATH=DIR`` in DIR, which logs the ``vmcp_actors`` it imported; the harness checks
+that it is DIR's. ``VMCP_BENCH_RESULTS=FILE`` writes the targets and recorded metrics of a
+run to FILE as JSON (bench/compare.py reads them).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": 
 GUNICORN_LABEL = "gunicorn gthread, 1 worker, 32 threads (vmcp-actors serve, subprocess)"
 WERKZEUG_LABEL = "werkzeug threaded server (tests.gateway.GatewayServer, in-process)"
 WATCHDOG_SECONDS = 115.0  # every script must finish within 2 minutes
+GATEWAY_TREE_ENV = "VMCP_BENCH_GATEWAY_TREE"
+RESULTS_ENV = "VMCP_BENCH_RESULTS"
 
 
 # ----------------------------------------------------------------------------------
@@ -118,6 +126,7 @@ def report(checks: Sequence[Check]) -> int:
     print(table(["target", "measured", "wanted", "result"],
                 [(c.name, c.measured, c.target, "MET" if c.ok else "MISSED") for c in checks]))
     missed = [c.name for c in checks if not c.ok]
+    _write_results(checks)
     if STALE_RETRIES:
         print(f"\nnote: {len(STALE_RETRIES)} request(s) were retried once because the gateway closed the "
               "kept-alive connection as the client reused it (gunicorn keepalive timeout)")
@@ -126,11 +135,27 @@ def report(checks: Sequence[Check]) -> int:
     return 0 if not missed else 1
 
 
+# Numbers a benchmark records for bench/compare.py (written with the targets, see RESULTS_ENV).
+METRICS: dict[str, float] = {}
+
+
+def record(name: str, value: float) -> None:
+    METRICS[name] = value
+
+
+def _write_results(checks: Sequence[Check]) -> None:
+    path = os.environ.get(RESULTS_ENV)
+    if path:
+        Path(path).write_text(json.dumps({"metrics": METRICS, "checks": [vars(c) for c in checks]}, indent=1))
+
+
 def print_header(title: str, server: str, extra: Sequence[str] = ()) -> None:
     print(f"== {title} ==")
     print(f"date: {datetime.date.today().isoformat()}   python {platform.python_version()}   "
           f"cpus: {os.cpu_count()}   host: {platform.machine()}")
     print(f"code: {code_version()}")
+    if os.environ.get(GATEWAY_TREE_ENV):
+        print(f"gateway code: the source tree {os.environ[GATEWAY_TREE_ENV]} ({GATEWAY_TREE_ENV})")
     print(f"gateway served by: {server_label(server)}")
     print("test backends: tests/backends.py on uvicorn, in the benchmark's process unless said below")
     for line in extra:
@@ -182,9 +207,9 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def run_benchmark(body: Callable[[], Sequence[Check]]) -> None:
+def run_benchmark(body: Callable[[], Sequence[Check]], watchdog: float = WATCHDOG_SECONDS) -> None:
     """Run ``body`` with a watchdog; stop every actor of this process; exit 0 iff all targets met."""
-    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
+    faulthandler.dump_traceback_later(watchdog, exit=True)
     settle_heap()
     code = 1
     try:
@@ -210,22 +235,27 @@ class McpClient:
     """One MCP session over one ``requests.Session`` (one keep-alive connection).
 
     Not thread-safe: use :meth:`fork` for another thread on the same MCP session.
+    ``headers`` go with every request (e.g. Authorization); ``http`` shares a
+    ``requests.Session`` between MCP sessions used one after the other on one thread.
     """
 
     def __init__(self, url: str, *, timeout: float = 30.0, session_id: str | None = None,
-                 ids: Iterator[int] | None = None):
+                 ids: Iterator[int] | None = None, headers: Mapping[str, str] | None = None,
+                 http: requests.Session | None = None):
         self.url = url
         self.timeout = timeout
         self.session_id = session_id
-        self.http = requests.Session()
+        self.extra_headers = dict(headers or {})
+        self.http = http if http is not None else requests.Session()
         self._ids = ids if ids is not None else itertools.count(1)
 
     def fork(self) -> McpClient:
         """Another client on the same MCP session, with its own HTTP connection."""
-        return McpClient(self.url, timeout=self.timeout, session_id=self.session_id, ids=self._ids)
+        return McpClient(self.url, timeout=self.timeout, session_id=self.session_id, ids=self._ids,
+                         headers=self.extra_headers)
 
     def _headers(self) -> dict[str, str]:
-        headers = dict(MCP_HEADERS)
+        headers = {**MCP_HEADERS, **self.extra_headers}
         if self.session_id is not None:
             headers["Mcp-Session-Id"] = self.session_id
             headers["MCP-Protocol-Version"] = PROTOCOL_VERSION
@@ -367,6 +397,7 @@ class RunningGateway:
     server: str
     log_path: Path | None = None
     pid: int | None = None  # the gunicorn worker (None: in this process)
+    source: str | None = None  # the vmcp_actors/__init__.py it runs, when served from a source tree
 
     def client(self, timeout: float = 30.0) -> McpClient:
         return McpClient(self.url, timeout=timeout)
@@ -421,9 +452,14 @@ def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] |
 @contextlib.contextmanager
 def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
             operational: Mapping[str, Any] | None = None,
-            extra: Mapping[str, Any] | None = None) -> Iterator[RunningGateway]:
-    """The gateway over ``backends`` ({name: MCP URL}), stopped (and its actors) on exit."""
+            extra: Mapping[str, Any] | None = None, tree: str | Path | None = None) -> Iterator[RunningGateway]:
+    """The gateway over ``backends`` ({name: MCP URL}), stopped (and its actors) on exit.
+
+    ``tree`` (default: $VMCP_BENCH_GATEWAY_TREE) serves it from that source tree."""
     config = config_mapping(backends, operational, extra)
+    tree = tree or os.environ.get(GATEWAY_TREE_ENV) or None
+    if server == "werkzeug" and tree is not None:
+        raise RuntimeError("a gateway from another source tree runs under gunicorn only (not in-process)")
     if server == "werkzeug":
         import logging
 
@@ -442,8 +478,9 @@ def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         log_path = Path(tmp) / "gateway.log"
         try:
-            with _gunicorn(config_path, log_path) as (base, worker):
-                yield RunningGateway(base + "/mcp", base, GUNICORN_LABEL, log_path, worker)
+            with _gunicorn(config_path, log_path, tree) as (base, worker):
+                source = _tree_source(log_path, tree) if tree is not None else None
+                yield RunningGateway(base + "/mcp", base, GUNICORN_LABEL, log_path, worker, source)
         finally:
             keep = os.environ.get("VMCP_BENCH_LOG_DIR")
             if keep and log_path.exists():
@@ -456,6 +493,56 @@ def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
 def _vmcp_actors_command() -> list[str]:
     script = Path(sys.executable).parent / "vmcp-actors"
     return [str(script)] if script.exists() else [sys.executable, "-m", "vmcp_actors.cli"]
+
+
+_SOURCE_MARK = "bench: vmcp_actors imported from "
+_TREE_LAUNCHER = ("import sys, vmcp_actors; "
+                  f"print({_SOURCE_MARK!r} + vmcp_actors.__file__, file=sys.stderr, flush=True); "
+                  "from vmcp_actors.cli import main; sys.argv[0] = 'vmcp-actors'; sys.exit(main())")
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How to run the ``vmcp-actors`` command: argv prefix, working directory, environment."""
+
+    argv: list[str]
+    cwd: Path = ROOT
+    env: dict[str, str] | None = None  # None: this process's
+
+
+def vmcp_actors_invocation(tree: str | Path | None = None) -> Invocation:
+    """The installed ``vmcp-actors``, or (``tree``) the ``vmcp_actors`` of that source tree:
+    run in the tree with it first on PYTHONPATH, so it wins over the editable install."""
+    if tree is None:
+        return Invocation(_vmcp_actors_command())
+    tree = Path(tree).resolve()
+    if not (tree / "vmcp_actors" / "__init__.py").is_file():
+        raise RuntimeError(f"{tree} has no vmcp_actors package")
+    pythonpath = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    return Invocation([sys.executable, "-c", _TREE_LAUNCHER], tree, {**os.environ, "PYTHONPATH": pythonpath})
+
+
+def validate_config(config: Mapping[str, Any], tree: str | Path | None = None) -> tuple[bool, str]:
+    """``vmcp-actors validate`` on ``config`` (with the gateway code of ``tree``): (ok, its output)."""
+    run = vmcp_actors_invocation(tree)
+    with tempfile.TemporaryDirectory(prefix="vmcp-bench-") as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        done = subprocess.run([*run.argv, "validate", "--config", str(path)], cwd=run.cwd, env=run.env,
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith(_SOURCE_MARK)]
+    return done.returncode == 0, "\n".join(lines)
+
+
+def _tree_source(log_path: Path, tree: str | Path) -> str:
+    """The vmcp_actors the gateway served from ``tree`` imported (from its log); fails unless it is the tree's."""
+    marks = [line.split(_SOURCE_MARK, 1)[1].strip() for line in log_path.read_text(errors="replace").splitlines()
+             if _SOURCE_MARK in line]
+    expected = Path(tree).resolve() / "vmcp_actors" / "__init__.py"
+    if not marks or Path(marks[-1]).resolve() != expected:
+        imported = marks[-1] if marks else "nothing logged"
+        raise RuntimeError(f"the gateway did not run {expected}: it imported {imported}")
+    return marks[-1]
 
 
 def free_port() -> int:
@@ -478,24 +565,27 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def _gunicorn(config_path: Path, log_path: Path) -> Iterator[tuple[str, int | None]]:
-    with serve_subprocess(lambda port: [*_vmcp_actors_command(), "serve", "--config", str(config_path),
-                                        "--host", "127.0.0.1", "--port", str(port)], log_path) as served:
+def _gunicorn(config_path: Path, log_path: Path, tree: str | Path | None = None) -> Iterator[tuple[str, int | None]]:
+    run = vmcp_actors_invocation(tree)
+    with serve_subprocess(lambda port: [*run.argv, "serve", "--config", str(config_path),
+                                        "--host", "127.0.0.1", "--port", str(port)], log_path,
+                          cwd=run.cwd, env=run.env) as served:
         yield served
 
 
 @contextlib.contextmanager
 def serve_subprocess(command: Callable[[int], list[str]], log_path: Path,
-                     ready_timeout: float = 30.0) -> Iterator[tuple[str, int | None]]:
-    """Run ``command(port)`` (a gunicorn server) until its /readyz answers 200; yields
-    (base URL, worker pid); SIGTERM on exit."""
+                     ready_timeout: float = 30.0, *, cwd: Path = ROOT,
+                     env: Mapping[str, str] | None = None) -> Iterator[tuple[str, int | None]]:
+    """Run ``command(port)`` (a gunicorn server, in ``cwd`` with ``env``) until its /readyz
+    answers 200; yields (base URL, worker pid); SIGTERM on exit."""
     last_error = "not started"
     for _attempt in range(3):  # the free port may be taken between probing and binding
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(command(port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=ROOT, preexec_fn=_die_with_parent)
+                                    cwd=cwd, env=env, preexec_fn=_die_with_parent)
         try:
             if _wait_ready(proc, base, ready_timeout):
                 yield base, _only_child(proc.pid)

@@ -1,15 +1,18 @@
-"""Running blocking work off actor threads.
+"""Running blocking work off actor threads, and the one deadline a request carries.
 
 Actors own state and must never hold their message loop on network I/O (DESIGN rule 2).
 HTTP exchanges therefore run on worker threads and report back through
 ``concurrent.futures.Future`` values, which any number of threads may wait on.
 
-The workers form an elastic pool: a job goes to an idle worker, and a new worker starts
-only when none is idle. So, unlike a bounded pool, a job that waits for another job (a
-list call waiting for the handshake) can never starve it, while a steady load reuses
-threads instead of paying for a new one per exchange. The number of jobs in flight is
-bounded by the web server's threads and the per-backend timeouts; idle workers leave after
-a minute. Workers are daemon threads so a hung exchange never holds up process exit.
+The workers form a bounded pool (``MAX_WORKERS``): a job goes to an idle worker, a new
+worker starts while fewer than ``MAX_WORKERS`` run, and further jobs queue. A bounded
+pool is safe because no pooled job ever waits for another job: work that depends on
+other work (discovery after the handshake, a composite step after a renewed handshake)
+is chained with done-callbacks (``on_settled``, ``when_all``) instead of a blocking
+``result()``, so a queued job can never be starved by workers waiting for it. Only web
+threads (bounded by the server's thread count) and nobody else block on futures, each
+until its request's ``Deadline``. Idle workers leave after a minute; workers are daemon
+threads so a hung exchange never holds up process exit.
 """
 
 from __future__ import annotations
@@ -20,22 +23,56 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pykka
 
 T = TypeVar("T")
 
+# The most worker threads the pool runs at once; further jobs wait in its queue.
+MAX_WORKERS = 32
 
-class ElasticPool:
-    """Reusable daemon worker threads; a new one starts only when none is idle."""
 
-    def __init__(self, idle_exit: float = 60.0, name: str = "vmcp-io"):
+@dataclass(frozen=True)
+class Deadline:
+    """An absolute point on the monotonic clock: the one deadline of a client request,
+    which every wait below the request uses (``remaining()``, or ``cap(limit)`` for a
+    wait that also has a limit of its own, such as one backend's timeout)."""
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def cap(self, seconds: float) -> float:
+        """The shorter of ``seconds`` and what is left of the deadline."""
+        return min(seconds, self.remaining())
+
+    def earlier(self, seconds: float) -> Deadline:
+        """This deadline moved ``seconds`` earlier (a margin to answer in)."""
+        return Deadline(self.at - seconds)
+
+
+class BoundedPool:
+    """At most ``max_workers`` reusable daemon worker threads; jobs beyond them queue."""
+
+    def __init__(self, max_workers: int = MAX_WORKERS, idle_exit: float = 60.0, name: str = "vmcp-io"):
         self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], cf.Future[Any]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._idle = 0  # waiting workers not yet claimed by a submitted job
+        self._max = max_workers
         self._workers = 0
+        self._idle = 0  # workers waiting for a job
+        self._pending = 0  # jobs submitted and not yet taken by a worker
         self._idle_exit = idle_exit
         self._name = name
 
@@ -43,11 +80,10 @@ class ElasticPool:
         future: cf.Future[T] = cf.Future()
         future.set_running_or_notify_cancel()
         with self._lock:
-            start_worker = self._idle == 0
+            self._pending += 1
+            start_worker = self._pending > self._idle and self._workers < self._max
             if start_worker:
                 self._workers += 1
-            else:
-                self._idle -= 1  # claim an idle worker for this job
         self._jobs.put((fn, args, future))
         if start_worker:
             threading.Thread(target=self._work, name=self._name, daemon=True).start()
@@ -57,32 +93,84 @@ class ElasticPool:
     def workers(self) -> int:
         return self._workers
 
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return max(0, self._pending - self._idle)
+
     def _work(self) -> None:
         while True:
+            with self._lock:
+                self._idle += 1
             try:
                 fn, args, future = self._jobs.get(timeout=self._idle_exit)
             except queue.Empty:
                 with self._lock:
-                    if self._idle > 0:  # nobody claimed a waiting worker: one of us leaves
-                        self._idle -= 1
+                    self._idle -= 1
+                    if self._pending == 0:  # nothing on its way: leave
                         self._workers -= 1
                         return
-                continue  # a job was claimed and is on its way
+                continue
+            with self._lock:
+                self._idle -= 1
+                self._pending -= 1
             try:
                 future.set_result(fn(*args))
             except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
                 future.set_exception(exc)
             del fn, args, future  # drop references before idling
-            with self._lock:
-                self._idle += 1
 
 
-_POOL = ElasticPool()
+_POOL = BoundedPool()
 
 
 def run_in_thread(fn: Callable[..., T], *args: Any) -> cf.Future[T]:
-    """Run ``fn(*args)`` on a pooled worker thread; its outcome lands in the returned future."""
+    """Run ``fn(*args)`` on a pooled worker thread; its outcome lands in the returned future.
+    ``fn`` must not wait for another pooled job (chain with ``on_settled`` instead)."""
     return _POOL.submit(fn, *args)
+
+
+def pool_stats() -> dict[str, int]:
+    return {"workers": _POOL.workers, "maxWorkers": MAX_WORKERS, "queued": _POOL.queued}
+
+
+def on_settled(future: cf.Future[T], fn: Callable[[cf.Future[T]], None]) -> None:
+    """Call ``fn(future)`` once it is settled (at once if it already is), on whichever
+    thread settles it. ``fn`` must be quick and must not block."""
+    future.add_done_callback(fn)
+
+
+def when_all(futures: Mapping[str, cf.Future[Any]]) -> cf.Future[dict[str, cf.Future[Any]]]:
+    """A future settled once every one of ``futures`` is, holding them all (none waits)."""
+    joined: cf.Future[dict[str, cf.Future[Any]]] = cf.Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+    if not futures:
+        joined.set_result({})
+        return joined
+
+    def one_settled(_: cf.Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            joined.set_result(dict(futures))
+
+    for future in futures.values():
+        future.add_done_callback(one_settled)
+    return joined
+
+
+def settle_from(target: cf.Future[T], source: cf.Future[T]) -> None:
+    """Copy ``source``'s outcome into ``target`` (unless ``target`` is already settled)."""
+    error = source.exception()
+    try:
+        if error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(source.result())
+    except cf.InvalidStateError:
+        pass  # settled meanwhile by someone else (a deadline, a cancellation)
 
 
 class TimerHandle:

@@ -778,7 +778,7 @@ def test_actors_survive_every_bad_input(start_gateway, sdk_pair):
     session = gateway.initialize()
     assert_session_works(gateway, session)
     mine = [ref for ref in pykka.ActorRegistry.get_all() if ref.actor_urn not in existing]
-    session_actors = [ref for ref in mine if ref.actor_class.__name__ == "SessionActor"]
+    session_actors = [ref for ref in mine if ref.actor_class.__name__ == "UserActor"]
     connections = [ref for ref in mine if ref.actor_class.__name__ == "BackendConnection"]
     assert len(session_actors) == 1 and len(connections) == 2, [ref.actor_class.__name__ for ref in mine]
 

@@ -15,7 +15,7 @@ from tests.backends import (
     sdk_backend,
 )
 from tests.gateway import backend_entry, list_all, run_client, wait_until
-from vmcp_actors.sessions import _actor as session_module
+from vmcp_actors.sessions import _user as session_module
 
 
 def _call(gateway, session_id, name, arguments=None, request_id=1):
@@ -235,28 +235,28 @@ def test_concurrent_calls_on_one_session_and_backend_overlap(start_gateway):
 # -- 4. isolation ----------------------------------------------------------------------------------
 
 
-def test_sessions_have_their_own_backend_sessions(start_gateway):
+def test_sessions_of_one_user_share_its_backend_session_until_the_last_one_ends(start_gateway):
+    """One actor per user: two anonymous sessions are one user, so one backend session
+    serves both; ending one keeps it for the other, ending the last ends it."""
     with restartable_backend() as raw:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)]})
         one, two = gateway.initialize(), gateway.initialize()
         assert one != two
         assert _text(_call(gateway, one, "rs_echo", {"text": "1"})) == "restartable:1"
         assert _text(_call(gateway, two, "rs_echo", {"text": "2"})) == "restartable:2"
-        assert raw.initialize_count == 2
-        backend_sessions = {m.session_id for m in raw.requests("tools/call")}
-        assert len(backend_sessions) == 2
+        assert raw.initialize_count == 1
+        (backend_session,) = {m.session_id for m in raw.requests("tools/call")}
 
         response = _delete(gateway, one)
         assert response.status_code == 200
         gone = gateway.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, one)
         assert gone.status_code == 404
         assert _text(_call(gateway, two, "rs_echo", {"text": "still"})) == "restartable:still"
+        assert raw.deleted_sessions == [] and raw.initialize_count == 1
 
-        # the ended session's backend session was closed, the other one was not
-        assert wait_until(lambda: raw.deleted_sessions, timeout=5)
-        session_of_one = next(m.session_id for m in raw.requests("tools/call") if m.params["arguments"]["text"] == "1")
-        assert raw.deleted_sessions == [session_of_one]
-        assert len(raw.sessions) == 1
+        assert _delete(gateway, two).status_code == 200
+        assert wait_until(lambda: raw.deleted_sessions, timeout=5) == [backend_session]
+        assert raw.sessions == {}
 
 
 # -- 5. reaping --------------------------------------------------------------------------------------

@@ -51,6 +51,18 @@ def test_invalid_tool_names_are_not_advertised(caplog):
     assert "not a valid MCP tool name" in caplog.text
 
 
+@pytest.mark.parametrize(("strategy", "advertised"), [("prefix", ["b_ok"]), ("manual", ["ok", "a" * 128])])
+def test_names_with_a_trailing_newline_or_too_long_are_not_advertised_and_are_reported(strategy, advertised):
+    listed = ["ok", "echo\n", "a" * 128, "a" * 129, ""]
+    catalog = build_catalog({"b": caps("b", listed)}, {}, AggregationConfig(conflict_resolution=strategy))
+    assert [t["name"] for t in catalog.tools] == advertised
+    assert not any("echo" in name for name in catalog.tool_routes)
+    invalid = [problem for problem in catalog.problems if "not a valid MCP tool name" in problem]
+    assert any(problem.startswith("tool 'echo\\n' of backend 'b'") for problem in invalid), catalog.problems
+    assert any(problem.startswith(f"tool '{'a' * 129}' of backend 'b'") for problem in invalid), catalog.problems
+    assert "backend 'b' lists a tool without a name; skipped" in catalog.problems
+
+
 def test_the_advertised_tool_dicts_are_copies():
     backend = caps("a", ["x"])
     build_catalog({"a": backend}, {}, AggregationConfig())
@@ -89,7 +101,7 @@ def test_a_catalog_without_backends_says_so():
 # -- overrides, strategies, prompts, internal resolution (issue 4) -------------------------
 
 from vmcp_actors.config import ToolOverride, WorkloadToolsConfig  # noqa: E402
-from vmcp_actors.sessions import AdvertisingFilter, is_advertised  # noqa: E402
+from vmcp_actors.sessions import AdvertisingFilter, advertised_name, is_advertised  # noqa: E402
 
 
 def names(catalog):
@@ -154,6 +166,13 @@ def test_a_rename_into_a_clash_is_a_clash():
     assert catalog.errors and "b (tool 'y')" in catalog.errors[0]
 
 
+@pytest.mark.parametrize(("strategy", "expected"), [("prefix", "a_x"), ("priority", "x"), ("manual", "x")])
+def test_the_catalog_and_the_config_name_an_unclashed_tool_by_one_rule(strategy, expected):
+    config = agg(strategy, priority_order=("a",) if strategy == "priority" else ())
+    assert advertised_name(config, "a", "x") == config.advertised_name("a", "x") == expected
+    assert names(build_catalog({"a": caps("a", ["x"])}, {}, config)) == [expected]
+
+
 def test_prompts_under_priority_keep_bare_names_for_listed_backends_only():
     config = agg("priority", priority_order=("a",))
     catalog = build_catalog({"a": caps("a", prompts=["p"]), "b": caps("b", prompts=["q"])}, {}, config)
@@ -209,27 +228,29 @@ class _Inner:
         self.catalog = catalog
         self.called = []
 
-    def list_tools(self, identity):
+    def list_tools(self, identity, deadline):
         return self.catalog.tools
 
-    def lookup_tool(self, identity, name):
+    def lookup_tool(self, identity, name, deadline):
         return self.catalog.tool_routes.get(name)
 
-    def call_tool(self, identity, name, arguments, meta):
+    def call_tool(self, identity, name, arguments, meta, deadline):
         self.called.append(name)
         return iter(())
 
 
 def test_hidden_tools_are_neither_listed_nor_callable_through_the_filter():
+    from vmcp_actors.concurrency import Deadline
     from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 
     config = agg(tools=(workload("a", exclude_all=True),))
     inner = _Inner(build_catalog({"a": caps("a", ["x"]), "b": caps("b", ["x"])}, {}, config))
     advertised = AdvertisingFilter(inner, config)
-    assert [t["name"] for t in advertised.list_tools(None)] == ["b_x"]
+    deadline = Deadline.after(5)
+    assert [t["name"] for t in advertised.list_tools(None, deadline)] == ["b_x"]
     with pytest.raises(JsonRpcError) as caught:
-        advertised.call_tool(None, "a_x", {}, None)
+        advertised.call_tool(None, "a_x", {}, None, deadline)
     assert caught.value.code == INVALID_PARAMS and caught.value.message == "Unknown tool: a_x"
     assert inner.called == []
-    advertised.call_tool(None, "b_x", {}, None)
+    advertised.call_tool(None, "b_x", {}, None, deadline)
     assert inner.called == ["b_x"]

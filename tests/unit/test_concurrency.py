@@ -1,18 +1,19 @@
+import concurrent.futures as cf
 import threading
 import time
 
-from vmcp_actors.concurrency import ElasticPool
+from vmcp_actors.concurrency import BoundedPool, Deadline, on_settled, settle_from, when_all
 
 
 def test_a_steady_load_reuses_workers():
-    pool = ElasticPool()
+    pool = BoundedPool()
     for _ in range(50):
         pool.submit(lambda: None).result(timeout=5)
     assert pool.workers == 1
 
 
 def test_a_new_worker_starts_only_when_none_is_idle():
-    pool = ElasticPool()
+    pool = BoundedPool()
     release = threading.Event()
     busy = [pool.submit(release.wait, 5) for _ in range(4)]
     assert pool.workers == 4
@@ -24,20 +25,63 @@ def test_a_new_worker_starts_only_when_none_is_idle():
     assert pool.workers == 4  # reused an idle one
 
 
-def test_a_job_waiting_for_another_job_never_starves_it():
-    pool = ElasticPool()
-    inner_started = threading.Event()
+def test_the_pool_never_runs_more_than_its_bound_and_queues_the_rest():
+    pool = BoundedPool(max_workers=3)
+    release = threading.Event()
+    lock = threading.Lock()
+    running = [0, 0]  # now, most at once
 
-    def outer():
-        inner = pool.submit(lambda: inner_started.set() or "inner done")
-        return inner.result(timeout=5)
+    def job():
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        release.wait(5)
+        with lock:
+            running[0] -= 1
+        return "done"
 
-    outers = [pool.submit(outer) for _ in range(20)]
-    assert [f.result(timeout=10) for f in outers] == ["inner done"] * 20
+    jobs = [pool.submit(job) for _ in range(10)]
+    time.sleep(0.1)
+    assert pool.workers == 3 and pool.queued == 7
+    release.set()
+    assert [f.result(timeout=5) for f in jobs] == ["done"] * 10
+    assert running[1] == 3
+
+
+def test_chained_work_never_waits_in_the_pool():
+    """Work that depends on other work is chained by callbacks, so a pool of one worker
+    runs a hundred two-step chains without any job waiting for another."""
+    pool = BoundedPool(max_workers=1)
+    chains = []
+    for index in range(100):
+        chain = cf.Future()
+        first = pool.submit(lambda index=index: index)
+        on_settled(first, lambda done, chain=chain: on_settled(
+            pool.submit(lambda: done.result() * 2), lambda second: settle_from(chain, second)))
+        chains.append(chain)
+    assert [chain.result(timeout=5) for chain in chains] == [index * 2 for index in range(100)]
+
+
+def test_when_all_settles_once_every_future_has():
+    futures = {name: cf.Future() for name in "abc"}
+    joined = when_all(futures)
+    futures["a"].set_result(1)
+    futures["b"].set_exception(ValueError("b"))
+    assert not joined.done()
+    futures["c"].set_result(3)
+    assert joined.result(timeout=1) == futures
+    assert when_all({}).result(timeout=1) == {}
+
+
+def test_a_deadline_caps_waits_and_moves_earlier():
+    deadline = Deadline.after(10)
+    assert 9 < deadline.remaining() <= 10 and deadline.cap(2) == 2
+    assert 8.5 < deadline.earlier(1).remaining() <= 9
+    assert Deadline.after(-1).remaining() == 0 and Deadline.after(-1).expired
 
 
 def test_exceptions_land_in_the_future_and_the_worker_survives():
-    pool = ElasticPool()
+    pool = BoundedPool()
     failing = pool.submit(lambda: 1 / 0)
     assert isinstance(failing.exception(timeout=5), ZeroDivisionError)
     assert pool.submit(lambda: "still serving").result(timeout=5) == "still serving"
@@ -45,7 +89,7 @@ def test_exceptions_land_in_the_future_and_the_worker_survives():
 
 
 def test_idle_workers_leave():
-    pool = ElasticPool(idle_exit=0.05)
+    pool = BoundedPool(idle_exit=0.05)
     release = threading.Event()
     busy = [pool.submit(release.wait, 5) for _ in range(3)]
     release.set()

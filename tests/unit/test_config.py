@@ -1068,6 +1068,39 @@ def test_parse_duration_allows_zero_only_when_asked() -> None:
         parse_duration("0s")
 
 
+# idle users and the signing key
+
+def test_user_idle_timeout_and_signing_key_env_have_defaults() -> None:
+    operational = config_from_mapping(minimal()).operational
+    assert operational.user_idle_timeout == 300.0
+    assert operational.signing_key_env is None
+
+
+def test_user_idle_timeout_and_signing_key_env_are_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VMCP_SIGNING_KEY", "s3cret")
+    config = config_from_mapping(minimal(operational={"userIdleTimeout": "90s", "signingKeyEnv": "VMCP_SIGNING_KEY"}))
+    assert config.operational.user_idle_timeout == 90.0
+    assert config.operational.signing_key_env == "VMCP_SIGNING_KEY"
+    assert "s3cret" not in repr(config)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0s", "invalid duration '0s': must be greater than 0"),
+    (300, "invalid duration 300: durations need a unit, e.g. 30s"),
+    ("soon", "invalid duration 'soon' (use e.g. 500ms, 30s, 2m)"),
+    (None, "must not be null"),
+])
+def test_user_idle_timeout_must_be_a_positive_duration(value: Any, message: str) -> None:
+    assert errors_of(minimal(operational={"userIdleTimeout": value})) == (f"operational.userIdleTimeout: {message}",)
+
+
+@pytest.mark.parametrize("value", ["Bearer s3cret", "1KEY", "VMCP-KEY"])
+def test_signing_key_env_must_be_an_env_var_name_and_is_not_echoed(value: str) -> None:
+    (line,) = errors_of(minimal(operational={"signingKeyEnv": value}))
+    assert line.startswith("operational.signingKeyEnv: must be an environment variable name")
+    assert value not in line
+
+
 # env vars
 
 def test_required_env_vars_lists_paths_and_names(tmp_path: Path) -> None:
@@ -1075,8 +1108,10 @@ def test_required_env_vars_lists_paths_and_names(tmp_path: Path) -> None:
     data["outgoingAuth"]["default"] = injection(headerValueEnv="DEFAULT_KEY")
     data["backends"].append({"name": "wiki", "url": "http://127.0.0.1:8083/mcp"})
     data["outgoingAuth"]["backends"]["wiki"] = injection(headerValue=SECRET)
+    data["operational"] = {"signingKeyEnv": "VMCP_SIGNING_KEY"}
 
     assert required_env_vars(config_from_mapping(data)) == [
+        ("operational.signingKeyEnv", "VMCP_SIGNING_KEY"),
         ("admin.tokenEnv", "VMCP_ADMIN_TOKEN"),
         ("outgoingAuth.default.headerInjection.headerValueEnv", "DEFAULT_KEY"),
         ("outgoingAuth.backends.github.headerInjection.headerValueEnv", "GITHUB_TOKEN"),

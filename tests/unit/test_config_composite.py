@@ -473,6 +473,64 @@ def test_parameters_accept_any_other_json_schema_keywords_and_matching_defaults(
     assert tool.parameters == parameters
 
 
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ({"type": "object", "properties": {"n": {"type": "integer", "minimum": "zero"}}},
+         "parameters.properties.n.minimum: 'zero' is not of type 'number'"),
+        ({"type": "object", "properties": {"code": {"type": "string", "pattern": "("}}},
+         "parameters.properties.code.pattern: '(' is not a 'regex'"),
+        ({"type": "object", "properties": {"tags": {"type": "array", "items": 3}}},
+         "parameters.properties.tags.items: 3 is not of type 'object', 'boolean'"),
+        ({"type": "object", "properties": {"name": {"type": "string", "minLength": -1}}},
+         "parameters.properties.name.minLength: -1 is less than the minimum of 0"),
+        ({"type": "object", "additionalProperties": "no"},
+         "parameters.additionalProperties: 'no' is not of type 'object', 'boolean'"),
+        ({"$schema": DRAFT_07, "type": "object", "properties": {"n": {"exclusiveMinimum": True}}},
+         "parameters.properties.n.exclusiveMinimum: True is not of type 'number'"),
+        ({"$schema": "https://example.com/my-dialect", "type": "object"},
+         "parameters.$schema: must name a JSON Schema draft, e.g. https://json-schema.org/draft/2020-12/schema"),
+    ],
+)
+def test_a_parameters_schema_its_draft_refuses_is_reported_at_its_path(parameters: Any, expected: str) -> None:
+    assert errors_of(composite(parameters=parameters)) == (f"compositeTools[0].{expected}",)
+
+
+@pytest.mark.parametrize(
+    ("prop", "problem"),
+    [
+        ({"enum": ["C", "F"], "default": "K"}, "p: 'K' is not one of ['C', 'F']"),
+        ({"type": "string", "pattern": "^[A-Z]{3}$", "default": "oslo"}, "p: 'oslo' does not match '^[A-Z]{3}$'"),
+        ({"type": "integer", "minimum": 1, "default": 0}, "p: 0 is less than the minimum of 1"),
+        ({"type": "array", "items": {"type": "string"}, "default": ["a", 2]}, "p[1] must be string, got integer"),
+    ],
+)
+def test_a_default_is_checked_against_every_keyword_of_its_property(prop: dict[str, Any], problem: str) -> None:
+    parameters = {"type": "object", "properties": {"p": prop}}
+    assert errors_of(composite(parameters=parameters)) == (
+        f"compositeTools[0].parameters.properties.p.default: does not match the property: {problem}",
+    )
+
+
+def test_a_default_is_checked_against_definitions_the_property_refers_to() -> None:
+    parameters = {"type": "object", "$defs": {"unit": {"enum": ["C", "F"]}},
+                  "properties": {"unit": {"$ref": "#/$defs/unit", "default": "K"}}}
+    assert errors_of(composite(parameters=parameters)) == (
+        "compositeTools[0].parameters.properties.unit.default: does not match the property: "
+        "unit: 'K' is not one of ['C', 'F']",
+    )
+    parameters["properties"]["unit"]["default"] = "C"
+    assert load(composite(parameters=parameters)).composite_tools
+
+
+def test_an_older_draft_named_by_schema_is_checked_by_its_own_rules() -> None:
+    parameters = {"$schema": DRAFT_07, "type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": 0}}}
+    assert load(composite(parameters=parameters)).composite_tools[0].parameters == parameters
+
+
 # --- templates and the step graph (workflows.composite_problems) -------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
 import time
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import pykka
 import pytest
 
-from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
+from vmcp_actors.concurrency import Deadline, call_later
+from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows import (
     CompositeTool,
     StepSpec,
@@ -22,6 +24,7 @@ from vmcp_actors.workflows import (
     WorkflowRun,
     composite_problems,
     step_specs,
+    validate_params,
 )
 
 WAIT = 5.0
@@ -56,7 +59,20 @@ class FakeCaller:
     def input_schema(self, tool: str):
         return self.schemas.get(tool)
 
-    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        """Returns at once, as the real caller does; the tool runs on a thread of its own."""
+        outcome: cf.Future[dict[str, Any]] = cf.Future()
+
+        def run() -> None:
+            try:
+                outcome.set_result(self._call(tool, arguments))
+            except Exception as error:  # noqa: BLE001 - lands in the future, as a real failure does
+                outcome.set_exception(error)
+
+        threading.Thread(target=run, daemon=True).start()
+        return outcome
+
+    def _call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
             self.calls.append((tool, arguments))
             self.in_flight += 1
@@ -248,13 +264,19 @@ def test_retry_succeeds_on_the_third_try_with_exponential_backoff():
             raise RuntimeError("flaky")
         return structured({"ok": True})
 
-    slept: list[float] = []
+    backoffs: list[float] = []
+
+    def schedule(delay, fn):
+        if delay < 1:  # not a step or run timeout: a back-off
+            backoffs.append(delay)
+        return call_later(delay, fn)
+
     caller = FakeCaller({"f": flaky})
     tool = composite(Step("s", "f", on_error=OnError("retry", retry_count=3, retry_delay=0.01)))
-    result = outcome(tool, caller, sleep=lambda seconds: slept.append(seconds))
+    result = outcome(tool, caller, schedule=schedule)
     assert result["structuredContent"] == {"ok": True}
     assert len(attempts) == 3
-    assert slept == [0.01, 0.02]
+    assert backoffs == [0.01, 0.02]  # timers: no thread slept through the back-off
 
 
 def test_retry_exhausted_aborts():
@@ -402,6 +424,57 @@ def test_bad_parameters_fail_before_any_step_runs(params, problem):
     assert raised.value.code == INVALID_PARAMS
     assert problem in raised.value.message
     assert caller.calls == []
+
+
+CHECKED = {"type": "object", "properties": {
+    "unit": {"enum": ["C", "F"]},
+    "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+    "city": {"type": "string", "minLength": 2},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "trip": {"type": "object", "additionalProperties": False, "properties": {"nights": {"type": "integer"}}},
+}}
+
+
+@pytest.mark.parametrize(("params", "problem"), [
+    ({"unit": "K"}, "unit: 'K' is not one of ['C', 'F']"),
+    ({"code": "osl"}, "code: 'osl' does not match '^[A-Z]{3}$'"),
+    ({"days": 0}, "days: 0 is less than the minimum of 1"),
+    ({"days": 15}, "days: 15 is greater than the maximum of 14"),
+    ({"city": "X"}, "city: 'X' is too short"),
+    ({"tags": ["a", 2]}, "tags[1] must be string, got integer"),
+    ({"trip": {"nights": 2, "pets": 1}}, "trip: Additional properties are not allowed ('pets' was unexpected)"),
+])
+def test_every_keyword_of_the_parameters_schema_is_enforced_naming_where(params, problem):
+    with pytest.raises(JsonRpcError) as raised:
+        validate_params(params, CHECKED)
+    assert raised.value.code == INVALID_PARAMS
+    assert raised.value.message == f"Invalid params: {problem}"
+
+
+def test_parameters_the_schema_allows_pass_with_defaults_filled_in_at_every_level():
+    schema = {"type": "object", "properties": {
+        "trip": {"type": "object", "default": {}, "properties": {"nights": {"type": "integer", "default": 3}}},
+        "days": {"type": "integer", "minimum": 1},
+    }}
+    assert validate_params(None, schema) == {"trip": {"nights": 3}}
+    assert validate_params({"trip": {}, "days": 2}, schema) == {"trip": {"nights": 3}, "days": 2}
+
+
+def test_a_missing_required_property_is_named_before_a_problem_deeper_down():
+    schema = {"type": "object", "required": ["issue"],
+              "properties": {"issue": {"type": "integer"}, "trip": {"properties": {"nights": {"type": "integer"}}}}}
+    with pytest.raises(JsonRpcError) as raised:
+        validate_params({"trip": {"nights": "two"}}, schema)
+    assert raised.value.message == "Invalid params: missing required property 'issue'"
+
+
+def test_a_ref_the_schema_cannot_resolve_is_an_internal_error_not_a_crash():
+    schema = {"type": "object", "properties": {"unit": {"$ref": "https://schemas.example.com/unit.json"}}}
+    with pytest.raises(JsonRpcError) as raised:
+        validate_params({"unit": "C"}, schema)
+    assert raised.value.code == INTERNAL_ERROR
+    assert "cannot be resolved" in raised.value.message
 
 
 # -- lifecycle ---------------------------------------------------------------------------

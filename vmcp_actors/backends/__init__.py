@@ -1,6 +1,6 @@
-"""The backend edge: one BackendConnection actor per backend per session."""
+"""The backend edge: one BackendConnection actor per backend per user."""
 
-from vmcp_actors.backends._actor import BackendConnection
+from vmcp_actors.backends._actor import BackendConnection, display_url
 from vmcp_actors.backends._auth import (
     ExchangedTokenCache,
     HeaderInjection,
@@ -9,9 +9,15 @@ from vmcp_actors.backends._auth import (
     Unauthenticated,
     build_outgoing_auth,
 )
-from vmcp_actors.backends._channel import BackendChannel
+from vmcp_actors.backends._channel import BackendChannel, drain
 from vmcp_actors.backends._http import McpHttpClient, PostResult
-from vmcp_actors.backends._models import BackendCapabilities, ConnectionSnapshot, ConnectionState, Handshake
+from vmcp_actors.backends._models import (
+    BackendCapabilities,
+    ConnectionSnapshot,
+    ConnectionState,
+    Handshake,
+    plain_json,
+)
 
 __all__ = [
     "BackendCapabilities",
@@ -23,9 +29,12 @@ __all__ = [
     "TokenExchange",
     "Unauthenticated",
     "build_outgoing_auth",
+    "drain",
+    "display_url",
     "ConnectionSnapshot",
     "ConnectionState",
     "Handshake",
     "McpHttpClient",
+    "plain_json",
     "PostResult",
 ]

@@ -1,10 +1,14 @@
-"""BackendConnection: one backend, one user session.
+"""BackendConnection: one backend, one user.
 
 The actor owns the connection's state: the handshake (started once, renewed once when
 the backend forgets our session), the state machine, the last error and the discovered
-lists. It never waits on the network in its loop: the handshake and discovery run on
-worker threads and report back with messages, and calls run on the caller's thread
-through the connection's BackendChannel, so concurrent calls to one backend overlap.
+lists. It never waits on the network in its loop: the handshake and the list calls run
+as pooled jobs and report back with messages, each step chained on the one before by a
+callback (discovery's lists start when the handshake settles), and calls run on the
+caller's thread through the connection's BackendChannel, so concurrent calls overlap.
+
+A connection revived from the user record starts from the recorded handshake: the
+backend session is used as it is, and a 404 to it re-initializes, as for a restart.
 """
 
 from __future__ import annotations
@@ -12,18 +16,23 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pykka
 
-from vmcp_actors.backends._auth import OutgoingAuth
 from vmcp_actors.backends._channel import BackendChannel
-from vmcp_actors.backends._http import McpHttpClient
 from vmcp_actors.backends._models import BackendCapabilities, ConnectionSnapshot, ConnectionState, Handshake
-from vmcp_actors.concurrency import failed, run_in_thread
+from vmcp_actors.concurrency import failed, on_settled, resolved, run_in_thread, tell_quietly, when_all
 from vmcp_actors.config import BackendConfig
-from vmcp_actors.exceptions import BackendError, BackendProtocolError, BackendRpcError, BackendTimeout, BackendUnavailable
+from vmcp_actors.exceptions import (
+    BackendError,
+    BackendProtocolError,
+    BackendRpcError,
+    BackendSessionExpired,
+    BackendUnavailable,
+)
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import METHOD_NOT_FOUND
 
@@ -40,6 +49,9 @@ DISCOVERY_LISTS = (
 )
 MAX_PAGES = 1000
 
+# Told to the owner whenever the backend session changes (None: it ended).
+HandshakeObserver = Callable[[str, "Handshake | None"], None]
+
 
 def display_url(url: str) -> str:
     """The URL for operator logs: no userinfo, query or fragment, which may carry secrets."""
@@ -50,41 +62,54 @@ def display_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-class BackendConnection(pykka.ThreadingActor):
-    """One backend MCP session on behalf of one user session."""
+@dataclass(frozen=True)
+class _HandshakeSettled:
+    discovery: cf.Future[BackendCapabilities]
+    handshake: cf.Future[Handshake]
+    renewed: bool
 
-    def __init__(self, backend: BackendConfig, *, timeout: float, auth: OutgoingAuth | None = None,
-                 client: McpHttpClient | None = None):
+
+@dataclass(frozen=True)
+class _ListsSettled:
+    discovery: cf.Future[BackendCapabilities]
+    handshake: Handshake
+    lists: dict[str, cf.Future[tuple[dict[str, Any], ...]]]
+    renewed: bool
+
+
+class BackendConnection(pykka.ThreadingActor):
+    """One backend MCP session on behalf of one user."""
+
+    def __init__(self, backend: BackendConfig, channel: BackendChannel, *, restored: Handshake | None = None,
+                 on_handshake: HandshakeObserver | None = None):
         super().__init__()
         self._name = backend.name
         self._url = display_url(backend.url)
-        self._timeout = timeout
-        self._channel = BackendChannel(
-            backend.name, client if client is not None else McpHttpClient(backend.name, backend.url), timeout, auth
-        )
+        self._channel = channel
+        self._on_handshake = on_handshake
         self._handshake_identity: Identity | None = None
-        self._state = ConnectionState.NEW
+        self._state = ConnectionState.RESTORED if restored is not None else ConnectionState.NEW
         self._last_error: str | None = None
-        self._handshake: cf.Future[Handshake] | None = None
+        self._handshake: cf.Future[Handshake] | None = resolved(restored) if restored is not None else None
         self._discovery: cf.Future[BackendCapabilities] | None = None
+        self._discovery_identity: Identity | None = None
         self._discovered: BackendCapabilities | None = None
-
-    def on_start(self) -> None:
-        self._self = self.actor_ref.proxy()
-        self._channel.attach(self._self)
+        self._end_remote = False
+        # Attached before the actor runs, so the channel works the moment start() returns.
+        channel.attach(self.actor_ref.proxy())
+        channel.publish_handshake(self._handshake)
 
     def on_stop(self) -> None:
         self._state = ConnectionState.CLOSED
         self._channel.publish_handshake(None)
         handshake = _result_or_none(self._handshake)
-        if handshake is not None and handshake.session_id:
+        if self._end_remote and handshake is not None and handshake.session_id:
             # End the backend session off the actor thread so stopping stays prompt.
             run_in_thread(self._channel.close_remote, handshake, self._handshake_identity)
+        else:
+            self._channel.close()
 
-    # -- asked by the SessionActor and by channels; each answers at once -----------------
-
-    def channel(self) -> BackendChannel:
-        return self._channel
+    # -- asked by the UserActor and by channels; each answers at once --------------------
 
     def handshake(self, identity: Identity | None) -> cf.Future[Handshake]:
         """The current handshake, started if there is none or the last one failed."""
@@ -94,7 +119,7 @@ class BackendConnection(pykka.ThreadingActor):
             self._state = ConnectionState.INITIALIZING
             self._handshake_identity = identity
             self._handshake = run_in_thread(self._channel.perform_handshake, identity)
-            self._handshake.add_done_callback(self._report_to_self("handshake_finished"))
+            on_settled(self._handshake, self._report(self._handshake_finished_message))
             self._channel.publish_handshake(self._handshake)
         return self._handshake
 
@@ -107,14 +132,19 @@ class BackendConnection(pykka.ThreadingActor):
         return self.handshake(identity)
 
     def discover(self, identity: Identity | None) -> cf.Future[BackendCapabilities]:
-        """The backend's lists, fetched once per connection; a failed discovery is retried."""
+        """The backend's lists, fetched anew (a discovery in flight is shared)."""
         if self._state is ConnectionState.CLOSED:
             return failed(BackendUnavailable(self._name, f"backend {self._name!r} connection is closed"))
-        if self._discovery is None or _failed(self._discovery):
-            handshake = self.handshake(identity)
-            self._discovery = run_in_thread(self._run_discovery, identity, handshake)
-            self._discovery.add_done_callback(self._report_to_self("discovery_finished"))
+        if self._discovery is None or self._discovery.done():
+            self._discovery = cf.Future()
+            self._discovery_identity = identity
+            self._after_handshake(self._discovery, self.handshake(identity), renewed=False)
         return self._discovery
+
+    def close(self, end_remote: bool) -> None:
+        """Stop; with ``end_remote`` the backend session is ended (DELETE) as well."""
+        self._end_remote = end_remote
+        self.actor_ref.stop(block=False)
 
     def snapshot(self) -> ConnectionSnapshot:
         handshake = _result_or_none(self._handshake)
@@ -129,67 +159,106 @@ class BackendConnection(pykka.ThreadingActor):
             last_error=self._last_error,
         )
 
-    # -- told by worker threads and channels ---------------------------------------------
+    # -- told by pooled jobs, callbacks and channels -------------------------------------
 
-    def handshake_finished(self, future: cf.Future[Handshake]) -> None:
+    def exchange_failed(self, message: str) -> None:
+        self._last_error = message
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, _HandshakeFinished):
+            self._handshake_finished(message.future)
+        elif isinstance(message, _HandshakeSettled):
+            self._lists_after_handshake(message)
+        elif isinstance(message, _ListsSettled):
+            self._discovery_settled(message)
+
+    # -- internals on the actor thread --------------------------------------------------
+
+    def _handshake_finished(self, future: cf.Future[Handshake]) -> None:
         if future is not self._handshake or self._state is ConnectionState.CLOSED:
             return  # a stale handshake, replaced by a renewal
         error = future.exception()
         if error is None:
             self._state = ConnectionState.READY
+            if self._on_handshake is not None:
+                self._on_handshake(self._name, future.result())
         else:
             self._fail(error)
 
-    def discovery_finished(self, future: cf.Future[BackendCapabilities]) -> None:
-        if future is not self._discovery or self._state is ConnectionState.CLOSED:
+    def _after_handshake(self, discovery: cf.Future[BackendCapabilities], handshake: cf.Future[Handshake],
+                         renewed: bool) -> None:
+        on_settled(handshake, self._report(lambda settled: _HandshakeSettled(discovery, settled, renewed)))
+
+    def _lists_after_handshake(self, message: _HandshakeSettled) -> None:
+        if message.discovery is not self._discovery:
             return
-        error = future.exception()
-        if error is None:
-            self._discovered = future.result()
+        error = message.handshake.exception()
+        if error is not None:
+            self._settle_discovery(error=error)
+            return
+        handshake = message.handshake.result()
+        wanted = [(method, key) for capability, method, key in DISCOVERY_LISTS if capability in handshake.capabilities]
+        # All lists at once: discovery takes one round trip after the handshake, not four.
+        lists = {method: run_in_thread(self._list_all, self._discovery_identity, handshake, method, key)
+                 for method, key in wanted}
+        on_settled(when_all(lists), self._report(
+            lambda _: _ListsSettled(message.discovery, handshake, lists, message.renewed)))
+
+    def _discovery_settled(self, message: _ListsSettled) -> None:
+        if message.discovery is not self._discovery:
+            return
+        errors = [future.exception() for future in message.lists.values() if future.exception() is not None]
+        if any(isinstance(error, BackendSessionExpired) for error in errors) and not message.renewed:
+            # The backend forgot the session between the handshake and the lists (or a
+            # revived record named a session it no longer knows): renew once, list again.
+            renewal = self.renew_handshake(self._discovery_identity, message.handshake.session_id)
+            self._after_handshake(message.discovery, renewal, renewed=True)
+            return
+        if errors:
+            self._settle_discovery(error=errors[0])
+            return
+        results = {method: future.result() for method, future in message.lists.items()}
+        self._settle_discovery(found=BackendCapabilities(
+            backend=self._name,
+            capabilities=message.handshake.capabilities,
+            tools=results.get("tools/list", ()),
+            resources=results.get("resources/list", ()),
+            resource_templates=results.get("resources/templates/list", ()),
+            prompts=results.get("prompts/list", ()),
+        ))
+
+    def _settle_discovery(self, *, found: BackendCapabilities | None = None, error: BaseException | None = None) -> None:
+        discovery = self._discovery
+        assert discovery is not None
+        if error is not None:
+            if self._state is not ConnectionState.CLOSED:
+                self._fail(error)
+            discovery.set_exception(error)
+            return
+        self._discovered = found
+        if self._state is not ConnectionState.CLOSED:
             self._state = ConnectionState.READY
-        else:
-            self._fail(error)
-
-    def exchange_failed(self, message: str) -> None:
-        self._last_error = message
-
-    # -- internals on the actor thread --------------------------------------------------
+        discovery.set_result(found)
 
     def _fail(self, error: BaseException) -> None:
         self._state = ConnectionState.FAILED
         self._last_error = _describe(self._name, error)
 
-    def _report_to_self(self, method: str) -> Callable[[cf.Future[Any]], None]:
-        proxy = self._self
+    def _report(self, make_message: Callable[[cf.Future[Any]], Any]) -> Callable[[cf.Future[Any]], None]:
+        """A done-callback that tells this actor ``make_message(future)`` (never blocks)."""
+        ref = self.actor_ref
+        return lambda future: tell_quietly(ref, make_message(future))
 
-        def report(future: cf.Future[Any]) -> None:
-            try:
-                getattr(proxy, method)(future)  # fire and forget: never .get() here
-            except pykka.ActorDeadError:
-                pass  # the connection was closed meanwhile; nobody needs the news
+    @staticmethod
+    def _handshake_finished_message(future: cf.Future[Handshake]) -> Any:
+        return _HandshakeFinished(future)
 
-        return report
+    # -- list calls, on pooled threads ---------------------------------------------------
 
-    # -- discovery, on worker threads ----------------------------------------------------
-
-    def _run_discovery(self, identity: Identity | None, handshake: cf.Future[Handshake]) -> BackendCapabilities:
-        capabilities = self._channel.await_handshake(handshake).capabilities
-        wanted = [(method, key) for capability, method, key in DISCOVERY_LISTS if capability in capabilities]
-        # All lists at once: discovery then takes one round trip after the handshake, not four.
-        futures = {method: run_in_thread(self._list_all, identity, method, key) for method, key in wanted}
-        lists = {method: self._await(future, self._timeout * 3) for method, future in futures.items()}
-        return BackendCapabilities(
-            backend=self._name,
-            capabilities=capabilities,
-            tools=lists.get("tools/list", ()),
-            resources=lists.get("resources/list", ()),
-            resource_templates=lists.get("resources/templates/list", ()),
-            prompts=lists.get("prompts/list", ()),
-        )
-
-    def _list_all(self, identity: Identity | None, method: str, key: str) -> tuple[dict[str, Any], ...]:
+    def _list_all(self, identity: Identity | None, handshake: Handshake, method: str,
+                  key: str) -> tuple[dict[str, Any], ...]:
         try:
-            return self._follow_pages(identity, method, key)
+            return self._follow_pages(identity, handshake, method, key)
         except BackendRpcError as exc:
             if method in TOLERATED_LISTS and exc.code == METHOD_NOT_FOUND:
                 logger.warning(
@@ -201,12 +270,13 @@ class BackendConnection(pykka.ThreadingActor):
                 return ()
             raise
 
-    def _follow_pages(self, identity: Identity | None, method: str, key: str) -> tuple[dict[str, Any], ...]:
+    def _follow_pages(self, identity: Identity | None, handshake: Handshake, method: str,
+                      key: str) -> tuple[dict[str, Any], ...]:
         items: list[dict[str, Any]] = []
         cursor: str | None = None
         seen: set[str] = set()
         for _ in range(MAX_PAGES):
-            result = self._channel.call(identity, method, {"cursor": cursor} if cursor else None)
+            result = self._channel.call_with(identity, handshake, method, {"cursor": cursor} if cursor else None)
             page = result.get(key, [])
             if not isinstance(page, list):
                 raise BackendProtocolError(self._name, f"backend {self._name!r} answered {method} without a {key} list")
@@ -219,11 +289,10 @@ class BackendConnection(pykka.ThreadingActor):
             seen.add(cursor)
         raise BackendProtocolError(self._name, f"backend {self._name!r} paged {method} more than {MAX_PAGES} times")
 
-    def _await(self, future: cf.Future[Any], timeout: float) -> Any:
-        try:
-            return future.result(timeout=timeout)
-        except cf.TimeoutError:
-            raise BackendTimeout(self._name, f"backend {self._name!r} did not answer within {timeout:g}s") from None
+
+@dataclass(frozen=True)
+class _HandshakeFinished:
+    future: cf.Future[Handshake]
 
 
 def _failed(future: cf.Future[Any]) -> bool:

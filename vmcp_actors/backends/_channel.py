@@ -1,11 +1,17 @@
-"""BackendChannel: running exchanges with one backend on the caller's own thread.
+"""BackendChannel: running exchanges with one backend, for one user.
 
 The BackendConnection actor owns the connection's state: it starts the handshake (one at
 a time, renewed once when the backend forgets our session) and publishes it here. A web
-thread serving a tool call then runs the HTTP exchange itself, relaying the backend's
-streamed notifications as they arrive, with no message to the actor on the way. Safe
-for concurrent use: it holds the thread-safe HTTP client, a locked id counter, immutable
-settings and the published handshake (one atomic reference).
+thread serving a tool call then runs the HTTP exchange itself (``request``), relaying
+the backend's streamed notifications as they arrive, with no message to the actor on the
+way; it waits for a handshake at most until its request's deadline. Pooled work (composite
+steps, forwarded settings) uses ``submit``, which chains on the handshake and the renewal
+with callbacks and never blocks a pooled thread on another job. Safe for concurrent use:
+it holds the thread-safe HTTP client, a locked id counter, immutable settings and the
+published handshake (one atomic reference).
+
+Every exchange waits at most the backend's timeout, and never past the deadline of the
+request it serves.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from vmcp_actors import __version__
 from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
 from vmcp_actors.backends._http import McpHttpClient
 from vmcp_actors.backends._models import Handshake
-from vmcp_actors.concurrency import ASK_TIMEOUT
+from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, on_settled, run_in_thread, settle_from
 from vmcp_actors.exceptions import (
     BackendError,
     BackendProtocolError,
@@ -32,10 +38,11 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.identity import Identity, forwarded_headers_of
-from vmcp_actors.protocol import LATEST_PROTOCOL_VERSION
-from vmcp_actors.protocol.mcp import ACCEPTED_PROTOCOL_HEADER_VERSIONS
+from vmcp_actors.protocol import LATEST_PROTOCOL_VERSION, NEGOTIABLE_PROTOCOL_VERSIONS
 
 CLIENT_INFO = {"name": "vmcp-actors", "version": __version__}
+
+Exchange = Generator[dict[str, Any], None, dict[str, Any]]
 
 
 class _RequestIds:
@@ -59,7 +66,7 @@ class BackendChannel:
         self._client = client
         self._auth = auth if auth is not None else Unauthenticated()
         self._ids = _RequestIds()
-        self._connection: Any = None  # ActorProxy[BackendConnection], attached on start
+        self._connection: Any = None  # ActorProxy[BackendConnection], attached when it is created
         self._handshake: cf.Future[Handshake] | None = None
 
     # -- the BackendConnection actor only ------------------------------------------------
@@ -71,7 +78,8 @@ class BackendChannel:
         self._handshake = handshake
 
     def perform_handshake(self, identity: Identity | None) -> Handshake:
-        """initialize, then notifications/initialized. Runs on a worker thread."""
+        """initialize, then notifications/initialized. A pooled job: it is shared by every
+        request of the user, so it waits the backend's timeout, not one request's deadline."""
         params = {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO}
         message = {"jsonrpc": "2.0", "id": self._ids.next(), "method": "initialize", "params": params}
         headers = self.headers_for(identity)
@@ -80,8 +88,10 @@ class BackendChannel:
         )
         result = self._result_of(reply.message, "initialize")
         version = result.get("protocolVersion")
-        if version not in ACCEPTED_PROTOCOL_HEADER_VERSIONS:
-            raise BackendProtocolError(self.name, f"backend {self.name!r} negotiated unsupported protocol version {version!r}")
+        if version not in NEGOTIABLE_PROTOCOL_VERSIONS:
+            raise BackendProtocolError(self.name, f"backend {self.name!r} negotiated protocol version "
+                                                  f"{str(version)[:40]!r}, which the gateway does not speak "
+                                                  f"({', '.join(NEGOTIABLE_PROTOCOL_VERSIONS)})")
         capabilities = result.get("capabilities")
         server_info = result.get("serverInfo")
         self._client.post(
@@ -99,6 +109,7 @@ class BackendChannel:
         )
 
     def close_remote(self, handshake: Handshake, identity: Identity | None) -> None:
+        """End the backend session (DELETE), best effort, then close the HTTP pool."""
         try:
             headers = self.headers_for(identity)
         except BackendError:
@@ -113,51 +124,89 @@ class BackendChannel:
         finally:
             self._client.close()
 
+    def close(self) -> None:
+        """Close the HTTP pool, leaving the backend session alive (its record may revive it)."""
+        self._client.close()
+
     def headers_for(self, identity: Identity | None) -> dict[str, str]:
         """The caller's passthrough headers, then this backend's authentication for the caller."""
         headers = dict(forwarded_headers_of(identity))
         headers.update(self._auth.headers(identity))
         return headers
 
-    # -- any thread ----------------------------------------------------------------------
+    # -- web threads ---------------------------------------------------------------------
 
-    def request(
-        self, identity: Identity | None, method: str, params: dict[str, Any] | None
-    ) -> Generator[dict[str, Any], None, dict[str, Any]]:
+    def request(self, identity: Identity | None, method: str, params: dict[str, Any] | None,
+                deadline: Deadline) -> Exchange:
         """Yield the notifications the backend streams, return its result.
 
         Raises BackendRpcError when the backend answers with a JSON-RPC error, and another
         BackendError when the exchange fails (which the connection records as its last error).
         """
         try:
-            handshake = self._ready_handshake(identity)
+            handshake = self._await(self._handshake_future(identity), deadline)
             try:
-                return (yield from self._exchange(identity, handshake, method, params))
+                return (yield from self.exchange_with(identity, handshake, method, params, deadline))
             except BackendSessionExpired:
                 # The backend restarted: re-initialize once, transparently, and retry.
                 # (A 404 comes before any streamed event, so nothing was relayed twice.)
-                renewed = self._renewed_handshake(identity, handshake)
-                return (yield from self._exchange(identity, renewed, method, params))
+                renewed = self._await(self._ask_connection("renew_handshake", identity, handshake.session_id), deadline)
+                return (yield from self.exchange_with(identity, renewed, method, params, deadline))
         except BackendRpcError:
             raise  # the backend answered; the connection itself is fine
         except BackendError as exc:
             self._tell_connection("exchange_failed", str(exc))
             raise
 
-    def call(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
-        """``request`` for the gateway's own use: notifications dropped, result returned."""
-        exchange = self.request(identity, method, params)
-        while True:
-            try:
-                next(exchange)
-            except StopIteration as answered:
-                return answered.value
+    # -- pooled work ---------------------------------------------------------------------
 
-    # -- internals -----------------------------------------------------------------------
+    def submit(self, identity: Identity | None, method: str, params: dict[str, Any] | None,
+               deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        """``request`` for pooled work: the result lands in the returned future. The
+        exchange runs as one pooled job once the handshake is there (a renewal after a 404
+        likewise), chained by callbacks: no pooled thread waits for another job."""
+        outcome: cf.Future[dict[str, Any]] = cf.Future()
 
-    def _exchange(
-        self, identity: Identity | None, handshake: Handshake, method: str, params: dict[str, Any] | None
-    ) -> Generator[dict[str, Any], None, dict[str, Any]]:
+        def attempt(handshake_future: cf.Future[Handshake], renewed: bool) -> None:
+            error = handshake_future.exception()
+            if error is not None:
+                self._fail(outcome, error)
+                return
+            handshake = handshake_future.result()
+            job = run_in_thread(self.call_with, identity, handshake, method, params, deadline)
+
+            def finished(done: cf.Future[dict[str, Any]]) -> None:
+                failure = done.exception()
+                if isinstance(failure, BackendSessionExpired) and not renewed:
+                    try:
+                        renewal = self._ask_connection("renew_handshake", identity, handshake.session_id)
+                    except BackendError as exc:
+                        self._fail(outcome, exc)
+                        return
+                    on_settled(renewal, lambda settled: attempt(settled, True))
+                    return
+                if failure is not None:
+                    self._fail(outcome, failure)
+                else:
+                    settle_from(outcome, done)
+
+            on_settled(job, finished)
+
+        try:
+            first = self._handshake_future(identity)
+        except BackendError as exc:
+            self._fail(outcome, exc)
+            return outcome
+        on_settled(first, lambda settled: attempt(settled, False))
+        return outcome
+
+    def exchange_with(self, identity: Identity | None, handshake: Handshake, method: str,
+                      params: dict[str, Any] | None, deadline: Deadline | None = None) -> Exchange:
+        """One exchange on the backend session ``handshake`` names (no renewal here)."""
+        timeout = self.timeout if deadline is None else deadline.cap(self.timeout)
+        if timeout <= 0:
+            raise BackendTimeout(self.name, f"backend {self.name!r}: the request's deadline passed before the "
+                                            f"exchange could start")
         headers = self.headers_for(identity)  # per request: a refreshed caller token is used at once
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": self._ids.next(), "method": method}
         if params is not None:
@@ -166,10 +215,17 @@ class BackendChannel:
             message,
             session_id=handshake.session_id,
             protocol_version=handshake.protocol_version,
-            timeout=self.timeout,
+            timeout=timeout,
             extra_headers=headers,
         )
         return self._result_of(answer, method)
+
+    def call_with(self, identity: Identity | None, handshake: Handshake, method: str,
+                  params: dict[str, Any] | None, deadline: Deadline | None = None) -> dict[str, Any]:
+        """``exchange_with`` for the gateway's own use: notifications dropped, result returned."""
+        return drain(self.exchange_with(identity, handshake, method, params, deadline))
+
+    # -- internals -----------------------------------------------------------------------
 
     def _result_of(self, answer: Any, method: str) -> dict[str, Any]:
         if not isinstance(answer, dict):
@@ -185,22 +241,18 @@ class BackendChannel:
             raise BackendProtocolError(self.name, f"backend {self.name!r} answered {method} without a result object")
         return result
 
-    def _ready_handshake(self, identity: Identity | None) -> Handshake:
+    def _handshake_future(self, identity: Identity | None) -> cf.Future[Handshake]:
         published = self._handshake
         if published is None or (published.done() and published.exception() is not None):
             published = self._ask_connection("handshake", identity)  # starts one if needed
-        return self.await_handshake(published)
+        return published
 
-    def _renewed_handshake(self, identity: Identity | None, expired: Handshake) -> Handshake:
-        return self.await_handshake(self._ask_connection("renew_handshake", identity, expired.session_id))
-
-    def await_handshake(self, handshake: cf.Future[Handshake]) -> Handshake:
-        # The handshake is two exchanges (initialize, then the initialized notification).
-        limit = self.timeout * 2
+    def _await(self, handshake: cf.Future[Handshake], deadline: Deadline) -> Handshake:
         try:
-            return handshake.result(timeout=limit)
+            return handshake.result(timeout=deadline.remaining())
         except cf.TimeoutError:
-            raise BackendTimeout(self.name, f"backend {self.name!r} did not answer within {limit:g}s") from None
+            raise BackendTimeout(self.name, f"backend {self.name!r} did not complete its handshake within "
+                                            "the request's deadline") from None
 
     def _ask_connection(self, method: str, *args: Any) -> cf.Future[Handshake]:
         try:
@@ -213,3 +265,22 @@ class BackendChannel:
             getattr(self._connection, method)(*args)
         except pykka.ActorDeadError:
             pass
+
+    def _fail(self, outcome: cf.Future[Any], error: BaseException) -> None:
+        if isinstance(error, BackendError) and not isinstance(error, BackendRpcError):
+            self._tell_connection("exchange_failed", str(error))
+        try:
+            outcome.set_exception(error)
+        except cf.InvalidStateError:
+            pass
+
+
+def drain(exchange: Exchange) -> dict[str, Any]:
+    """Run an exchange to its end, dropping its notifications; its result."""
+    try:
+        while True:
+            next(exchange)
+    except StopIteration as answered:
+        return answered.value
+    finally:
+        exchange.close()

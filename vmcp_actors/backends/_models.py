@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 class ConnectionState(str, Enum):
     NEW = "new"
+    RESTORED = "restored"  # revived from the user record: the backend session is assumed alive
     INITIALIZING = "initializing"
     READY = "ready"
     FAILED = "failed"
@@ -18,12 +19,44 @@ class ConnectionState(str, Enum):
 
 @dataclass(frozen=True)
 class Handshake:
-    """What the backend told us in initialize."""
+    """What the backend told us in initialize: enough to go on using its session from
+    another actor or process (it is part of the user record, as JSON)."""
 
     session_id: str | None
     protocol_version: str
     capabilities: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     server_info: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sessionId": self.session_id,
+            "protocolVersion": self.protocol_version,
+            "capabilities": plain_json(self.capabilities),
+            "serverInfo": plain_json(self.server_info),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Handshake:
+        if not isinstance(data, Mapping):
+            raise ValueError("a backend handshake must be an object")
+        session_id, version = data.get("sessionId"), data.get("protocolVersion")
+        capabilities, server_info = data.get("capabilities", {}), data.get("serverInfo", {})
+        if session_id is not None and not isinstance(session_id, str):
+            raise ValueError("sessionId must be a string or null")
+        if not isinstance(version, str):
+            raise ValueError("protocolVersion must be a string")
+        if not isinstance(capabilities, Mapping) or not isinstance(server_info, Mapping):
+            raise ValueError("capabilities and serverInfo must be objects")
+        return cls(session_id, version, MappingProxyType(dict(capabilities)), MappingProxyType(dict(server_info)))
+
+
+def plain_json(value: Any) -> Any:
+    """A JSON-ready copy: read-only mapping proxies become dicts, tuples lists."""
+    if isinstance(value, Mapping):
+        return {key: plain_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ Three layers of checks, each reported as ``path: message``:
 * the composite as a whole once its fields loaded: templates and the step graph
   (``workflows.composite_problems``);
 * what needs the rest of the config (:func:`composite_reference_problems`, run by
-  ``VmcpSchema`` on the raw input): duplicate names, composites calling composites,
-  names of renamed backend tools, annotations safer than the overrides allow.
+  ``VmcpSchema`` on what the sections loaded): duplicate names, composites calling
+  composites, names of renamed backend tools, annotations safer than the overrides allow.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ from typing import Any
 from marshmallow import ValidationError, fields, post_load, validate, validates_schema
 from marshmallow.exceptions import SCHEMA
 
-from vmcp_actors.protocol import JsonRpcError
+from jsonschema import Draft202012Validator
+from jsonschema.validators import validator_for
+
+from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows import (
     ANNOTATION_KEYS,
     HINTS,
@@ -48,12 +51,12 @@ from ._fields import (
     NotSupportedYet,
     _Boolean,
     _Choice,
-    _dig,
     _Duration,
     _Integer,
     _is_json,
     _JsonMapping,
     _List,
+    _loaded,
     _Nested,
     _not_blank,
     _PlainMessages,
@@ -61,7 +64,7 @@ from ._fields import (
     _String,
     _tool_name,
 )
-from ._model import DEFAULT_PREFIX_FORMAT, WORKLOAD_PLACEHOLDER
+from ._model import AggregationConfig, ToolOverride
 
 # An MCP tool name without dots: a dot in a step's tool means workload.tool.
 COMPOSITE_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -101,20 +104,60 @@ class _JsonArguments(_JsonMapping):
 
 
 class _Parameters(_JsonArguments):
-    """The composite's input schema: a JSON Schema object, checked as far as
-    ``workflows.validate_params`` reads it (type, properties, required, default)."""
+    """The composite's input schema: a JSON Schema for an object (Draft 2020-12 unless
+    ``$schema`` names another draft), which ``workflows.validate_params`` enforces on every
+    call. Checked in rounds, each once the one before found nothing: the usual mistakes
+    (in words that say the fix), the draft's metaschema, then the defaults."""
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
         schema = super()._deserialize(value, attr, data, **kwargs)
-        errors: dict[str, Any] = {}
-        if "type" not in schema:
-            errors["type"] = ["is required and must be object"]
-        elif schema["type"] != "object":
-            errors["type"] = ["must be object (a tool's arguments are a JSON object)"]
-        errors.update(_object_schema_problems(schema, "parameters", top_level=True))
+        errors = _usual_mistakes(schema) or _metaschema_problems(schema) or _default_problems(schema, schema)
         if errors:
             raise ValidationError(errors)
         return schema
+
+
+def _usual_mistakes(schema: Mapping[str, Any]) -> dict[str, Any]:
+    errors: dict[str, Any] = {}
+    if "type" not in schema:
+        errors["type"] = ["is required and must be object"]
+    elif schema["type"] != "object":
+        errors["type"] = ["must be object (a tool's arguments are a JSON object)"]
+    errors.update(_object_schema_problems(schema, "parameters", top_level=True))
+    return errors
+
+
+def _metaschema_problems(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Where ``schema`` breaks its draft's metaschema (formats such as ``regex`` included)."""
+    if "$schema" not in schema:
+        draft = Draft202012Validator
+    else:
+        draft = validator_for(schema, default=None) if isinstance(schema["$schema"], str) else None
+        if draft is None:
+            return {"$schema": [f"must name a JSON Schema draft, e.g. {Draft202012Validator.META_SCHEMA['$id']}"]}
+    errors: dict[Any, Any] = {}
+    for error in draft(draft.META_SCHEMA, format_checker=draft.FORMAT_CHECKER).iter_errors(schema):
+        _add_message(errors, list(error.absolute_path), error.message)
+    return errors
+
+
+def _default_problems(schema: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults of ``schema``'s properties (nested ones too) that a call would refuse,
+    checked by ``validate_params`` with what the root lends its subschemas in reach."""
+    context = {key: root[key] for key in ("$schema", "$id", "$defs", "definitions") if key in root}
+    errors: dict[str, Any] = {}
+    for name, prop in schema.get("properties", {}).items():
+        problems = _default_problems(prop, root)
+        if "default" in prop:
+            try:
+                validate_params({}, {**context, "type": "object", "properties": {name: prop}})
+            except JsonRpcError as err:
+                problem = err.message.removeprefix("Invalid params: ")
+                problems["default"] = [f"does not match the property: {problem}" if err.code == INVALID_PARAMS
+                                       else f"cannot be checked: {problem}"]
+        if problems:
+            errors.setdefault("properties", {})[name] = problems
+    return errors
 
 
 def _object_schema_problems(schema: Mapping[str, Any], where: str, *, top_level: bool = False) -> dict[str, Any]:
@@ -162,11 +205,6 @@ def _property_problems(name: str, prop: Any, where: str, parent: str) -> Any:
             f"{parent}.required: [{name}]"
         ]
     errors.update(_object_schema_problems(prop, where))
-    if not errors and "default" in prop:
-        try:
-            validate_params({}, {"type": "object", "properties": {name: prop}})
-        except JsonRpcError as err:
-            errors["default"] = [f"does not match the property: {err.message.removeprefix('Invalid params: ')}"]
     return errors
 
 
@@ -526,23 +564,25 @@ def _path_parts(path: str) -> list[str | int]:
 
 @dataclass(frozen=True)
 class _Override:
-    """One ``aggregation.tools[].overrides`` entry as the raw input states it."""
+    """An ``aggregation.tools[].overrides`` entry of a configured backend, named as the
+    gateway will name the tool."""
 
     workload: str
     original: str
-    new_name: str | None
-    annotations: Mapping[str, Any] | None
+    override: ToolOverride
     path: str  # aggregation.tools[j].overrides.<original>
-    advertised_as: str | None  # the name clients would see it under, when the config tells
-    visible: bool  # advertised to clients (not hidden by excludeAll, excludeAllTools or filter)
+    resolved_name: str  # after the override, before prefixing
+    advertised_as: str  # when no other backend's tool claims the name
+    visible: bool  # not hidden by excludeAllTools, excludeAll or filter
 
 
-def composite_reference_problems(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Problems of ``config["compositeTools"]`` that need the rest of the raw config, as
-    marshmallow's nested messages under ``compositeTools``; ``{}`` when there are none."""
-    composites = config.get("compositeTools")
-    if not isinstance(composites, list):
-        return {}
+def composite_reference_problems(
+    composites: Sequence[Any], aggregation: AggregationConfig | None, backends: set[str]
+) -> dict[str, Any]:
+    """Problems of the loaded composites that need the rest of the config, as marshmallow's
+    nested messages under ``compositeTools``; ``{}`` when there are none. A composite whose
+    fields failed is the dict of what did load (``_loaded``); the checks that need the
+    aggregation's rules run once it loaded (``aggregation`` is None until then)."""
     errors: dict[Any, Any] = {}
 
     def add(index: int, path: tuple[str | int, ...], message: str) -> None:
@@ -550,22 +590,20 @@ def composite_reference_problems(config: Mapping[str, Any]) -> dict[str, Any]:
 
     first_index: dict[str, int] = {}
     for index, composite in enumerate(composites):
-        name = composite.get("name") if isinstance(composite, Mapping) else None
-        if not isinstance(name, str):
+        name = _loaded(composite, "name")
+        if name is None:
             continue
         if name in first_index:
             add(index, ("name",), f"duplicate composite name {name!r} (also compositeTools[{first_index[name]}])")
         else:
             first_index[name] = index
 
-    overrides = _overrides(config)
-    advertised = {o.advertised_as: o for o in overrides if o.visible and o.advertised_as is not None}
+    overrides = _configured_overrides(aggregation, backends) if aggregation is not None else []
+    renamed_and_shown = {o.advertised_as: o for o in overrides if o.override.name is not None and o.visible}
     for index, composite in enumerate(composites):
-        if not isinstance(composite, Mapping):
-            continue
-        name = composite.get("name")
+        name = _loaded(composite, "name")
         label = f"composite {name!r}"
-        clash = advertised.get(name) if isinstance(name, str) else None
+        clash = renamed_and_shown.get(name)
         if clash is not None:
             add(index, ("name",), f"{name!r} is also the name clients see for {clash.workload}.{clash.original} "
                                   f"(renamed by {clash.path}.name); composite and backend tools share one list "
@@ -577,99 +615,67 @@ def composite_reference_problems(config: Mapping[str, Any]) -> dict[str, Any]:
                 add(index, path, f"{label}, step {step_id!r}: {tool!r} is a composite tool, and composite tools "
                                  "cannot call composite tools")
 
-        explicit = composite.get("annotations")
-        if not isinstance(explicit, Mapping):
+        explicit = _loaded(composite, "annotations")
+        if not explicit:
             continue
         for step_id, tool, _ in step_tools:
-            override = _resolve_step_tool(tool, overrides)
-            if override is None or not isinstance(override.annotations, Mapping):
+            reached = _override_reached_by(tool, overrides)
+            if reached is None or reached.override.annotations is None:
                 continue
             for hint in HINTS:
                 if hint in explicit:
-                    for claim in unsafe_claims({hint: explicit[hint]}, [(step_id, override.annotations)],
+                    for claim in unsafe_claims({hint: explicit[hint]}, [(step_id, reached.override.annotations)],
                                                known_only=True):
-                        add(index, ("annotations", hint), f"{label}: {claim} (set by {override.path}.annotations)")
+                        add(index, ("annotations", hint), f"{label}: {claim} (set by {reached.path}.annotations)")
     return {"compositeTools": errors} if errors else {}
 
 
-def _step_tools(composite: Mapping[str, Any]) -> Iterator[tuple[str, str, tuple[str | int, ...]]]:
-    """``(step id, tool, path of the tool)`` of each step whose tool is a string."""
-    steps = composite.get("steps")
-    if not isinstance(steps, list):
-        return
-    for index, step in enumerate(steps):
-        if not isinstance(step, Mapping):
-            continue
-        step_id = step.get("id")
-        if step.get("type", "tool") == "forEach":
-            inner = step.get("step")
-            tool = inner.get("tool") if isinstance(inner, Mapping) else None
-            path: tuple[str | int, ...] = ("steps", index, "step", "tool")
-        else:
-            tool, path = step.get("tool"), ("steps", index, "tool")
-        if isinstance(tool, str):
-            yield (step_id if isinstance(step_id, str) else f"steps[{index}]"), tool, path
+def _step_tools(composite: Any) -> Iterator[tuple[str, str, tuple[str | int, ...]]]:
+    """``(step id, tool, path of the tool)`` of each loaded step whose tool loaded."""
+    for index, step in enumerate(_loaded(composite, "steps") or ()):
+        if isinstance(step, Step):
+            for_each, tool, step_id = step.for_each is not None, step.tool, step.id
+        else:  # a step with failed fields: what loaded of it, the inner step's tool under `step`
+            for_each = step.get("type") == "forEach"
+            tool = _loaded(step.get("step"), "tool") if for_each else step.get("tool")
+            step_id = step.get("id")
+        if tool is not None:
+            path = ("steps", index, "step", "tool") if for_each else ("steps", index, "tool")
+            yield step_id or f"steps[{index}]", tool, path
 
 
-def _overrides(config: Mapping[str, Any]) -> list[_Override]:
-    """Every override of a configured backend, with the name the config says clients see it
-    under. Renamed tools only: a tool's own name is known from discovery alone."""
-    backends = config.get("backends")
-    backend_names = {
-        backend.get("name") for backend in backends
-        if isinstance(backend, Mapping) and isinstance(backend.get("name"), str)
-    } if isinstance(backends, list) else set()
-    aggregation = config.get("aggregation", {})
-    tools = _dig(aggregation, "tools")
-    if not isinstance(aggregation, Mapping) or not isinstance(tools, list):
-        return []
-    strategy = aggregation.get("conflictResolution", "prefix")
-    prefix_format = _dig(aggregation, "conflictResolutionConfig", "prefixFormat")
-    if prefix_format is None:
-        prefix_format = DEFAULT_PREFIX_FORMAT
-    hide_all = aggregation.get("excludeAllTools") is True
-
+def _configured_overrides(aggregation: AggregationConfig, backends: set[str]) -> list[_Override]:
+    """Every override of a configured backend, named by the aggregation's own rules."""
     found = []
-    for index, entry in enumerate(tools):
-        workload = entry.get("workload") if isinstance(entry, Mapping) else None
-        overrides = entry.get("overrides") if isinstance(entry, Mapping) else None
-        if not isinstance(workload, str) or workload not in backend_names or not isinstance(overrides, Mapping):
-            continue
-        listed = entry.get("filter")
-        for original, override in overrides.items():
-            if not isinstance(override, Mapping):
-                continue
-            new_name = override.get("name") if isinstance(override.get("name"), str) else None
-            advertised_as = None
-            if new_name is not None:
-                if strategy == "prefix" and isinstance(prefix_format, str):
-                    advertised_as = prefix_format.replace(WORKLOAD_PLACEHOLDER, workload) + new_name
-                elif strategy in ("priority", "manual"):
-                    advertised_as = new_name
-            visible = (not hide_all and entry.get("excludeAll") is not True
-                       and (not isinstance(listed, list) or new_name in listed))
-            annotations = override.get("annotations")
+    for index, tools in enumerate(aggregation.tools):
+        if tools.workload not in backends:
+            continue  # reported as an unknown backend
+        for original, override in tools.overrides.items():
+            resolved = override.name or original
             found.append(_Override(
-                workload=workload,
-                original=str(original),
-                new_name=new_name,
-                annotations=annotations if isinstance(annotations, Mapping) else None,
+                workload=tools.workload,
+                original=original,
+                override=override,
                 path=f"aggregation.tools[{index}].overrides.{original}",
-                advertised_as=advertised_as,
-                visible=visible,
+                resolved_name=resolved,
+                advertised_as=aggregation.advertised_name(tools.workload, resolved),
+                visible=aggregation.is_advertised(tools.workload, resolved),
             ))
     return found
 
 
-def _resolve_step_tool(tool: str, overrides: list[_Override]) -> _Override | None:
-    """The override a step's tool reaches, as composite steps resolve names: an advertised
-    name first, then ``workload.tool`` by the backend's own name, then by the new name."""
-    for override in overrides:
-        if override.advertised_as == tool:
-            return override
-    workload, dot, name = tool.partition(".")
-    if not dot:
+def _override_reached_by(tool: str, overrides: list[_Override]) -> _Override | None:
+    """The override a step's tool reaches, in ``Catalog.resolve_internal``'s order: an
+    advertised name first, then ``workload.tool`` by the backend's own name, then by the
+    name its override gives it."""
+    if not tool or tool.startswith("."):
         return None
-    mine = [override for override in overrides if override.workload == workload]
+    exact = next((o for o in overrides if o.advertised_as == tool), None)
+    if exact is not None:
+        return exact
+    workload, dot, name = tool.partition(".")
+    if not dot or not name:
+        return None
+    mine = [o for o in overrides if o.workload == workload]
     return (next((o for o in mine if o.original == name), None)
-            or next((o for o in mine if o.new_name == name), None))
+            or next((o for o in mine if o.resolved_name == name), None))

@@ -12,6 +12,8 @@ def required_env_vars(config: VmcpConfig) -> list[tuple[str, str]]:
     ``outgoingAuth.backends.github.headerInjection.headerValueEnv: GITHUB_TOKEN is not set``.
     """
     found: list[tuple[str, str]] = []
+    if config.operational.signing_key_env is not None:
+        found.append(("operational.signingKeyEnv", config.operational.signing_key_env))
     if config.admin.token_env is not None:
         found.append(("admin.tokenEnv", config.admin.token_env))
     outgoing = config.outgoing_auth

@@ -1,19 +1,18 @@
-"""Field classes, validators and raw-input helpers shared by the config schema modules
+"""Field classes, validators and helpers shared by the config schema modules
 (``_schema.py`` for the gateway's sections, ``_composite.py`` for compositeTools)."""
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, pre_load, validate
 from marshmallow.utils import missing
 
-from ._durations import parse_duration
+from vmcp_actors.protocol import is_valid_tool_name
 
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+from ._durations import parse_duration
 
 
 # --- fields -----------------------------------------------------------------------------
@@ -60,6 +59,15 @@ class _Boolean(_PlainMessages, fields.Field):
 
 class _List(_PlainMessages, fields.List):
     default_error_messages = {"invalid": "must be a list"}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> list[Any]:
+        try:
+            return super()._deserialize(value, attr, data, **kwargs)
+        except ValidationError as err:
+            # What loaded goes on to the checks across sections (see ``_loaded``) only if it
+            # keeps its indices: an item that failed with nothing loaded would shift them.
+            aligned = isinstance(err.valid_data, list) and len(err.valid_data) == len(value)
+            raise ValidationError(err.messages, valid_data=err.valid_data if aligned else None) from None
 
 
 class _Nested(_PlainMessages, fields.Nested):
@@ -154,11 +162,11 @@ def _not_blank(value: str) -> None:
 
 
 def _tool_name(value: str) -> None:
-    if not TOOL_NAME.fullmatch(value):
+    if not is_valid_tool_name(value):
         raise ValidationError("must be an MCP tool name: 1-128 letters, digits, '_', '-' or '.'")
 
 
-# --- schemas and raw input ---------------------------------------------------------------
+# --- schemas and what they loaded --------------------------------------------------------
 
 
 class _StrictSchema(Schema):
@@ -175,9 +183,11 @@ class _StrictSchema(Schema):
         return data
 
 
-def _dig(data: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(data, Mapping):
-            return None
-        data = data.get(key)
-    return data
+def _loaded(section: Any, name: str) -> Any:
+    """Field ``name`` of a loaded section, None if it did not load. A section whose fields
+    all loaded is its built dataclass; one where some failed is the dict of those that
+    loaded (marshmallow hands that on), so checks across sections still run beside the
+    field errors and one ``validate`` run shows every problem."""
+    if isinstance(section, Mapping):
+        return section.get(name)
+    return getattr(section, name, None)

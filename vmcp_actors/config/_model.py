@@ -74,6 +74,10 @@ class WorkloadToolsConfig:
             _freeze_sequence(self, "filter")
         _freeze_mapping(self, "overrides")
 
+    def renames(self) -> dict[str, str]:
+        """Original tool name -> the name its override gives it, for overrides that set a name."""
+        return {original: override.name for original, override in self.overrides.items() if override.name is not None}
+
 
 @dataclass(frozen=True)
 class AggregationConfig:
@@ -82,6 +86,8 @@ class AggregationConfig:
     ``priority_order`` is required when ``conflict_resolution`` is priority (ignored, with a
     warning from ``config_warnings``, under the other strategies);
     ``exclude_all_tools`` hides every backend tool from clients (composite tools still call them).
+    ``advertised_name`` and ``is_advertised`` are the naming rules of both the gateway's
+    catalog and the config's own checks, so the two cannot drift.
     """
 
     conflict_resolution: str = "prefix"
@@ -104,6 +110,25 @@ class AggregationConfig:
     def tools_for(self, workload: str) -> WorkloadToolsConfig | None:
         """The tool settings of backend ``workload``, or ``None`` if it has none."""
         return next((tools for tools in self.tools if tools.workload == workload), None)
+
+    def advertised_name(self, workload: str, name: str) -> str:
+        """The name clients see for tool ``name`` (after overrides) of backend ``workload``
+        when no other backend's tool claims it: prefixed under prefix (clash or not, as
+        ToolHive does), bare under priority and manual, whose clashes only the discovered
+        lists can settle."""
+        if self.conflict_resolution == "prefix":
+            return self.prefix_for(workload) + name
+        return name
+
+    def is_advertised(self, workload: str, name: str) -> bool:
+        """Whether backend ``workload``'s tool ``name`` (after overrides, before prefixing)
+        passes ``exclude_all_tools``, the backend's ``exclude_all`` and its ``filter``."""
+        if self.exclude_all_tools:
+            return False
+        tools = self.tools_for(workload)
+        if tools is None:
+            return True
+        return not tools.exclude_all and (tools.filter is None or name in tools.filter)
 
 
 @dataclass(frozen=True)
@@ -132,6 +157,11 @@ class OperationalConfig:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     discovery_cache_ttl: float = 30.0  # 0 = no cache
+    # A user's actors stop after this long without requests; their records stay, and the
+    # next request revives them.
+    user_idle_timeout: float = 300.0
+    # NAME of the env var holding the key that signs session ids; None = a random key per start.
+    signing_key_env: str | None = None
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "allowed_hosts")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
-from marshmallow.utils import missing
 
 from ._composite import CompositeToolSchema, composite_reference_problems
 from ._durations import parse_duration
@@ -21,11 +20,11 @@ from ._fields import (
     NotSupportedYet,
     _Boolean,
     _Choice,
-    _dig,
     _Duration,
     _Integer,
     _JsonMapping,
     _List,
+    _loaded,
     _Nested,
     _not_blank,
     _PlainMessages,
@@ -130,7 +129,7 @@ class _DurationPerName(_PlainMessages, fields.Field):
             except ValueError as exc:
                 errors[key] = [str(exc)]
         if errors:
-            raise ValidationError(errors)
+            raise ValidationError(errors, valid_data=result)
         return result
 
 
@@ -152,8 +151,9 @@ class _SchemaPerName(_PlainMessages, fields.Field):
                 result[str(key)] = self.schema().load(raw)
             except ValidationError as err:
                 errors[str(key)] = err.messages
+                result[str(key)] = err.valid_data  # what loaded of it, for the checks across sections
         if errors:
-            raise ValidationError(errors)
+            raise ValidationError(errors, valid_data=result)
         return result
 
 
@@ -490,48 +490,37 @@ class WorkloadToolsSchema(_StrictSchema):
             # Said of the mapping: an error under the key "" would print as a path ending in a dot.
             raise ValidationError({"overrides": ["keys must be tool names, not empty"]})
 
-    @validates_schema(pass_original=True, skip_on_field_errors=False)
-    def _check_renames(self, data: Any, original_data: Any, **kwargs: Any) -> None:
-        renames = _renames(original_data)
-        errors: dict[str, Any] = {}
-        first_with_name: dict[str, str] = {}
-        clashes: dict[str, dict[str, list[str]]] = {}
-        for original, new in renames.items():
-            if new in first_with_name:
-                clashes[original] = {"name": [f"{new!r} is also the new name of {first_with_name[new]!r}"]}
-            else:
-                first_with_name[new] = original
-        if clashes:
-            errors["overrides"] = clashes
-
-        # filter matches names after overrides, so a renamed tool's old name matches nothing.
-        listed = original_data.get("filter") if isinstance(original_data, Mapping) else None
-        if isinstance(listed, list):
-            stale = {
-                index: [f"{entry!r} is renamed to {renames[entry]!r} by its override (filter lists the new names)"]
-                for index, entry in enumerate(listed)
-                if isinstance(entry, str) and renames.get(entry, entry) != entry and entry not in first_with_name
-            }
-            if stale:
-                errors["filter"] = stale
-        if errors:
-            raise ValidationError(errors)
-
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> WorkloadToolsConfig:
-        return WorkloadToolsConfig(**data)
+        tools = WorkloadToolsConfig(**data)
+        problems = _rename_problems(tools)
+        if problems:
+            raise ValidationError(problems)
+        return tools
 
 
-def _renames(workload_tools: Any) -> dict[str, str]:
-    """Original tool name -> the ``name`` its override gives it, read from raw input."""
-    overrides = workload_tools.get("overrides") if isinstance(workload_tools, Mapping) else None
-    if not isinstance(overrides, Mapping):
-        return {}
-    return {
-        str(original): override["name"]
-        for original, override in overrides.items()
-        if isinstance(override, Mapping) and isinstance(override.get("name"), str)
+def _rename_problems(tools: WorkloadToolsConfig) -> dict[str, Any]:
+    """Overrides of one backend that rename two tools alike, and filter entries naming a
+    renamed tool's old name (filter matches names after overrides: the old one matches nothing)."""
+    renames = tools.renames()
+    errors: dict[str, Any] = {}
+    first_with_name: dict[str, str] = {}
+    clashes: dict[str, dict[str, list[str]]] = {}
+    for original, new in renames.items():
+        if new in first_with_name:
+            clashes[original] = {"name": [f"{new!r} is also the new name of {first_with_name[new]!r}"]}
+        else:
+            first_with_name[new] = original
+    if clashes:
+        errors["overrides"] = clashes
+    stale = {
+        index: [f"{entry!r} is renamed to {renames[entry]!r} by its override (filter lists the new names)"]
+        for index, entry in enumerate(tools.filter or ())
+        if renames.get(entry, entry) != entry and entry not in first_with_name
     }
+    if stale:
+        errors["filter"] = stale
+    return errors
 
 
 class ConflictResolutionConfigSchema(_StrictSchema):
@@ -556,35 +545,25 @@ class AggregationSchema(_StrictSchema):
     exclude_all_tools = _Boolean(data_key="excludeAllTools", load_default=False)
     tools = _List(_Nested(WorkloadToolsSchema), load_default=tuple)
 
-    @validates_schema(pass_original=True, skip_on_field_errors=False)
-    def _check_priority_order(self, data: Any, original_data: Any, **kwargs: Any) -> None:
-        if not isinstance(original_data, Mapping):
-            return
-        kind = original_data.get("conflictResolution", "prefix")
-        settings = original_data.get("conflictResolutionConfig", {})
-        if kind not in CONFLICT_RESOLUTIONS or not isinstance(settings, Mapping):
-            return  # a wrong strategy or section is reported by itself
-        order = settings.get("priorityOrder", missing)
-        if order is None:
-            return  # "must not be null" says enough
+    # The checks below read what loaded (see ``_loaded``), so they run beside field errors.
+    @validates_schema(skip_on_field_errors=False)
+    def _check_priority_order(self, data: dict[str, Any], **kwargs: Any) -> None:
         # priorityOrder under another strategy is allowed (ToolHive files carry it, as does
         # the contract example) and reported by config_warnings instead.
-        if kind == "priority" and (order is missing or order == []):
-            message = "is required for conflictResolution priority"
-        else:
-            return
-        raise ValidationError({"conflictResolutionConfig": {"priorityOrder": [message]}})
+        order = _loaded(data.get("conflict_resolution_config"), "priority_order")
+        if data.get("conflict_resolution") == "priority" and order is not None and not order:
+            raise ValidationError(
+                {"conflictResolutionConfig": {"priorityOrder": ["is required for conflictResolution priority"]}}
+            )
 
-    @validates_schema(pass_original=True, skip_on_field_errors=False)
-    def _check_workloads(self, data: Any, original_data: Any, **kwargs: Any) -> None:
-        listed = original_data.get("tools") if isinstance(original_data, Mapping) else None
-        if not isinstance(listed, list):
-            return
+    @validates_schema(skip_on_field_errors=False)
+    def _check_workloads(self, data: dict[str, Any], **kwargs: Any) -> None:
+        listed = data.get("tools") or ()
         errors: dict[int, Any] = {}
         first_index: dict[str, int] = {}
         for index, entry in enumerate(listed):
-            workload = entry.get("workload") if isinstance(entry, Mapping) else None
-            if not isinstance(workload, str):
+            workload = _loaded(entry, "workload")
+            if workload is None:
                 continue
             if workload in first_index:
                 errors[index] = {"workload": [f"duplicate workload {workload!r} (also tools[{first_index[workload]}])"]}
@@ -592,11 +571,13 @@ class AggregationSchema(_StrictSchema):
                 first_index[workload] = index
 
         # Under manual nothing separates two backends' tools, so renames must not collide.
-        if original_data.get("conflictResolution") == "manual":
+        if data.get("conflict_resolution") == "manual":
             claimed: dict[str, tuple[str, str]] = {}  # new name -> (workload, original tool)
             for workload, index in first_index.items():
+                if not isinstance(listed[index], WorkloadToolsConfig):
+                    continue  # its own errors come first
                 own: dict[str, str] = {}
-                for original, new in _renames(listed[index]).items():
+                for original, new in listed[index].renames().items():
                     if new in claimed:
                         other_workload, other_tool = claimed[new]
                         message = (
@@ -645,6 +626,8 @@ class OperationalSchema(_StrictSchema):
     allowed_hosts = _List(_String(validate=_host), data_key="allowedHosts", load_default=tuple)
     allowed_origins = _List(_String(validate=_origin), data_key="allowedOrigins", load_default=tuple)
     discovery_cache_ttl = _Duration(data_key="discoveryCacheTTL", load_default=30.0, allow_zero=True)
+    user_idle_timeout = _Duration(data_key="userIdleTimeout", load_default=300.0)
+    signing_key_env = _String(data_key="signingKeyEnv", load_default=None, allow_none=True, validate=_env_var_name)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OperationalConfig:
@@ -680,17 +663,18 @@ class VmcpSchema(_StrictSchema):
     audit = NotSupportedYet()
     optimizer = NotSupportedYet()
 
-    # Runs on the raw input even when fields failed, so these lines join the other errors.
-    @validates_schema(pass_original=True, skip_on_field_errors=False)
-    def _check_backend_references(self, data: Any, original_data: Any, **kwargs: Any) -> None:
-        if not isinstance(original_data, Mapping) or not isinstance(original_data.get("backends"), list):
+    # These read what the sections loaded (see ``_loaded``), so they run even when fields
+    # failed and their lines join the other errors.
+    @validates_schema(skip_on_field_errors=False)
+    def _check_backend_references(self, data: dict[str, Any], **kwargs: Any) -> None:
+        names = _backend_names(data)
+        if names is None:
             return
         errors: dict[str, Any] = {}
         first_index: dict[str, int] = {}
         duplicates: dict[int, dict[str, list[str]]] = {}
-        for index, backend in enumerate(original_data["backends"]):
-            name = backend.get("name") if isinstance(backend, Mapping) else None
-            if not isinstance(name, str):
+        for index, name in enumerate(names):
+            if name is None:
                 continue
             if name in first_index:
                 message = f"duplicate backend name {name!r} (also backends[{first_index[name]}])"
@@ -699,87 +683,40 @@ class VmcpSchema(_StrictSchema):
                 first_index[name] = index
         if duplicates:
             errors["backends"] = duplicates
-
-        per_workload = _dig(original_data, "operational", "timeouts", "perWorkload")
-        if isinstance(per_workload, Mapping):
-            unknown = {
-                key: [f"no backend named {key!r}"]
-                for key in per_workload
-                if isinstance(key, str) and key not in first_index
-            }
-            if unknown:
-                errors["operational"] = {"timeouts": {"perWorkload": unknown}}
-
-        auth_backends = _dig(original_data, "outgoingAuth", "backends")
-        if isinstance(auth_backends, Mapping):
-            unknown = {
-                str(key): [f"no backend named {str(key)!r}"] for key in auth_backends if str(key) not in first_index
-            }
-            if unknown:
-                errors["outgoingAuth"] = {"backends": unknown}
-
-        aggregation = self._unknown_aggregation_backends(original_data.get("aggregation"), first_index)
-        if aggregation:
-            errors["aggregation"] = aggregation
+        # A backend whose name did not load may be the one a reference means: judge none then.
+        if None not in names:
+            errors.update(_unknown_backend_references(data, set(first_index)))
         if errors:
             raise ValidationError(errors)
 
-    @staticmethod
-    def _unknown_aggregation_backends(aggregation: Any, backends: Mapping[str, int]) -> dict[str, Any]:
-        errors: dict[str, Any] = {}
-        order = _dig(aggregation, "conflictResolutionConfig", "priorityOrder")
-        if isinstance(order, list):
-            unknown = {
-                index: [f"no backend named {name!r}"]
-                for index, name in enumerate(order)
-                if isinstance(name, str) and name not in backends
-            }
-            if unknown:
-                errors["conflictResolutionConfig"] = {"priorityOrder": unknown}
-        tools = _dig(aggregation, "tools")
-        if isinstance(tools, list):
-            unknown = {
-                index: {"workload": [f"no backend named {entry['workload']!r}"]}
-                for index, entry in enumerate(tools)
-                if isinstance(entry, Mapping) and isinstance(entry.get("workload"), str)
-                and entry["workload"] not in backends
-            }
-            if unknown:
-                errors["tools"] = unknown
-        return errors
-
-    @validates_schema(pass_original=True, skip_on_field_errors=False)
-    def _check_token_exchange_has_a_subject_token(self, data: Any, original_data: Any, **kwargs: Any) -> None:
-        if not isinstance(original_data, Mapping):
-            return
-        incoming = original_data.get("incomingAuth", {})
-        if not isinstance(incoming, Mapping) or incoming.get("type", "anonymous") != "anonymous":
+    @validates_schema(skip_on_field_errors=False)
+    def _check_token_exchange_has_a_subject_token(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if _loaded(data.get("incoming_auth"), "type") != "anonymous":
             return  # oidc provides the subject token; a wrong type is reported by itself
-        outgoing = original_data.get("outgoingAuth")
-        if not isinstance(outgoing, Mapping):
-            return
+        outgoing = data.get("outgoing_auth")
         errors: dict[str, Any] = {}
-        default = outgoing.get("default")
-        if isinstance(default, Mapping) and default.get("type") == "token_exchange":
+        if _loaded(_loaded(outgoing, "default"), "type") == "token_exchange":
             errors["default"] = {"type": [TOKEN_EXCHANGE_NEEDS_OIDC]}
-        backends = outgoing.get("backends")
-        if isinstance(backends, Mapping):
-            offending = {
-                str(name): {"type": [TOKEN_EXCHANGE_NEEDS_OIDC]}
-                for name, auth in backends.items()
-                if isinstance(auth, Mapping) and auth.get("type") == "token_exchange"
-            }
-            if offending:
-                errors["backends"] = offending
+        offending = {
+            name: {"type": [TOKEN_EXCHANGE_NEEDS_OIDC]}
+            for name, auth in (_loaded(outgoing, "backends") or {}).items()
+            if _loaded(auth, "type") == "token_exchange"
+        }
+        if offending:
+            errors["backends"] = offending
         if errors:
             raise ValidationError({"outgoingAuth": errors})
 
-    @validates_schema(pass_original=True, skip_on_field_errors=False)
-    def _check_composite_tools(self, data: Any, original_data: Any, **kwargs: Any) -> None:
-        if isinstance(original_data, Mapping):
-            errors = composite_reference_problems(original_data)
-            if errors:
-                raise ValidationError(errors)
+    @validates_schema(skip_on_field_errors=False)
+    def _check_composite_tools(self, data: dict[str, Any], **kwargs: Any) -> None:
+        aggregation = data.get("aggregation")
+        errors = composite_reference_problems(
+            data.get("composite_tools") or (),
+            aggregation if isinstance(aggregation, AggregationConfig) else None,
+            {name for name in _backend_names(data) or () if name is not None},
+        )
+        if errors:
+            raise ValidationError(errors)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> VmcpConfig:
@@ -793,3 +730,45 @@ class VmcpSchema(_StrictSchema):
             outgoing_auth=data["outgoing_auth"],
             composite_tools=tuple(data["composite_tools"]),
         )
+
+
+def _backend_names(data: Mapping[str, Any]) -> list[str | None] | None:
+    """The name of each loaded backend, in order (None where a name did not load); None if
+    the backends list did not load at all."""
+    backends = data.get("backends")
+    return None if backends is None else [_loaded(backend, "name") for backend in backends]
+
+
+def _unknown_backend_references(data: Mapping[str, Any], backends: set[str]) -> dict[str, Any]:
+    """Names of no backend where loaded sections name backends, as nested messages."""
+
+    def unknown(referenced: Iterable[tuple[Any, Any]]) -> dict[Any, list[str]]:
+        # (where in its section, the backend name there) -> a message per unknown name
+        return {where: [f"no backend named {name!r}"] for where, name in referenced if name not in backends}
+
+    errors: dict[str, Any] = {}
+    per_workload = _loaded(_loaded(data.get("operational"), "timeouts"), "per_workload") or {}
+    if found := unknown((name, name) for name in per_workload):
+        errors["operational"] = {"timeouts": {"perWorkload": found}}
+    auth_backends = _loaded(data.get("outgoing_auth"), "backends") or {}
+    if found := unknown((name, name) for name in auth_backends):
+        errors["outgoingAuth"] = {"backends": found}
+
+    aggregation = data.get("aggregation")
+    in_aggregation: dict[str, Any] = {}
+    if found := unknown(enumerate(_priority_order(aggregation))):
+        in_aggregation["conflictResolutionConfig"] = {"priorityOrder": found}
+    workloads = [(index, _loaded(tools, "workload")) for index, tools in enumerate(_loaded(aggregation, "tools") or ())]
+    if found := unknown((index, name) for index, name in workloads if name is not None):
+        in_aggregation["tools"] = {index: {"workload": messages} for index, messages in found.items()}
+    if in_aggregation:
+        errors["aggregation"] = in_aggregation
+    return errors
+
+
+def _priority_order(aggregation: Any) -> tuple[str, ...]:
+    """``priority_order`` of a loaded aggregation section, which keeps it nested under
+    ``conflict_resolution_config`` until the section is built."""
+    if isinstance(aggregation, AggregationConfig):
+        return aggregation.priority_order
+    return tuple(_loaded(_loaded(aggregation, "conflict_resolution_config"), "priority_order") or ())

@@ -1,31 +1,49 @@
-"""Gateway: the root actor. Creates, ends and reaps sessions; owns the session directory."""
+"""Gateway: the root actor. Opens, ends and reaps sessions; starts, revives, releases
+and ends users' actors; the only writer of the directory.
+
+Nothing here waits: starting a user's actors returns at once (they are started in this
+thread, without asking them anything), so a slow or failing start never holds the loop,
+and nothing started is left behind when a caller stops waiting.
+"""
 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 
-from vmcp_actors.concurrency import TimerHandle, call_later, stop_quietly
+from vmcp_actors.concurrency import TimerHandle, call_later, pool_stats, stop_quietly
 from vmcp_actors.config import VmcpConfig
-from vmcp_actors.gateway._directory import SessionDirectory, SessionHandle, SessionRecord
-from vmcp_actors.identity import Identity, identity_key
-from vmcp_actors.sessions import SessionActor, SessionServices
+from vmcp_actors.gateway._directory import Directory
+from vmcp_actors.identity import Identity
+from vmcp_actors.sessions import (
+    InitializeOutcome,
+    MemoryRecordStore,
+    SessionRecord,
+    SessionServices,
+    UserHandle,
+    UserKey,
+    UserRecord,
+    end_released_user,
+    start_user,
+)
+from vmcp_actors.signing import Signer
 
 logger = logging.getLogger(__name__)
 
 
 class Gateway(pykka.ThreadingActor):
-    def __init__(self, config: VmcpConfig, directory: SessionDirectory | None = None,
-                 services: SessionServices | None = None, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: VmcpConfig, directory: Directory | None = None,
+                 services: SessionServices | None = None, signer: Signer | None = None, *,
+                 clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self._config = config
         self._services = services if services is not None else SessionServices()
-        self._directory = directory if directory is not None else SessionDirectory(clock)
+        self._directory = directory if directory is not None else Directory(self._services.store, clock)
+        self._signer = signer if signer is not None else Signer.generated()
         self._started = time.time()
         self._reaper: TimerHandle | None = None
 
@@ -35,58 +53,119 @@ class Gateway(pykka.ThreadingActor):
     def on_stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
-        for record in self._directory.remove_all():
-            stop_quietly(record.actor)
+        # In-memory records end with this process: end the backend sessions with them.
+        for user in self._directory.remove_all_users():
+            self._stop_user(user, end=isinstance(self._services.store, MemoryRecordStore))
 
     # -- sessions ------------------------------------------------------------------------
 
-    def create_session(self, identity: Identity | None, protocol_version: str) -> SessionHandle:
-        session_id = secrets.token_hex(16)
-        actor = SessionActor.start(session_id, identity, self._config, self._services)
-        dispatcher = actor.proxy().dispatcher().get(timeout=5.0)
-        handle = SessionHandle(session_id, protocol_version, dispatcher)
-        self._directory.add(SessionRecord(handle, actor, identity_key(identity), time.time()))
-        logger.info("session %s created", short_id(session_id))
-        return handle
+    def open_session(self, identity: Identity | None, outcome: InitializeOutcome) -> SessionRecord:
+        """A new client session of the caller, its user's actors started if they are not
+        live (no backend is contacted)."""
+        now = time.time()
+        record = SessionRecord(
+            session_id=self._signer.new_session_id(),
+            user=UserKey.of(identity),
+            protocol_version=outcome.protocol_version,
+            client_capabilities=outcome.client_capabilities,
+            client_info=outcome.client_info,
+            created=now,
+            last_used=now,
+        )
+        self._live_user(record.user, identity)
+        self._directory.add_session(record)
+        logger.info("session %s opened for %s", short_id(record.session_id), record.user.label)
+        return record
 
     def end_session(self, session_id: str, identity: Identity | None) -> bool:
-        record = self._directory.remove(session_id, identity)
+        record = self._directory.remove_session(session_id, identity)
         if record is None:
             return False
-        stop_quietly(record.actor)
         logger.info("session %s ended by the client", short_id(session_id))
+        self._session_gone(record)
         return True
 
+    def revive_user(self, key: UserKey, identity: Identity | None) -> UserHandle:
+        """The user's live actors, revived from the user record if they were released."""
+        return self._live_user(key, identity)
+
     def reap_idle(self) -> int:
-        ttl = self._config.operational.session_ttl
-        reaped = self._directory.remove_idle(ttl)
+        operational = self._config.operational
+        reaped = self._directory.remove_idle_sessions(operational.session_ttl)
         for record in reaped:
-            stop_quietly(record.actor)
-            logger.info("session %s reaped after %gs idle", short_id(record.handle.session_id), ttl)
+            logger.info("session %s reaped after %gs idle", short_id(record.session_id), operational.session_ttl)
+            self._session_gone(record)
+        for user in self._directory.release_idle_users(operational.user_idle_timeout):
+            logger.info("user %s released after %gs idle (its record stays)", user.key.label,
+                        operational.user_idle_timeout)
+            self._stop_user(user, end=False)
         self._schedule_reaping()
         return len(reaped)
 
     # -- operators -----------------------------------------------------------------------
 
     def overview(self) -> dict[str, Any]:
-        """Gateway-level facts plus the session actors to ask for details (asked by the caller,
+        """Gateway-level facts plus the users to ask for details (asked by the caller,
         so a large registry never holds the gateway's loop)."""
         return {
             "uptime": time.time() - self._started,
             "discoveryCache": self._services.discovery_cache.stats(),
             "workflows": self._services.workflow_metrics.snapshot(),
-            "sessions": self._directory.overview(),
+            "workers": pool_stats(),
+            **self._directory.overview(),
         }
 
     def session_count(self) -> int:
-        return len(self._directory)
+        return self._directory.session_count()
 
     # -- internals -----------------------------------------------------------------------
+
+    def _live_user(self, key: UserKey, identity: Identity | None) -> UserHandle:
+        live = self._directory.user(key)
+        if live is not None:
+            return live
+        store = self._services.store
+        record = store.user(key)
+        if record is None:
+            record = UserRecord(key, created=time.time())
+            store.put_user(record)
+        else:
+            logger.info("user %s revived from its record", key.label)
+        user = start_user(record, identity, self._config, self._services)
+        self._directory.add_user(user)
+        return user
+
+    def _session_gone(self, record: SessionRecord) -> None:
+        user = self._directory.user(record.user)
+        if user is not None:
+            user.proxy.session_ended(record.session_id)
+        if not self._directory.has_sessions(record.user):
+            self._end_user(record.user)
+
+    def _end_user(self, key: UserKey) -> None:
+        """The user's last session ended: its actors stop and its backend sessions end."""
+        user = self._directory.remove_user(key)
+        record = self._services.store.delete_user(key)
+        if user is not None:
+            self._stop_user(user, end=True)
+        elif record is not None:
+            end_released_user(record, self._config, self._services)
+
+    def _stop_user(self, user: UserHandle, *, end: bool) -> None:
+        user.close()  # composite runs in flight need the connections
+        if end:
+            try:
+                user.proxy.end()
+            except pykka.ActorDeadError:
+                pass
+        else:
+            stop_quietly(user.actor)
 
     def _schedule_reaping(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()  # one timer chain, however reap_idle was reached
-        interval = min(max(self._config.operational.session_ttl / 4, 0.05), 30.0)
+        operational = self._config.operational
+        interval = min(max(min(operational.session_ttl, operational.user_idle_timeout) / 4, 0.05), 30.0)
         proxy = self.actor_ref.proxy()
 
         def tick() -> None:

@@ -11,16 +11,47 @@ from vmcp_actors.concurrency import ASK_TIMEOUT
 
 def collect_admin_state(gateway: Any) -> dict[str, Any]:
     overview = gateway.overview().get(timeout=ASK_TIMEOUT)
-    asked = [(actor.proxy().snapshot(), facts) for actor, facts in overview["sessions"]]
-    sessions = []
-    for future, facts in asked:
+    asked = [(user, user.proxy.snapshot(), idle, in_flight) for user, idle, in_flight in overview["users"]]
+    users: dict[Any, dict[str, Any]] = {}
+    for user, future, idle, in_flight in asked:
         try:
-            sessions.append({**future.get(timeout=ASK_TIMEOUT), **facts})
+            snapshot = future.get(timeout=ASK_TIMEOUT)
         except (pykka.ActorDeadError, pykka.Timeout):
-            continue  # ended while we asked
+            continue  # released while we asked
+        users[user.key] = {
+            **snapshot,
+            "idleSeconds": idle,
+            "inFlight": in_flight,
+            "compositeProblems": list(user.composites.problems()),
+            "workflowRuns": user.composites.running(),
+        }
+    sessions = []
+    for record, activity in overview["sessions"]:
+        user = users.get(record.user)
+        sessions.append({
+            "id": record.session_id,
+            "subject": record.user.label,
+            "created": record.created,
+            "protocolVersion": record.protocol_version,
+            "clientCapabilities": record.to_json()["clientCapabilities"],
+            "clientInfo": record.to_json()["clientInfo"],
+            "logLevel": record.log_level,
+            **activity,
+            # The user's facts, as each of its sessions sees them ("released": not live).
+            "userState": "live" if user is not None else "released",
+            "catalogFromCache": bool(user and user["sessionCatalogFromCache"].get(record.session_id)),
+            "catalogErrors": user["catalogErrors"] if user else [],
+            "catalogProblems": user["catalogProblems"] if user else [],
+            "compositeProblems": user["compositeProblems"] if user else [],
+            "workflowRuns": user["workflowRuns"] if user else [],
+            "backends": user["backends"] if user else [],
+        })
     return {
         "uptime": round(overview["uptime"], 3),
         "discoveryCache": overview["discoveryCache"],
         "workflows": overview["workflows"],
+        "workers": overview["workers"],
+        "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}
+                  for user in users.values()],
         "sessions": sessions,
     }

@@ -1,122 +1,194 @@
-"""The session directory: what web threads read on every request without asking an actor.
+"""The directory: what web threads read on every request without asking an actor.
 
-The Gateway actor is the only writer of the registry (it creates, ends and reaps
-sessions); web threads only look sessions up. Activity (requests in flight, last use) is
-written by web threads, so it sits behind a lock, and the reaper decides and removes
-under that same lock: a session that a request has just found is never reaped under it.
-An actor message per request for this would cost as much CPU as the rest of a tool call.
+Records (sessions, users) live in the record store; the directory adds what is live in
+this process: each user's running actors (a ``UserHandle``) and the activity board
+(requests in flight, last use) of sessions and users. The Gateway actor is the only one
+that adds and removes sessions and users; web threads look them up and mark activity.
+Activity sits behind one lock, and the reaper decides and removes under that same lock:
+a session or user a request has just found is never reaped or released under it. An
+actor message per request for this would cost as much CPU as the rest of a tool call.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from vmcp_actors.identity import Identity, identity_key
-from vmcp_actors.sessions import McpDispatcher
-
-
-@dataclass(frozen=True)
-class SessionHandle:
-    """What a web thread needs to serve one request of a session."""
-
-    session_id: str
-    protocol_version: str
-    dispatcher: McpDispatcher
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    handle: SessionHandle
-    actor: Any  # pykka.ActorRef[SessionActor]
-    owner: tuple[str, str] | None
-    created: float  # time.time()
+from vmcp_actors.sessions import LOGGING_LEVELS, RecordStore, SessionRecord, UserHandle, UserKey
 
 
 @dataclass
 class _Activity:
     last_used: float  # clock()
     in_flight: int = 0
+    attached: bool = False  # a session's user actor has seen its first request
 
 
-class SessionDirectory:
-    def __init__(self, clock: Callable[[], float]):
+@dataclass(frozen=True)
+class Lease:
+    """A request's hold on its session (and on its user's actors, when they are live)."""
+
+    session: SessionRecord
+    user: UserHandle | None
+    attached: bool  # False: the session's first request here (see UserActor.attach_session)
+
+
+class Directory:
+    def __init__(self, store: RecordStore, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
+        self.store = store
         self._clock = clock
-        self._records: dict[str, SessionRecord] = {}
-        self._activity: dict[str, _Activity] = {}
+        self._wall = wall
         self._lock = threading.Lock()
+        self._sessions: dict[str, _Activity] = {}  # the sessions this process serves
+        self._users: dict[UserKey, UserHandle] = {}  # users whose actors are live
+        self._user_activity: dict[UserKey, _Activity] = {}
+        self._sessions_of: Counter[UserKey] = Counter()
 
     # -- web threads ---------------------------------------------------------------------
 
-    def find(self, session_id: str, identity: Identity | None) -> SessionHandle | None:
-        """The session, if it exists and belongs to this caller; the caller must call
-        ``finish`` when done. Another person's session looks exactly like a missing one."""
-        record = self._records.get(session_id)
+    def begin(self, session_id: str, identity: Identity | None) -> Lease | None:
+        """The session, if it exists and belongs to this caller, held until ``finish``.
+        Another person's session looks exactly like a missing one."""
+        record = self.store.session(session_id)
         if record is None or record.owner != identity_key(identity):
             return None
         with self._lock:
-            activity = self._activity.get(session_id)
+            activity = self._sessions.get(session_id)
             if activity is None:
                 return None  # ended or reaped a moment ago
-            activity.in_flight += 1
-            activity.last_used = self._clock()
-        return record.handle
+            self._touch(activity, +1)
+            user = self._users.get(record.user)
+            if user is not None:
+                self._touch(self._user_activity[record.user], +1)
+        return Lease(record, user, activity.attached)
 
-    def finish(self, session_id: str) -> None:
-        """A request found with ``find`` is answered: the idle clock starts now."""
+    def mark_attached(self, session_id: str) -> None:
         with self._lock:
-            activity = self._activity.get(session_id)
+            activity = self._sessions.get(session_id)
             if activity is not None:
-                activity.in_flight = max(0, activity.in_flight - 1)
-                activity.last_used = self._clock()
+                activity.attached = True
+
+    def hold_user(self, key: UserKey) -> UserHandle | None:
+        """The user's live actors, held until ``finish``; None when they are not live."""
+        with self._lock:
+            user = self._users.get(key)
+            if user is not None:
+                self._touch(self._user_activity[key], +1)
+            return user
+
+    def finish(self, session_id: str, user: UserKey | None) -> None:
+        """A request is answered: the idle clocks start now, and the record says so."""
+        with self._lock:
+            activity = self._sessions.get(session_id)
+            if activity is not None:
+                self._touch(activity, -1)
+                record = self.store.session(session_id)
+                if record is not None:
+                    self.store.put_session(record.used_at(self._wall()))
+            if user is not None and user in self._user_activity:
+                self._touch(self._user_activity[user], -1)
+
+    def set_log_level(self, session_id: str, level: str) -> str:
+        """Record a session's log level; the most verbose level any session of its user
+        asked for (what the user's backends must send, each session filtering its own)."""
+        with self._lock:
+            record = self.store.session(session_id)
+            if record is None:
+                return level
+            self.store.put_session(record.with_log_level(level))
+            levels = [r.log_level for r in self.store.sessions() if r.user == record.user and r.log_level]
+        return min(levels or [level], key=LOGGING_LEVELS.index)
+
+    def _touch(self, activity: _Activity, delta: int) -> None:
+        activity.in_flight = max(0, activity.in_flight + delta)
+        activity.last_used = self._clock()
 
     # -- the Gateway actor only ----------------------------------------------------------
 
-    def add(self, record: SessionRecord) -> None:
+    def add_session(self, record: SessionRecord) -> None:
+        self.store.put_session(record)
         with self._lock:
-            self._activity[record.handle.session_id] = _Activity(self._clock())
-        self._records[record.handle.session_id] = record
+            self._sessions[record.session_id] = _Activity(self._clock())
+            self._sessions_of[record.user] += 1
 
-    def remove(self, session_id: str, identity: Identity | None) -> SessionRecord | None:
-        record = self._records.get(session_id)
+    def remove_session(self, session_id: str, identity: Identity | None) -> SessionRecord | None:
+        record = self.store.session(session_id)
         if record is None or record.owner != identity_key(identity):
             return None
         with self._lock:
-            self._activity.pop(session_id, None)
-        return self._records.pop(session_id, None)
+            return self._drop_session(session_id)
 
-    def remove_idle(self, ttl: float) -> list[SessionRecord]:
+    def remove_idle_sessions(self, ttl: float) -> list[SessionRecord]:
         """Take out every session idle for ``ttl`` with no request in flight."""
         now = self._clock()
         with self._lock:
-            idle = [sid for sid, a in self._activity.items() if a.in_flight == 0 and now - a.last_used >= ttl]
-            for session_id in idle:
-                del self._activity[session_id]
-        return [self._records.pop(session_id) for session_id in idle]
+            idle = [sid for sid, a in self._sessions.items() if a.in_flight == 0 and now - a.last_used >= ttl]
+            return [record for sid in idle if (record := self._drop_session(sid)) is not None]
 
-    def remove_all(self) -> list[SessionRecord]:
+    def user(self, key: UserKey) -> UserHandle | None:
+        return self._users.get(key)
+
+    def add_user(self, user: UserHandle) -> None:
         with self._lock:
-            self._activity.clear()
-        records = list(self._records.values())
-        self._records.clear()
-        return records
+            self._users[user.key] = user
+            self._user_activity[user.key] = _Activity(self._clock())
 
-    def overview(self) -> list[tuple[Any, dict[str, Any]]]:
-        """(session actor, facts) for every session, for the admin state."""
+    def has_sessions(self, key: UserKey) -> bool:
+        with self._lock:
+            return self._sessions_of[key] > 0
+
+    def remove_user(self, key: UserKey) -> UserHandle | None:
+        with self._lock:
+            self._user_activity.pop(key, None)
+            return self._users.pop(key, None)
+
+    def release_idle_users(self, idle_for: float) -> list[UserHandle]:
+        """Take out the live users idle for ``idle_for`` with no request in flight (their
+        records stay: the next request revives them)."""
         now = self._clock()
         with self._lock:
-            activity = {sid: (a.last_used, a.in_flight) for sid, a in self._activity.items()}
-        rows = []
-        for session_id, record in list(self._records.items()):
-            last_used, in_flight = activity.get(session_id, (now, 0))
-            rows.append((record.actor, {
-                "created": record.created,
-                "idleSeconds": round(now - last_used, 3),
-                "inFlight": in_flight,
-            }))
-        return rows
+            idle = [key for key, a in self._user_activity.items() if a.in_flight == 0 and now - a.last_used >= idle_for]
+            for key in idle:
+                del self._user_activity[key]
+            return [self._users.pop(key) for key in idle]
 
-    def __len__(self) -> int:
-        return len(self._records)
+    def remove_all_users(self) -> list[UserHandle]:
+        with self._lock:
+            users = list(self._users.values())
+            self._users.clear()
+            self._user_activity.clear()
+            return users
+
+    def overview(self) -> dict[str, Any]:
+        """Sessions with their activity and the live users, for the admin state."""
+        now = self._clock()
+        with self._lock:
+            sessions = {sid: (a.last_used, a.in_flight) for sid, a in self._sessions.items()}
+            users = [(user, round(now - self._user_activity[key].last_used, 3), self._user_activity[key].in_flight)
+                     for key, user in self._users.items()]
+        rows = []
+        for session_id, (last_used, in_flight) in sessions.items():
+            record = self.store.session(session_id)
+            if record is not None:
+                rows.append((record, {"idleSeconds": round(now - last_used, 3), "inFlight": in_flight}))
+        return {"sessions": rows, "users": users}
+
+    def session_count(self) -> int:
+        return len(self._sessions)
+
+    def _drop_session(self, session_id: str) -> SessionRecord | None:
+        """Under the lock: forget a session here and in the store."""
+        if self._sessions.pop(session_id, None) is None:
+            return None
+        record = self.store.delete_session(session_id)
+        if record is not None:
+            self._sessions_of[record.user] -= 1
+            if self._sessions_of[record.user] <= 0:
+                del self._sessions_of[record.user]
+        return record

@@ -18,6 +18,8 @@ from vmcp_actors.protocol.mcp import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
     LATEST_PROTOCOL_VERSION,
     NEGOTIABLE_PROTOCOL_VERSIONS,
+    TOOL_NAME,
+    is_valid_tool_name,
     negotiate_protocol_version,
 )
 from vmcp_actors.protocol.sse import encode_sse_event, iter_sse_events
@@ -33,10 +35,12 @@ __all__ = [
     "PARSE_ERROR",
     "REQUEST_TIMEOUT",
     "RESOURCE_NOT_FOUND",
+    "TOOL_NAME",
     "JsonRpcError",
     "Message",
     "encode_sse_event",
     "error_response",
+    "is_valid_tool_name",
     "iter_sse_events",
     "negotiate_protocol_version",
     "parse_message",

@@ -1,6 +1,8 @@
-"""MCP protocol constants: revisions, header names, version negotiation."""
+"""MCP protocol constants: revisions, header names, version negotiation, tool names."""
 
 from __future__ import annotations
+
+import re
 
 # Revisions the gateway negotiates in initialize, newest first.
 NEGOTIABLE_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18")
@@ -19,3 +21,12 @@ def negotiate_protocol_version(requested: object) -> str:
     if isinstance(requested, str) and requested in NEGOTIABLE_PROTOCOL_VERSIONS:
         return requested
     return LATEST_PROTOCOL_VERSION
+
+
+# MCP tool names: 1 to 128 letters, digits, '_', '-' or '.'.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def is_valid_tool_name(name: object) -> bool:
+    """Whether ``name`` is an MCP tool name; a full match, so "echo\\n" is not one."""
+    return isinstance(name, str) and TOOL_NAME.fullmatch(name) is not None

@@ -1,43 +1,83 @@
-"""Sessions: the SessionActor, aggregation into a catalog, and the core capability interface."""
+"""Sessions: per-user actors, session and user records, aggregation into a catalog, the
+core capability interface, and the MCP protocol semantics of the client edge."""
 
-from vmcp_actors.sessions._actor import SessionActor, SessionServices, discovery_timeout
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route, advertised_name, build_catalog
 from vmcp_actors.sessions._capabilities import (
     AggregatedBackends,
     Capabilities,
     CapabilitiesLayer,
     ConflictingNames,
+    DiscoveryTimedOut,
     NoBackendsAvailable,
-    to_jsonrpc_error,
 )
-from vmcp_actors.sessions._filter import AdvertisingFilter, is_advertised
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
-from vmcp_actors.sessions._dispatch import McpDispatcher
-from vmcp_actors.sessions._relay import Relay, RelayEvent
+from vmcp_actors.sessions._dispatch import LOGGING_LEVELS, McpDispatcher
+from vmcp_actors.sessions._exchange import Exchange, Notification, to_jsonrpc_error
+from vmcp_actors.sessions._filter import AdvertisingFilter, is_advertised
+from vmcp_actors.sessions._lifecycle import (
+    SERVER_CAPABILITIES,
+    InitializeOutcome,
+    check_header_version,
+    discover_error,
+    initialize,
+    is_logged_at,
+    request_deadline,
+)
+from vmcp_actors.sessions._records import SessionRecord, UserKey, UserRecord
+from vmcp_actors.sessions._relay import Relay, RelayEvent, error_event
+from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore
 from vmcp_actors.sessions._uri_template import compile_uri_template, uri_matches_template
+from vmcp_actors.sessions._user import (
+    RETRY_FAILED_AFTER,
+    SessionServices,
+    UserActor,
+    UserHandle,
+    end_released_user,
+    start_user,
+)
 
 __all__ = [
     "AdvertisingFilter",
-    "ConflictingNames",
-    "InternalTool",
-    "is_advertised",
     "AggregatedBackends",
     "Capabilities",
     "CapabilitiesLayer",
     "Catalog",
+    "ConflictingNames",
     "DiscoveryCache",
+    "DiscoveryTimedOut",
+    "Exchange",
+    "InitializeOutcome",
+    "InternalTool",
+    "LOGGING_LEVELS",
     "McpDispatcher",
+    "MemoryRecordStore",
     "NoBackendsAvailable",
+    "Notification",
+    "RETRY_FAILED_AFTER",
+    "RecordStore",
     "Relay",
     "RelayEvent",
     "Route",
-    "SessionActor",
+    "SERVER_CAPABILITIES",
+    "SessionRecord",
     "SessionServices",
+    "UserActor",
+    "UserHandle",
+    "UserKey",
+    "UserRecord",
     "advertised_name",
     "build_catalog",
+    "check_header_version",
     "compile_uri_template",
+    "discover_error",
     "discovery_key",
-    "discovery_timeout",
+    "end_released_user",
+    "error_event",
+    "initialize",
+    "is_advertised",
+    "is_logged_at",
+    "request_deadline",
+    "start_user",
     "to_jsonrpc_error",
     "uri_matches_template",
 ]

@@ -12,7 +12,6 @@ not, stays in the internal index so composite steps can reach it as ``workload.t
 from __future__ import annotations
 
 import logging
-import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,12 +20,11 @@ from typing import Any
 
 from vmcp_actors.backends import BackendCapabilities
 from vmcp_actors.config import AggregationConfig
+from vmcp_actors.protocol import is_valid_tool_name
 from vmcp_actors.sessions._uri_template import InvalidUriTemplate, compile_uri_template
 
 logger = logging.getLogger(__name__)
 
-# MCP tool names: letters, digits, '_', '-', '.'; 1 to 128 characters.
-VALID_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # Under priority, clashing tools of unlisted backends get this fixed prefix (as ToolHive).
 PRIORITY_FALLBACK_PREFIX = "{workload}_"
 
@@ -121,8 +119,9 @@ class Catalog:
 
 
 def advertised_name(aggregation: AggregationConfig, backend: str, name: str) -> str:
-    """Under ``prefix`` every name is prefixed, clash or not, as ToolHive does."""
-    return aggregation.prefix_for(backend) + name
+    """``AggregationConfig.advertised_name``: under ``prefix`` every name is prefixed, clash
+    or not, as ToolHive does. One rule, so the config checks composite names against it too."""
+    return aggregation.advertised_name(backend, name)
 
 
 @dataclass(frozen=True)
@@ -249,7 +248,7 @@ def _resolve_tool_names(
     taken: dict[str, Route] = {}
     for candidate, name in proposed:
         route = candidate.route
-        if not VALID_TOOL_NAME.match(name):
+        if not is_valid_tool_name(name):
             _problem(problems, logging.ERROR, f"tool {route.original_name!r} of backend {route.backend!r} would be "
                                               f"advertised as {name[:140]!r}, not a valid MCP tool name; not advertised")
         elif name in taken:

@@ -1,24 +1,23 @@
-"""The core interface over a session's backends (DESIGN.md, "The core interface").
+"""The core interface over a user's backends (DESIGN.md, "The core interface").
 
 ``AggregatedBackends`` is the innermost implementation; decorators (advertising filter,
-composite tools) wrap the same interface. Identity is always an explicit argument.
-Methods block only the calling (web) thread, never an actor: list and lookup methods
-wait for the session's catalog; calls return an Exchange, a generator the caller drives
-on its own thread, which yields the backend's streamed notifications as they arrive and
-returns the result.
+composite tools) wrap the same interface. Identity is always an explicit argument, and
+so is the request's ``Deadline``, which every wait below it uses. Methods block only the
+calling (web) thread, never an actor: list and lookup methods wait for the user's
+catalog; calls return an Exchange, a generator the caller drives on its own thread,
+which yields the backend's streamed events as they arrive and returns the result.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import pykka
 
 from vmcp_actors.backends import BackendChannel
-from vmcp_actors.concurrency import ASK_TIMEOUT, run_in_thread
-from vmcp_actors.exceptions import BackendError, BackendRpcError, BackendTimeout
+from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
@@ -28,28 +27,32 @@ from vmcp_actors.protocol import (
     JsonRpcError,
 )
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
+from vmcp_actors.sessions._exchange import Exchange, from_backend
 
-# Yields notifications (JSON-RPC messages), returns the result object; raises JsonRpcError.
-Exchange = Generator[dict[str, Any], None, dict[str, Any]]
+# When a request's deadline ends before discovery does, it stops waiting this much
+# earlier, to answer with what discovery found so far.
+ANSWER_MARGIN = 0.1
 
 
 class Capabilities(Protocol):
-    """What a session offers its client. Safe for concurrent use."""
+    """What a user's sessions offer their clients. Safe for concurrent use."""
 
-    def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
-    def lookup_tool(self, identity: Identity | None, name: str) -> Route | None: ...
+    def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None: ...
     def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
-                  meta: dict[str, Any] | None) -> Exchange: ...
-    def list_resources(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
-    def list_resource_templates(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
-    def lookup_resource(self, identity: Identity | None, uri: str) -> str | None: ...
-    def read_resource(self, identity: Identity | None, uri: str, meta: dict[str, Any] | None) -> Exchange: ...
-    def list_prompts(self, identity: Identity | None) -> tuple[dict[str, Any], ...]: ...
-    def lookup_prompt(self, identity: Identity | None, name: str) -> Route | None: ...
+                  meta: dict[str, Any] | None, deadline: Deadline) -> Exchange: ...
+    def list_resources(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def list_resource_templates(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def lookup_resource(self, identity: Identity | None, uri: str, deadline: Deadline) -> str | None: ...
+    def read_resource(self, identity: Identity | None, uri: str, meta: dict[str, Any] | None,
+                      deadline: Deadline) -> Exchange: ...
+    def list_prompts(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def lookup_prompt(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None: ...
     def get_prompt(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
-                   meta: dict[str, Any] | None) -> Exchange: ...
-    def complete(self, identity: Identity | None, params: dict[str, Any]) -> Exchange | dict[str, Any]: ...
-    def set_logging_level(self, identity: Identity | None, level: str) -> dict[str, Any]: ...
+                   meta: dict[str, Any] | None, deadline: Deadline) -> Exchange: ...
+    def complete(self, identity: Identity | None, params: dict[str, Any],
+                 deadline: Deadline) -> Exchange | dict[str, Any]: ...
+    def set_logging_level(self, identity: Identity | None, level: str, deadline: Deadline) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -61,41 +64,41 @@ class CapabilitiesLayer:
     def __init__(self, inner: Capabilities):
         self._inner = inner
 
-    def list_tools(self, identity):
-        return self._inner.list_tools(identity)
+    def list_tools(self, identity, deadline):
+        return self._inner.list_tools(identity, deadline)
 
-    def lookup_tool(self, identity, name):
-        return self._inner.lookup_tool(identity, name)
+    def lookup_tool(self, identity, name, deadline):
+        return self._inner.lookup_tool(identity, name, deadline)
 
-    def call_tool(self, identity, name, arguments, meta):
-        return self._inner.call_tool(identity, name, arguments, meta)
+    def call_tool(self, identity, name, arguments, meta, deadline):
+        return self._inner.call_tool(identity, name, arguments, meta, deadline)
 
-    def list_resources(self, identity):
-        return self._inner.list_resources(identity)
+    def list_resources(self, identity, deadline):
+        return self._inner.list_resources(identity, deadline)
 
-    def list_resource_templates(self, identity):
-        return self._inner.list_resource_templates(identity)
+    def list_resource_templates(self, identity, deadline):
+        return self._inner.list_resource_templates(identity, deadline)
 
-    def lookup_resource(self, identity, uri):
-        return self._inner.lookup_resource(identity, uri)
+    def lookup_resource(self, identity, uri, deadline):
+        return self._inner.lookup_resource(identity, uri, deadline)
 
-    def read_resource(self, identity, uri, meta):
-        return self._inner.read_resource(identity, uri, meta)
+    def read_resource(self, identity, uri, meta, deadline):
+        return self._inner.read_resource(identity, uri, meta, deadline)
 
-    def list_prompts(self, identity):
-        return self._inner.list_prompts(identity)
+    def list_prompts(self, identity, deadline):
+        return self._inner.list_prompts(identity, deadline)
 
-    def lookup_prompt(self, identity, name):
-        return self._inner.lookup_prompt(identity, name)
+    def lookup_prompt(self, identity, name, deadline):
+        return self._inner.lookup_prompt(identity, name, deadline)
 
-    def get_prompt(self, identity, name, arguments, meta):
-        return self._inner.get_prompt(identity, name, arguments, meta)
+    def get_prompt(self, identity, name, arguments, meta, deadline):
+        return self._inner.get_prompt(identity, name, arguments, meta, deadline)
 
-    def complete(self, identity, params):
-        return self._inner.complete(identity, params)
+    def complete(self, identity, params, deadline):
+        return self._inner.complete(identity, params, deadline)
 
-    def set_logging_level(self, identity, level):
-        return self._inner.set_logging_level(identity, level)
+    def set_logging_level(self, identity, level, deadline):
+        return self._inner.set_logging_level(identity, level, deadline)
 
     def close(self) -> None:
         self._inner.close()
@@ -113,54 +116,51 @@ class NoBackendsAvailable(JsonRpcError):
         super().__init__(INTERNAL_ERROR, "No backend is available for this session; try again later", http_status=503)
 
 
-def to_jsonrpc_error(error: BaseException) -> JsonRpcError:
-    """A backend failure as the client sees it: the backend's own error, or one naming the backend only."""
-    if isinstance(error, JsonRpcError):
-        return error
-    if isinstance(error, BackendRpcError):
-        return JsonRpcError(error.code, error.rpc_message, error.data)
-    if isinstance(error, BackendTimeout):
-        return JsonRpcError(REQUEST_TIMEOUT, str(error), {"backend": error.backend})
-    if isinstance(error, BackendError):
-        return JsonRpcError(INTERNAL_ERROR, str(error), {"backend": error.backend})
-    return JsonRpcError(INTERNAL_ERROR, "Internal error")
+class DiscoveryTimedOut(JsonRpcError):
+    """The request's deadline ended before any backend was discovered (discovery goes on)."""
+
+    def __init__(self) -> None:
+        super().__init__(REQUEST_TIMEOUT, "Request timed out: the backends were not discovered within the "
+                                          "request's deadline; try again")
 
 
-def _translated(exchange: Generator[dict[str, Any], None, dict[str, Any]]) -> Exchange:
-    """The same exchange, its failures turned into JsonRpcErrors for the client."""
-    try:
-        return (yield from exchange)
-    except JsonRpcError:
-        raise
-    except Exception as error:  # noqa: BLE001 - every failure becomes a JSON-RPC error
-        raise to_jsonrpc_error(error) from None
+class CatalogBoard:
+    """The user's catalog as its UserActor last published it (one atomic reference), so
+    web threads read a complete catalog without a message."""
+
+    def __init__(self) -> None:
+        self.current: cf.Future[Catalog] | None = None
+
+    def publish(self, catalog: cf.Future[Catalog] | None) -> None:
+        self.current = catalog
 
 
 class AggregatedBackends:
-    """The session's backends seen as one server, through the session's catalog."""
+    """The user's backends seen as one server, through the user's catalog."""
 
-    def __init__(self, session: Any, channels: Mapping[str, BackendChannel], discovery_timeout: float):
-        self._session = session  # ActorProxy[SessionActor]
+    def __init__(self, user: Any, channels: Mapping[str, BackendChannel], board: CatalogBoard):
+        self._user = user  # ActorProxy[UserActor]
         self._channels = channels
-        self._discovery_timeout = discovery_timeout
-        self._published: cf.Future[Catalog] | None = None
+        self._board = board
 
     # -- catalog -----------------------------------------------------------------------
 
-    def publish(self, catalog: cf.Future[Catalog]) -> None:
-        """Called by the SessionActor whenever its catalog changes (one atomic assignment)."""
-        self._published = catalog
-
-    def catalog(self, identity: Identity | None) -> Catalog:
-        published = self._published
+    def catalog(self, identity: Identity | None, deadline: Deadline) -> Catalog:
+        published = self._board.current
         if published is not None and published.done() and published.exception() is None:
             ready = published.result()
             if ready.has_backends and not ready.failures and not ready.errors:
-                return ready  # complete: nothing for the SessionActor to decide, no message needed
+                return ready  # complete: nothing for the UserActor to decide, no message needed
         try:
-            pending = self._session.catalog(identity).get(timeout=ASK_TIMEOUT)
-            catalog: Catalog = pending.result(timeout=self._discovery_timeout)
-        except (pykka.ActorDeadError, pykka.Timeout, cf.TimeoutError):
+            pending = self._user.catalog(identity).get(timeout=deadline.cap(ASK_TIMEOUT))
+            try:
+                catalog: Catalog = pending.result(timeout=max(0.0, deadline.remaining() - ANSWER_MARGIN))
+            except cf.TimeoutError:
+                # Discovery goes on for the requests after this one; answer with what it found.
+                catalog = self._user.catalog_so_far().get(timeout=deadline.cap(ASK_TIMEOUT))
+                if catalog is None or not catalog.has_backends:
+                    raise DiscoveryTimedOut() from None
+        except (pykka.ActorDeadError, pykka.Timeout):
             raise NoBackendsAvailable() from None
         if not catalog.has_backends:
             raise NoBackendsAvailable()
@@ -168,61 +168,75 @@ class AggregatedBackends:
             raise ConflictingNames(catalog.errors)
         return catalog
 
-    def lookup_internal(self, identity: Identity | None, name: str) -> InternalTool | None:
+    def published_catalog(self) -> Catalog | None:
+        """The catalog last published, without waiting (None before the first discovery)."""
+        published = self._board.current
+        if published is None or not published.done() or published.exception() is not None:
+            return None
+        return published.result()
+
+    def lookup_internal(self, identity: Identity | None, name: str, deadline: Deadline) -> InternalTool | None:
         """For composite steps: any tool, advertised or hidden, by advertised name or ``workload.tool``."""
-        return self.catalog(identity).resolve_internal(name)
+        return self.catalog(identity, deadline).resolve_internal(name)
 
-    def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
-        return self.catalog(identity).tools
+    def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).tools
 
-    def list_resources(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
-        return self.catalog(identity).resources
+    def list_resources(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).resources
 
-    def list_resource_templates(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
-        return self.catalog(identity).resource_templates
+    def list_resource_templates(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).resource_templates
 
-    def list_prompts(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
-        return self.catalog(identity).prompts
+    def list_prompts(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).prompts
 
-    def lookup_tool(self, identity: Identity | None, name: str) -> Route | None:
-        return self.catalog(identity).tool_routes.get(name)
+    def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
+        return self.catalog(identity, deadline).tool_routes.get(name)
 
-    def lookup_prompt(self, identity: Identity | None, name: str) -> Route | None:
-        return self.catalog(identity).prompt_routes.get(name)
+    def lookup_prompt(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
+        return self.catalog(identity, deadline).prompt_routes.get(name)
 
-    def lookup_resource(self, identity: Identity | None, uri: str) -> str | None:
-        return self.catalog(identity).route_resource(uri)
+    def lookup_resource(self, identity: Identity | None, uri: str, deadline: Deadline) -> str | None:
+        return self.catalog(identity, deadline).route_resource(uri)
 
     # -- calls -------------------------------------------------------------------------
 
-    def call_tool(self, identity, name, arguments, meta) -> Exchange:
-        route = self.lookup_tool(identity, name)
+    def call_tool(self, identity, name, arguments, meta, deadline) -> Exchange:
+        route = self.lookup_tool(identity, name, deadline)
         if route is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
-        return self.call_route(identity, route, arguments, meta)
+        return self.call_route(identity, route, arguments, meta, deadline)
 
     def call_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
-                   meta: dict[str, Any] | None = None) -> Exchange:
-        """Call the backend tool ``route`` leads to (composite steps use it for hidden tools too)."""
+                   meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
+        """Call the backend tool ``route`` leads to, on this thread."""
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
-        return self._request(identity, route.backend, "tools/call", params)
+        return self._request(identity, route.backend, "tools/call", params, deadline)
 
-    def read_resource(self, identity, uri, meta) -> Exchange:
-        backend = self.lookup_resource(identity, uri)
+    def submit_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
+                     deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        """``call_route`` as pooled work (composite steps, hidden tools too): the result
+        lands in the future; nothing blocks on the way."""
+        params = {"name": route.original_name, "arguments": arguments or {}}
+        return self._channels[route.backend].submit(identity, "tools/call", params, deadline)
+
+    def read_resource(self, identity, uri, meta, deadline) -> Exchange:
+        backend = self.lookup_resource(identity, uri, deadline)
         if backend is None:
             raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
-        return self._request(identity, backend, "resources/read", _with_meta({"uri": uri}, meta))
+        return self._request(identity, backend, "resources/read", _with_meta({"uri": uri}, meta), deadline)
 
-    def get_prompt(self, identity, name, arguments, meta) -> Exchange:
-        route = self.lookup_prompt(identity, name)
+    def get_prompt(self, identity, name, arguments, meta, deadline) -> Exchange:
+        route = self.lookup_prompt(identity, name, deadline)
         if route is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {name}")
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
-        return self._request(identity, route.backend, "prompts/get", params)
+        return self._request(identity, route.backend, "prompts/get", params, deadline)
 
-    def complete(self, identity, params) -> Exchange | dict[str, Any]:
+    def complete(self, identity, params, deadline) -> Exchange | dict[str, Any]:
         ref = params["ref"]
-        catalog = self.catalog(identity)
+        catalog = self.catalog(identity, deadline)
         if ref["type"] == "ref/prompt":
             route = catalog.prompt_routes.get(ref["name"])
             if route is None:
@@ -234,20 +248,20 @@ class AggregatedBackends:
                 raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": ref["uri"]})
         if not catalog.backends[backend].supports("completions"):
             return {"completion": {"values": [], "hasMore": False}}
-        return self._request(identity, backend, "completion/complete", {**params, "ref": ref})
+        return self._request(identity, backend, "completion/complete", {**params, "ref": ref}, deadline)
 
-    def set_logging_level(self, identity, level) -> dict[str, Any]:
+    def set_logging_level(self, identity, level, deadline) -> dict[str, Any]:
         """Forwarded to every backend that has logging, in the background: the answer waits for none."""
-        for backend, found in self.catalog(identity).backends.items():
+        for backend, found in self.catalog(identity, deadline).backends.items():
             if found.supports("logging"):
-                run_in_thread(self._channels[backend].call, identity, "logging/setLevel", {"level": level})
+                self._channels[backend].submit(identity, "logging/setLevel", {"level": level}, deadline)
         return {}
 
     def close(self) -> None:
-        """Nothing to release here: the SessionActor owns the connections."""
+        """Nothing to release here: the UserActor owns the connections."""
 
-    def _request(self, identity, backend, method, params) -> Exchange:
-        return _translated(self._channels[backend].request(identity, method, params))
+    def _request(self, identity, backend, method, params, deadline) -> Exchange:
+        return from_backend(self._channels[backend].request(identity, method, params, deadline))
 
 
 def _with_meta(params: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:

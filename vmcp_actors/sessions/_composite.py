@@ -12,12 +12,14 @@ steps. A composite that is not advertised is not callable either (the same -3260
 unknown name); the reason is in the admin state, and logged once per catalog.
 
 Each call runs in its own ``WorkflowRun`` actor; the calling web thread waits for its
-result (relaying progress when the client asked for it), so the SessionActor is never
-involved and the session keeps serving other requests meanwhile.
+result until the request's deadline (relaying progress when the client asked for it), so
+the UserActor is never involved and the user's sessions keep serving meanwhile. The run
+ends a moment before that deadline, so the client gets the run's own answer.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import queue
 import secrets
@@ -29,12 +31,13 @@ from typing import Any
 
 import pykka
 
-from vmcp_actors.concurrency import ASK_TIMEOUT, stop_quietly
+from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, stop_quietly
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
-from vmcp_actors.sessions._capabilities import AggregatedBackends, CapabilitiesLayer, Exchange
+from vmcp_actors.sessions._capabilities import ANSWER_MARGIN, AggregatedBackends, CapabilitiesLayer
+from vmcp_actors.sessions._exchange import Exchange, Notification
 from vmcp_actors.sessions._filter import is_advertised
 from vmcp_actors.workflows import (
     CompositeTool,
@@ -45,9 +48,6 @@ from vmcp_actors.workflows import (
 )
 
 logger = logging.getLogger(__name__)
-
-# A run settles within its own timeout; this much longer and the caller stops waiting.
-RESULT_GRACE = 30.0
 
 
 @dataclass(frozen=True)
@@ -154,33 +154,25 @@ class WorkflowMetrics:
 
 class _StepCaller:
     """What a WorkflowRun calls, for one user: backend tools through the routing table,
-    whatever the advertising filter hides. Runs on the run's worker threads."""
+    whatever the advertising filter hides. Every step's target was resolved when the view
+    was built, so nothing here waits for a catalog; calls are pooled work (a step's
+    progress and log notifications are not relayed)."""
 
     def __init__(self, backends: AggregatedBackends, identity: Identity | None, targets: Mapping[str, InternalTool]):
         self._backends = backends
         self._identity = identity
         self._targets = targets
 
-    def _target(self, tool: str) -> InternalTool | None:
-        return self._targets.get(tool) or self._backends.lookup_internal(self._identity, tool)
-
     def input_schema(self, tool: str) -> Mapping[str, Any] | None:
-        target = self._target(tool)
+        target = self._targets.get(tool)
         schema = target.definition.get("inputSchema") if target is not None else None
         return schema if isinstance(schema, Mapping) else None
 
-    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        target = self._target(tool)
+    def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        target = self._targets.get(tool)
         if target is None:
             raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
-        exchange = self._backends.call_route(self._identity, target.route, arguments)
-        try:
-            while True:
-                next(exchange)  # a step's progress and log notifications are not relayed
-        except StopIteration as done:
-            return done.value
-        finally:
-            exchange.close()
+        return self._backends.submit_route(self._identity, target.route, arguments, deadline)
 
 
 class CompositeTools(CapabilitiesLayer):
@@ -198,8 +190,8 @@ class CompositeTools(CapabilitiesLayer):
         self._runs_lock = threading.Lock()
         self._runs: dict[str, pykka.ActorRef[WorkflowRun]] = {}  # run id -> run in flight
 
-    def view(self, identity: Identity | None) -> CompositeView:
-        catalog = self._inner.catalog(identity)
+    def view(self, identity: Identity | None, deadline: Deadline) -> CompositeView:
+        catalog = self._inner.catalog(identity, deadline)
         cached = self._view
         if cached is not None and cached[0] is catalog:
             return cached[1]
@@ -214,27 +206,27 @@ class CompositeTools(CapabilitiesLayer):
 
     # -- tools -----------------------------------------------------------------------
 
-    def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
+    def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
         if not self._composites:
-            return self._inner.list_tools(identity)
-        return self.view(identity).tools
+            return self._inner.list_tools(identity, deadline)
+        return self.view(identity, deadline).tools
 
-    def lookup_tool(self, identity: Identity | None, name: str) -> Route | None:
-        if self._composites and name in self.view(identity).advertised:
+    def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
+        if self._composites and name in self.view(identity, deadline).advertised:
             return Route("", name, name, composite=True)
-        return self._inner.lookup_tool(identity, name)
+        return self._inner.lookup_tool(identity, name, deadline)
 
     def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
-                  meta: dict[str, Any] | None) -> Exchange:
+                  meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
         if self._composites:
-            view = self.view(identity)
+            view = self.view(identity, deadline)
             composite = view.advertised.get(name)
             if composite is not None:
-                return self._run(identity, composite, view, arguments, meta)
-        return self._inner.call_tool(identity, name, arguments, meta)
+                return self._run(identity, composite, view, arguments, meta, deadline)
+        return self._inner.call_tool(identity, name, arguments, meta, deadline)
 
     def _run(self, identity: Identity | None, composite: CompositeTool, view: CompositeView,
-             arguments: dict[str, Any] | None, meta: dict[str, Any] | None) -> Exchange:
+             arguments: dict[str, Any] | None, meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
         progress_token = (meta or {}).get("progressToken")
         events: queue.SimpleQueue[tuple[int, int, str] | None] = queue.SimpleQueue()
         run_id = secrets.token_hex(8)
@@ -242,6 +234,8 @@ class CompositeTools(CapabilitiesLayer):
         ref = WorkflowRun.start(
             composite, arguments, _StepCaller(self._inner, identity, view.targets),
             run_id=run_id,
+            # Its own timeout from now, ending in time for the request to answer.
+            deadline=Deadline(min(deadline.earlier(ANSWER_MARGIN).at, time.monotonic() + composite.timeout)),
             on_progress=(lambda done, total, message: events.put((done, total, message)))
             if progress_token is not None else None,
             on_finish=self._metrics.finished,
@@ -249,20 +243,19 @@ class CompositeTools(CapabilitiesLayer):
         with self._runs_lock:
             self._runs[run_id] = ref
         try:
-            pending = ref.proxy().result().get(timeout=ASK_TIMEOUT)
+            pending = ref.proxy().result().get(timeout=deadline.cap(ASK_TIMEOUT))
             pending.add_done_callback(lambda _: events.put(None))
-            deadline = time.monotonic() + composite.timeout + RESULT_GRACE
             while True:
                 try:
-                    event = events.get(timeout=max(deadline - time.monotonic(), 0.0))
+                    event = events.get(timeout=deadline.remaining())
                 except queue.Empty:
                     raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r} did not finish") from None
                 if event is None:
                     break  # settled; every progress event was queued before this marker
                 done, total, message = event
-                yield {"jsonrpc": "2.0", "method": "notifications/progress",
-                       "params": {"progressToken": progress_token, "progress": done, "total": total,
-                                  "message": message}}
+                yield Notification({"jsonrpc": "2.0", "method": "notifications/progress",
+                                    "params": {"progressToken": progress_token, "progress": done, "total": total,
+                                               "message": message}})
             return pending.result()
         except (pykka.ActorDeadError, pykka.Timeout):
             raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r}: the run ended unexpectedly") from None

@@ -1,7 +1,7 @@
-"""MCP methods for an established session: parameter checks, pagination, routing.
+"""MCP methods over a user's capabilities: parameter checks, pagination, routing.
 
-The web layer hands each JSON-RPC request here and writes out the Relay's events.
-``initialize`` is not here: it creates the session, which is the gateway's job.
+The request service hands each JSON-RPC request of a session here and writes out the
+Relay's events. ``initialize`` and the version checks are in ``_lifecycle``.
 """
 
 from __future__ import annotations
@@ -9,21 +9,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from vmcp_actors.concurrency import Deadline
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
 from vmcp_actors.sessions._capabilities import Capabilities
 from vmcp_actors.sessions._pagination import paginate
 from vmcp_actors.sessions._relay import Relay
 
-LOGGING_LEVELS = frozenset({"debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"})
+# RFC 5424 severities as MCP names them, least severe first.
+LOGGING_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 class McpDispatcher:
     def __init__(self, capabilities: Capabilities, *, page_size: int):
         self._capabilities = capabilities
         self._page_size = page_size
-        self._methods: dict[str, Callable[[Identity | None, dict[str, Any]], Any]] = {
-            "ping": lambda identity, params: {},
+        self._methods: dict[str, Callable[[Identity | None, dict[str, Any], Deadline], Any]] = {
+            "ping": lambda identity, params, deadline: {},
             "tools/list": self._list("tools", capabilities.list_tools),
             "resources/list": self._list("resources", capabilities.list_resources),
             "resources/templates/list": self._list("resourceTemplates", capabilities.list_resource_templates),
@@ -35,7 +37,10 @@ class McpDispatcher:
             "logging/setLevel": self._set_logging_level,
         }
 
-    def handle(self, identity: Identity | None, request: Message) -> Relay:
+    def handles(self, method: str) -> bool:
+        return method in self._methods
+
+    def handle(self, identity: Identity | None, request: Message, deadline: Deadline) -> Relay:
         handler = self._methods.get(request.method or "")
         if handler is None:
             return Relay.failed(request.id, JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}"))
@@ -43,7 +48,7 @@ class McpDispatcher:
         try:
             if not isinstance(params, dict):
                 raise JsonRpcError(INVALID_PARAMS, "params must be an object")
-            outcome = handler(identity, params)
+            outcome = handler(identity, params, deadline)
         except JsonRpcError as error:
             return Relay.failed(request.id, error)
         if isinstance(outcome, dict):
@@ -52,29 +57,29 @@ class McpDispatcher:
 
     # -- handlers: return a result dict, or an exchange that yields notifications ------
 
-    def _list(self, key: str, lister: Callable[[Identity | None], tuple[dict[str, Any], ...]]):
-        def handler(identity: Identity | None, params: dict[str, Any]) -> dict[str, Any]:
-            return paginate(lister(identity), key, params, self._page_size)
+    def _list(self, key: str, lister: Callable[[Identity | None, Deadline], tuple[dict[str, Any], ...]]):
+        def handler(identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
+            return paginate(lister(identity, deadline), key, params, self._page_size)
 
         return handler
 
-    def _call_tool(self, identity, params):
+    def _call_tool(self, identity, params, deadline):
         name = _required_string(params, "name")
         return self._capabilities.call_tool(
-            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta")
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), deadline
         )
 
-    def _read_resource(self, identity, params):
+    def _read_resource(self, identity, params, deadline):
         uri = _required_string(params, "uri")
-        return self._capabilities.read_resource(identity, uri, _optional_object(params, "_meta"))
+        return self._capabilities.read_resource(identity, uri, _optional_object(params, "_meta"), deadline)
 
-    def _get_prompt(self, identity, params):
+    def _get_prompt(self, identity, params, deadline):
         name = _required_string(params, "name")
         return self._capabilities.get_prompt(
-            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta")
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), deadline
         )
 
-    def _complete(self, identity, params):
+    def _complete(self, identity, params, deadline):
         ref = params.get("ref")
         if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
             raise JsonRpcError(INVALID_PARAMS, "ref must be an object of type ref/prompt or ref/resource")
@@ -82,13 +87,13 @@ class McpDispatcher:
         argument = params.get("argument")
         if not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
             raise JsonRpcError(INVALID_PARAMS, "argument must be an object with a name")
-        return self._capabilities.complete(identity, params)
+        return self._capabilities.complete(identity, params, deadline)
 
-    def _set_logging_level(self, identity, params):
+    def _set_logging_level(self, identity, params, deadline):
         level = params.get("level")
         if level not in LOGGING_LEVELS:
-            raise JsonRpcError(INVALID_PARAMS, f"level must be one of {', '.join(sorted(LOGGING_LEVELS))}")
-        return self._capabilities.set_logging_level(identity, level)
+            raise JsonRpcError(INVALID_PARAMS, f"level must be one of {', '.join(LOGGING_LEVELS)}")
+        return self._capabilities.set_logging_level(identity, level, deadline)
 
 
 def _required_string(params: dict[str, Any], key: str, where: str = "") -> str:

@@ -11,26 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 from vmcp_actors.sessions._aggregation import Route
-from vmcp_actors.sessions._capabilities import Capabilities, CapabilitiesLayer, Exchange
+from vmcp_actors.sessions._capabilities import Capabilities, CapabilitiesLayer
+from vmcp_actors.sessions._exchange import Exchange
 
 
 def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
     """The one predicate: ``filter`` matches the post-override, pre-prefix name. Composite
     tools are the operator's own and are not filtered (the filter chooses backend tools)."""
-    if route.composite:
-        return True
-    if aggregation.exclude_all_tools:
-        return False
-    workload = aggregation.tools_for(route.backend)
-    if workload is None:
-        return True
-    if workload.exclude_all:
-        return False
-    return workload.filter is None or route.resolved_name in workload.filter
+    return route.composite or aggregation.is_advertised(route.backend, route.resolved_name)
 
 
 class AdvertisingFilter(CapabilitiesLayer):
@@ -41,16 +34,16 @@ class AdvertisingFilter(CapabilitiesLayer):
         super().__init__(inner)
         self._aggregation = aggregation
 
-    def list_tools(self, identity: Identity | None) -> tuple[dict[str, Any], ...]:
-        return tuple(tool for tool in self._inner.list_tools(identity)
-                     if self.lookup_tool(identity, tool["name"]) is not None)
+    def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return tuple(tool for tool in self._inner.list_tools(identity, deadline)
+                     if self.lookup_tool(identity, tool["name"], deadline) is not None)
 
-    def lookup_tool(self, identity: Identity | None, name: str) -> Route | None:
-        route = self._inner.lookup_tool(identity, name)
+    def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
+        route = self._inner.lookup_tool(identity, name, deadline)
         return route if route is not None and is_advertised(self._aggregation, route) else None
 
     def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
-                  meta: dict[str, Any] | None) -> Exchange:
-        if self.lookup_tool(identity, name) is None:
+                  meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
+        if self.lookup_tool(identity, name, deadline) is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")  # the same answer as for no such tool
-        return self._inner.call_tool(identity, name, arguments, meta)
+        return self._inner.call_tool(identity, name, arguments, meta, deadline)

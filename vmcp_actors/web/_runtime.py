@@ -13,8 +13,10 @@ from flask import Flask, current_app
 
 from vmcp_actors.backends import build_outgoing_auth
 from vmcp_actors.config import VmcpConfig, config_warnings
-from vmcp_actors.gateway import Gateway, SessionDirectory
-from vmcp_actors.sessions import DiscoveryCache, SessionServices
+from vmcp_actors.exceptions import ConfigError
+from vmcp_actors.gateway import Directory, Gateway, McpService
+from vmcp_actors.sessions import DiscoveryCache, MemoryRecordStore, SessionServices
+from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.web._auth import Authenticator, build_authenticator
 
 logger = logging.getLogger(__name__)
@@ -26,7 +28,7 @@ EXTENSION_KEY = "vmcp_actors"
 class Runtime:
     config: VmcpConfig
     gateway: Any  # ActorProxy[Gateway]
-    sessions: SessionDirectory  # read by web threads on every request
+    service: McpService  # what the MCP view hands each message to
     authenticator: Authenticator
     admin_token: str | None = field(repr=False)
     allowed_hosts: frozenset[str]
@@ -53,12 +55,29 @@ def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
         logger.warning(
             "listening on all interfaces but operational.allowedHosts is empty: only localhost Host headers are accepted"
         )
-    sessions = SessionDirectory(time.monotonic)
-    services = SessionServices(outgoing_auth, DiscoveryCache(config.operational.discovery_cache_ttl))
-    gateway = Gateway.start(config, sessions, services).proxy()
+    signer = _signer(config)
+    store = MemoryRecordStore()
+    directory = Directory(store, time.monotonic)
+    services = SessionServices(outgoing_auth, DiscoveryCache(config.operational.discovery_cache_ttl), store=store)
+    gateway = Gateway.start(config, directory, services, signer).proxy()
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
-    return Runtime(config, gateway, sessions, authenticator, admin_token, frozenset(allowed - {"*"}),
-                   "*" in extra_hosts)
+    return Runtime(config, gateway, McpService(config, gateway, directory, signer), authenticator, admin_token,
+                   frozenset(allowed - {"*"}), "*" in extra_hosts)
+
+
+def _signer(config: VmcpConfig) -> Signer:
+    """The key that signs session ids: from the environment when configured (so other
+    processes can trust the ids), else generated now (ids die with the process)."""
+    name = config.operational.signing_key_env
+    if name is None:
+        logger.info("session ids are signed with a key generated at start (set operational.signingKeyEnv to "
+                    "keep them valid across restarts and processes)")
+        return Signer.generated()
+    key = os.environ.get(name, "").encode()
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError([f"operational.signingKeyEnv: environment variable {name} must hold at least "
+                           f"{MIN_KEY_BYTES} bytes"])
+    return Signer(key)
 
 
 def current_runtime() -> Runtime:

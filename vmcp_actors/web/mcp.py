@@ -1,7 +1,9 @@
 """The MCP endpoint: streamable HTTP, one JSON-RPC message per POST.
 
-Thin on purpose: HTTP and envelope checks, session lookup, identity, forward, then
-write the answer as JSON or SSE. MCP semantics live in the sessions package.
+Thin on purpose: HTTP checks, the JSON-RPC envelope, identity, then the gateway's
+McpService decides what the message means and this writes its Answer as JSON or SSE.
+The request's bookkeeping (in flight, last use, the log line) runs in the response's
+close hook, which the server calls however the response ends, even unread.
 """
 
 from __future__ import annotations
@@ -9,54 +11,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
-import pykka
 from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from vmcp_actors import __version__
-from vmcp_actors.concurrency import ASK_TIMEOUT
-from vmcp_actors.gateway import SessionDirectory, short_id
+from vmcp_actors.gateway import Answer, short_id
 from vmcp_actors.identity import Identity, anonymous_with
 from vmcp_actors.protocol import (
-    ACCEPTED_PROTOCOL_HEADER_VERSIONS,
     INTERNAL_ERROR,
-    INVALID_PARAMS,
     INVALID_REQUEST,
-    METHOD_NOT_FOUND,
     JsonRpcError,
     encode_sse_event,
     error_response,
-    negotiate_protocol_version,
     parse_message,
-    result_response,
 )
 from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from vmcp_actors.sessions import RelayEvent
-from vmcp_actors.web._responses import json_response, rpc_error
 from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, www_authenticate
+from vmcp_actors.web._responses import json_response, rpc_error
 from vmcp_actors.web._runtime import current_runtime
-from vmcp_actors.web.wellknown import resource_metadata_url
 from vmcp_actors.web._security import host_allowed, origin_allowed
+from vmcp_actors.web.wellknown import resource_metadata_url
 
 logger = logging.getLogger("vmcp_actors.requests")
 
 bp = Blueprint("mcp", __name__)
-
-# What the gateway implements towards clients, whatever the backends turn out to have.
-SERVER_CAPABILITIES = {
-    "tools": {"listChanged": False},
-    "resources": {"subscribe": False, "listChanged": False},
-    "prompts": {"listChanged": False},
-    "logging": {},
-    "completions": {},
-}
-
-
-class Unavailable(Exception):
-    """The actor system did not answer: the process is shutting down or overloaded."""
 
 
 @bp.before_request
@@ -101,44 +81,13 @@ def open_stream() -> Response:
 
 @bp.delete("/mcp")
 def end_session() -> Response:
-    session_id = request.headers.get(SESSION_HEADER)
-    if not session_id:
-        return rpc_error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
-    try:
-        ended = _ask(current_runtime().gateway.end_session(session_id, _identity()))
-    except Unavailable:
-        return rpc_error(503, INTERNAL_ERROR, "Service Unavailable: the gateway is shutting down or overloaded")
-    if not ended:
-        return rpc_error(404, INVALID_REQUEST, "Session not found")
-    return Response(status=200)
-
-
-@dataclass
-class _Served:
-    """What one POST turned out to be, for its log line and the session's idle clock."""
-
-    started: float
-    sessions: SessionDirectory  # captured here: an SSE stream finishes outside the app context
-    method: str = "-"
-    session_id: str | None = None
-    session_found: bool = False
-
-    def finish(self, status: int, streamed: bool = False) -> None:
-        if self.session_found:
-            self.sessions.finish(self.session_id)
-        _log(self.method, self.session_id, self.started, status, streamed)
+    answer = current_runtime().service.delete(request.headers.get(SESSION_HEADER), _identity())
+    return _write(answer, "DELETE", time.monotonic())
 
 
 @bp.post("/mcp")
 def post_message() -> Response:
-    served = _Served(time.monotonic(), current_runtime().sessions)
-    response = _serve_post(served)
-    if not response.is_streamed:
-        served.finish(response.status_code)
-    return response
-
-
-def _serve_post(served: _Served) -> Response:
+    started = time.monotonic()
     accept = request.accept_mimetypes  # quality() honours wildcards and q=0 refusals
     if accept.quality("application/json") <= 0 or accept.quality("text/event-stream") <= 0:
         return rpc_error(406, INVALID_REQUEST, "Not Acceptable: Accept must include application/json and text/event-stream")
@@ -147,56 +96,42 @@ def _serve_post(served: _Served) -> Response:
     try:
         message = parse_message(_read_body())
     except JsonRpcError as error:
-        return json_response(error_response(None, error), 400)
-    served.method = message.method or message.kind
+        return _write(Answer(400, error_response(None, error)), "-", started)
+    answer = current_runtime().service.post(
+        message, _identity(), request.headers.get(SESSION_HEADER), request.headers.get(PROTOCOL_VERSION_HEADER)
+    )
+    return _write(answer, message.method or message.kind, started)
 
-    if message.is_request and message.method == "server/discover":
-        # The stateless revision (2026-07-28) is not served yet: SDK clients in auto mode
-        # take this error as the cue to fall back to initialize.
-        return json_response(error_response(message.id, JsonRpcError(METHOD_NOT_FOUND, "Method not found: server/discover")))
-    header_version = request.headers.get(PROTOCOL_VERSION_HEADER)
-    if header_version is not None and header_version not in ACCEPTED_PROTOCOL_HEADER_VERSIONS:
-        return rpc_error(400, INVALID_REQUEST, f"Bad Request: unsupported {PROTOCOL_VERSION_HEADER}: {header_version[:40]}")
 
-    identity = _identity()
+def _write(answer: Answer, method: str, started: float) -> Response:
+    """The Answer as an HTTP response; its close hook finishes the request's bookkeeping."""
+    streamed = False
+    if answer.events is None:
+        response = json_response(answer.body, answer.status) if answer.body is not None else Response(status=answer.status)
+    else:
+        response, streamed = _relay_response(answer.events)
+    response.headers.update(answer.headers)
+    status = response.status_code
+
+    def finished() -> None:
+        answer.close()
+        _log(method, answer.session_id, started, status, streamed)
+
+    if streamed:
+        response.call_on_close(finished)  # runs even when the body is never read
+    else:
+        finished()  # the answer is complete: the session is idle from now on
+    return response
+
+
+def _relay_response(events: Iterator[RelayEvent]) -> tuple[Response, bool]:
     try:
-        if message.is_request and message.method == "initialize":
-            return _initialize(message, identity, served)
-        served.session_id = request.headers.get(SESSION_HEADER)
-        if not served.session_id:
-            return rpc_error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header", message.id)
-        handle = current_runtime().sessions.find(served.session_id, identity)
-        if handle is None:
-            return rpc_error(404, INVALID_REQUEST, "Session not found", message.id)
-        served.session_found = True
-        if not message.is_request:
-            return Response(status=202)  # notifications and client responses need no answer
-        relay = handle.dispatcher.handle(identity, message)
-        return _write_relay(relay.events(), served)
-    except Unavailable:
-        return rpc_error(503, INTERNAL_ERROR, "Service Unavailable: the gateway is shutting down or overloaded", message.id)
-
-
-def _initialize(message: Any, identity: Identity | None, served: _Served) -> Response:
-    params = message.params if isinstance(message.params, dict) else {}
-    if not isinstance(params.get("protocolVersion"), str):
-        return json_response(error_response(message.id, JsonRpcError(INVALID_PARAMS, "protocolVersion is required")))
-    runtime = current_runtime()
-    version = negotiate_protocol_version(params["protocolVersion"])
-    handle = _ask(runtime.gateway.create_session(identity, version))
-    served.session_id = handle.session_id
-    result = {
-        "protocolVersion": version,
-        "capabilities": SERVER_CAPABILITIES,
-        "serverInfo": {"name": runtime.config.name, "version": __version__},
-    }
-    return json_response(result_response(message.id, result), headers={SESSION_HEADER: handle.session_id})
-
-
-def _write_relay(events: Iterator[RelayEvent], served: _Served) -> Response:
-    first = next(events)
+        first = next(events)
+    except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
+        logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
+        return rpc_error(500, INTERNAL_ERROR, "Internal error"), False
     if first.final:
-        return json_response(first.message, first.http_status)
+        return json_response(first.message, first.http_status), False
 
     def stream() -> Iterator[str]:
         try:
@@ -205,9 +140,11 @@ def _write_relay(events: Iterator[RelayEvent], served: _Served) -> Response:
                 yield encode_sse_event(event.message)
         finally:  # also when the client goes away mid-stream
             events.close()
-            served.finish(200, streamed=True)
 
-    return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+    response = Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+    # A body the server never reads still ends the backend exchange.
+    response.call_on_close(events.close)
+    return response, True
 
 
 def _read_body() -> bytes:
@@ -230,13 +167,6 @@ def _read_body() -> bytes:
 
 def _identity() -> Identity | None:
     return g.vmcp_identity  # set by authenticate() for every request of this blueprint
-
-
-def _ask(future: Any) -> Any:
-    try:
-        return future.get(timeout=ASK_TIMEOUT)
-    except (pykka.ActorDeadError, pykka.Timeout):
-        raise Unavailable() from None
 
 
 def _log(method: str, session_id: str | None, started: float, status: int, streamed: bool = False) -> None:

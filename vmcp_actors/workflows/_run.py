@@ -1,16 +1,18 @@
 """The WorkflowRun actor: one run of a composite tool.
 
 The actor owns the run's state (which steps are pending, running, done; their outcomes;
-timers) and never waits in its loop: every step call runs on a worker thread
-(``run_in_thread``) and reports back with a message (``_CallDone``); timers report with
-``_StepTimedOut`` / ``_RunTimedOut``. Templates are rendered in the actor (CPU only,
-bounded by the sandbox's budget); the target's input schema is fetched and the arguments
-coerced on the worker thread, since ``input_schema`` may wait for the session's catalog.
+timers) and never waits in its loop: every step call is handed to the StepCaller, which
+returns a future at once (the call runs as pooled work), and its outcome comes back as a
+message (``_CallDone``); timers report with ``_StepTimedOut`` / ``_RunTimedOut`` /
+``_Relaunch``. Templates are rendered and arguments coerced to the target's input
+schema in the actor (CPU only, bounded by the sandbox's budget).
 
 Semantics follow ToolHive's vMCP: every step whose dependencies are done starts at once,
 up to ``max_parallel``; ``onError`` decides whether a failure aborts the run, lets its
-dependents continue, or is retried with exponential backoff (slept on the worker thread);
-a step or run that outlives its timeout fails, and a late answer is ignored.
+dependents continue, or is retried with exponential backoff (a timer, so no thread sleeps
+through it); a step or run that outlives its timeout fails, and a late answer is ignored.
+The run ends by its deadline (the request's, else its own timeout from the start), and
+each step call's deadline is the sooner of the run's and the step's timeout.
 
 The run stops itself once its result is settled and the owner has asked ``result()``; the
 future stays readable after that. The owner stops it early (or calls ``cancel``) to
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
+import functools
 import json
 import logging
 import time
@@ -29,8 +32,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pykka
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError as SchemaValidationError
+from jsonschema.exceptions import best_match
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
+from referencing.exceptions import Unresolvable
 
-from vmcp_actors.concurrency import TimerHandle, call_later, run_in_thread, stop_quietly, tell_quietly
+from vmcp_actors.concurrency import Deadline, TimerHandle, call_later, on_settled, stop_quietly, tell_quietly
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows._coercion import _has_type as has_json_type
 from vmcp_actors.workflows._coercion import coerce_arguments
@@ -60,9 +69,9 @@ class StepCaller(Protocol):
     def input_schema(self, tool: str) -> Mapping[str, Any] | None:
         """The target tool's input schema, from below the advertising filter."""
 
-    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Call ``tool``, blocking the calling (worker) thread; the MCP CallToolResult dict.
-        Raises ``JsonRpcError`` (or any exception) on failure."""
+    def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        """Start calling ``tool`` without blocking; the future settles with the MCP
+        CallToolResult dict, or with ``JsonRpcError`` (or any exception) on failure."""
 
 
 class WorkflowCancelled(JsonRpcError):
@@ -95,6 +104,14 @@ class _RunTimedOut:
     pass
 
 
+@dataclass(frozen=True)
+class _Relaunch:
+    """A retry's back-off is over: start the attempt."""
+
+    step_id: str
+    attempt: int
+
+
 class _StepFailure(Exception):
     """A step failed in a way that retrying cannot change (a template, a bad collection)."""
 
@@ -123,11 +140,14 @@ class WorkflowRun(pykka.ThreadingActor):
 
     def __init__(self, tool: CompositeTool, params: dict[str, Any] | None, caller: StepCaller, *,
                  run_id: str, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep,
+                 deadline: Deadline | None = None,
+                 schedule: Callable[[float, Callable[[], None]], TimerHandle] = call_later,
                  on_progress: Callable[[int, int, str], None] | None = None,
                  on_finish: Callable[[dict[str, Any]], None] | None = None):
         """``on_progress(done, total, message)`` is called (in the actor) as each step
-        ends; ``on_finish(status)`` once, when the run settles. Both must not block."""
+        ends; ``on_finish(status)`` once, when the run settles. Both must not block.
+        ``deadline`` ends the run (default: the composite's timeout from now);
+        ``schedule(delay, fn)`` runs timers (back-off, timeouts)."""
         super().__init__()
         self._on_progress = on_progress
         self._on_finish = on_finish
@@ -137,7 +157,8 @@ class WorkflowRun(pykka.ThreadingActor):
         self._caller = caller
         self._run_id = run_id
         self._clock = clock
-        self._sleep = sleep
+        self._deadline = deadline if deadline is not None else Deadline.after(tool.timeout)
+        self._schedule_later = schedule
         self._steps = {step.id: step for step in reversed(tool.steps)}  # first declaration wins
         self._specs: tuple[StepSpec, ...] = ()  # the step graph, once the definition proved valid
         self._future: cf.Future[dict[str, Any]] = cf.Future()
@@ -200,7 +221,7 @@ class WorkflowRun(pykka.ThreadingActor):
             self._settle(error=JsonRpcError(INTERNAL_ERROR, f"invalid composite tool: {message}"), state="failed")
             return
         self._specs = self._tool.graph
-        self._run_timer = self._timer(self._tool.timeout, _RunTimedOut())
+        self._run_timer = self._timer(self._deadline.remaining(), _RunTimedOut())
         self._schedule()
 
     def on_stop(self) -> None:
@@ -224,6 +245,10 @@ class WorkflowRun(pykka.ThreadingActor):
             if running is not None and running.attempt == message.attempt:
                 step = self._steps[message.step_id]
                 self._attempt_failed(step, f"timed out after {step.timeout:g} s")
+        elif isinstance(message, _Relaunch):
+            running = self._running.get(message.step_id)
+            if running is not None and running.attempt == message.attempt:
+                self._launch(self._steps[message.step_id], running, delay=0.0)
         elif isinstance(message, _RunTimedOut):
             self._settle(result=error_result(
                 f"composite tool {self._tool.name!r} timed out after {self._tool.timeout:g} s"), state="failed")
@@ -276,10 +301,13 @@ class WorkflowRun(pykka.ThreadingActor):
         self._launch(step, attempt, delay=0.0)
 
     def _launch(self, step: Step, running: _Running, delay: float) -> None:
+        if delay > 0:  # a retry's back-off: a timer, not a sleeping thread
+            self._timer(delay, _Relaunch(step.id, running.attempt))
+            return
         try:
             if step.for_each is None:
                 arguments = self._render_arguments(step, None)
-                self._submit(step, running.attempt, None, arguments, delay)
+                self._submit(step, running.attempt, None, arguments)
             else:
                 running.items = self._render_collection(step)
                 running.outputs = [None] * len(running.items)
@@ -287,30 +315,36 @@ class WorkflowRun(pykka.ThreadingActor):
                 if not running.items:
                     self._step_completed(step, [])
                     return
-                self._start_items(step, running, delay)
+                self._start_items(step, running)
         except _StepFailure as err:
             self._step_failed(step, str(err))
 
-    def _start_items(self, step: Step, running: _Running, delay: float = 0.0) -> None:
+    def _start_items(self, step: Step, running: _Running) -> None:
         assert step.for_each is not None and running.items is not None
         while running.in_flight < step.for_each.max_parallel and running.next_item < len(running.items):
             index = running.next_item
             running.next_item += 1
             running.in_flight += 1
             item = ForEachItem(running.items[index], index, step.for_each.item_var)
-            self._submit(step, running.attempt, index, self._render_arguments(step, item), delay)
+            self._submit(step, running.attempt, index, self._render_arguments(step, item))
 
-    def _submit(self, step: Step, attempt: int, index: int | None, arguments: dict[str, Any], delay: float) -> None:
+    def _submit(self, step: Step, attempt: int, index: int | None, arguments: dict[str, Any]) -> None:
         assert step.tool is not None
-        future = run_in_thread(_call_step, self._caller, step.tool, arguments, delay, self._sleep)
         actor_ref = self.actor_ref
+        deadline = Deadline(min(self._deadline.at, time.monotonic() + step.timeout))
+        try:
+            future = self._caller.call(step.tool, coerce_arguments(arguments, self._caller.input_schema(step.tool) or {}),
+                                       deadline)
+        except Exception as error:  # noqa: BLE001 - e.g. a tool gone from the catalog: the step fails
+            tell_quietly(actor_ref, _CallDone(step.id, attempt, index, error=_describe(error)))
+            return
 
         def report(done: cf.Future[dict[str, Any]]) -> None:
             error = done.exception()
             tell_quietly(actor_ref, _CallDone(step.id, attempt, index, None if error else done.result(),
                                               None if error is None else _describe(error)))
 
-        future.add_done_callback(report)
+        on_settled(future, report)
 
     # -- outcomes --------------------------------------------------------------------------
 
@@ -349,7 +383,7 @@ class WorkflowRun(pykka.ThreadingActor):
                 delay = policy.retry_delay * (2 ** running.retries)
                 running.retries += 1
                 running.attempt += 1
-                # the backoff is slept on the worker thread, so the timeout allows for it
+                # the step's timeout counts from the end of the back-off
                 running.timer = self._timer(step.timeout + delay, _StepTimedOut(step.id, running.attempt))
                 self._launch(step, running, delay)
                 return
@@ -499,7 +533,7 @@ class WorkflowRun(pykka.ThreadingActor):
 
     def _timer(self, seconds: float, message: Any) -> TimerHandle:
         actor_ref = self.actor_ref
-        return call_later(seconds, lambda: tell_quietly(actor_ref, message))
+        return self._schedule_later(seconds, lambda: tell_quietly(actor_ref, message))
 
     def _cancel_timers(self) -> None:
         if self._run_timer is not None:
@@ -525,15 +559,6 @@ def _typed(value: Any, json_type: str | None) -> Any:
             return None
     value = coerce_arguments({"v": value}, {"type": "object", "properties": {"v": {"type": json_type}}})["v"]
     return value if has_json_type(value, json_type) else None
-
-
-def _call_step(caller: StepCaller, tool: str, arguments: dict[str, Any], delay: float,
-               sleep: Callable[[float], None]) -> dict[str, Any]:
-    """On a worker thread: back off, fetch the target's schema, coerce, call."""
-    if delay > 0:
-        sleep(delay)
-    schema = caller.input_schema(tool) or {}
-    return caller.call(tool, coerce_arguments(arguments, schema))
 
 
 def _describe(error: BaseException) -> str:
@@ -580,42 +605,66 @@ _JSON_TYPES = ("null", "boolean", "integer", "number", "string", "array", "objec
 
 
 def validate_params(params: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` with the schema's defaults filled in; ``JsonRpcError(-32602)`` naming the
-    first problem. Checks ``type`` (a name or a list of names), ``properties``, ``required``
-    and ``default``, recursively through object properties. Not checked: ``enum``,
-    ``pattern``, bounds, ``items``, ``additionalProperties``, combinators, ``$ref`` (the
-    backend still validates what the steps send it)."""
+    """``params`` with the schema's defaults filled in (top level and in nested object
+    properties), then validated against ``schema`` with jsonschema (Draft 2020-12 unless
+    ``$schema`` names another draft; ``format`` is not asserted). ``JsonRpcError(-32602)``
+    names one problem, the shallowest (jsonschema's ``best_match``), and where it is."""
     if params is None:
         params = {}
     if not isinstance(params, dict):
         raise JsonRpcError(INVALID_PARAMS, "Invalid params: arguments must be an object")
-    checked = _check(params, schema if isinstance(schema, Mapping) else {}, "")
-    return checked
+    schema = schema if isinstance(schema, Mapping) else {}
+    filled = _with_defaults(params, schema)
+    try:
+        problem = best_match(_validator(json.dumps(schema, sort_keys=True, default=dict)).iter_errors(filled))
+    except Unresolvable as err:
+        # The gateway fetches no schemas, and the config cannot tell that every $ref resolves.
+        message = f"the parameters schema has a $ref that cannot be resolved: {err.ref}"
+        raise JsonRpcError(INTERNAL_ERROR, message) from None
+    if problem is not None:
+        raise JsonRpcError(INVALID_PARAMS, f"Invalid params: {_problem_text(problem)}")
+    return filled
 
 
-def _check(value: Any, schema: Mapping[str, Any], path: str) -> Any:
-    where = path or "arguments"
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else list(types)
-        known = [name for name in names if name in _JSON_TYPES]
-        if known and not any(has_json_type(value, name) for name in known):
-            raise JsonRpcError(INVALID_PARAMS, f"Invalid params: {where} must be {' or '.join(known)}, "
-                                               f"got {_json_type(value)}")
-    if not isinstance(value, dict):
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Validator:
+    """One validator per schema (keyed by its JSON text), reused by every call."""
+    schema = json.loads(schema_json)
+    return validator_for(schema, default=Draft202012Validator)(schema)
+
+
+def _with_defaults(value: Any, schema: Mapping[str, Any]) -> Any:
+    """``value`` with the ``default`` of each missing object property filled in, recursively
+    (a default filled in gets its own nested defaults too)."""
+    properties = schema.get("properties")
+    if not isinstance(value, dict) or not isinstance(properties, Mapping):
         return value
-    properties = schema.get("properties") or {}
     result = dict(value)
     for name, sub in properties.items():
-        if name not in result and isinstance(sub, Mapping) and "default" in sub:
+        if not isinstance(sub, Mapping):
+            continue
+        if name not in result and "default" in sub:
             result[name] = copy.deepcopy(sub["default"])
-    for name in schema.get("required") or ():
-        if name not in result:
-            raise JsonRpcError(INVALID_PARAMS, f"Invalid params: missing required property {_join(path, name)!r}")
-    for name, sub in properties.items():
-        if name in result and isinstance(sub, Mapping):
-            result[name] = _check(result[name], sub, _join(path, name))
+        if name in result:
+            result[name] = _with_defaults(result[name], sub)
     return result
+
+
+def _problem_text(error: SchemaValidationError) -> str:
+    """``error`` placed by its path within the arguments (``a.b[0]``); missing properties
+    and wrong types in the words clients already get."""
+    where = ""
+    for part in error.absolute_path:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else part)
+    if error.validator == "required":
+        missing = next((name for name in error.validator_value if name not in error.instance), None)
+        if missing is not None:
+            return f"missing required property {_join(where, missing)!r}"
+    if error.validator == "type":
+        types = error.validator_value
+        names = [types] if isinstance(types, str) else list(types)
+        return f"{where or 'arguments'} must be {' or '.join(names)}, got {_json_type(error.instance)}"
+    return f"{where or 'arguments'}: {error.message}"
 
 
 def _join(path: str, name: str) -> str:

@@ -1,0 +1,180 @@
+"""The MCP endpoint's work below the view: one JSON-RPC message in, one Answer out.
+
+The view does HTTP (checks, body, JSON or SSE writing) and the JSON-RPC envelope; this
+decides what a message means: initialize opens a session, ``server/discover`` and the
+version header are checked, a session's request is served by its user's actors (revived
+from the user record when they were released), within the request's one deadline, with
+log messages filtered to the session's own level.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pykka
+
+from vmcp_actors.concurrency import ASK_TIMEOUT
+from vmcp_actors.config import VmcpConfig
+from vmcp_actors.gateway._directory import Directory, Lease
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    JsonRpcError,
+    Message,
+    error_response,
+    result_response,
+)
+from vmcp_actors.protocol.mcp import SESSION_HEADER
+from vmcp_actors.sessions import (
+    LOGGING_LEVELS,
+    RelayEvent,
+    UserHandle,
+    check_header_version,
+    discover_error,
+    error_event,
+    initialize,
+    is_logged_at,
+    request_deadline,
+)
+from vmcp_actors.signing import Signer
+
+logger = logging.getLogger(__name__)
+
+
+class Unavailable(Exception):
+    """The actor system did not answer: the process is shutting down or overloaded."""
+
+
+@dataclass
+class Answer:
+    """What to send back: the events of a relay (the first final one makes it JSON, else
+    SSE), or one JSON body, or only a status. ``close()`` must run once the response is
+    done, however it ends (the view registers it as the response's close hook)."""
+
+    status: int = 200
+    body: dict[str, Any] | None = None
+    events: Iterator[RelayEvent] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    session_id: str | None = None
+    on_close: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        callbacks, self.on_close = self.on_close, []
+        for callback in callbacks:
+            callback()
+
+
+def _error(status: int, code: int, message: str, request_id: Any = None) -> Answer:
+    return Answer(status, error_response(request_id, JsonRpcError(code, message)))
+
+
+_UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
+
+
+class McpService:
+    def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer):
+        self._config = config
+        self._gateway = gateway  # ActorProxy[Gateway]
+        self._directory = directory
+        self._signer = signer
+
+    def post(self, message: Message, identity: Identity | None, session_id: str | None,
+             header_version: str | None) -> Answer:
+        if message.is_request and message.method == "server/discover":
+            return Answer(body=error_response(message.id, discover_error()))
+        if message.is_request and message.method == "initialize":
+            refused = check_header_version(header_version, None)
+            if refused is not None:
+                return Answer(refused.http_status, error_response(None, refused))
+            return self._initialize(message, identity)
+        if not session_id:
+            return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header", message.id)
+        lease = self._directory.begin(session_id, identity) if self._signer.is_session_id(session_id) else None
+        if lease is None:  # a forged id is refused here, before any lookup
+            refused = _error(404, INVALID_REQUEST, "Session not found", message.id)
+            refused.session_id = session_id
+            return refused
+        answer = Answer(session_id=session_id)
+        held_user = lease.user.key if lease.user is not None else None
+        answer.on_close.append(lambda: self._directory.finish(session_id, held_user))
+        refused = check_header_version(header_version, lease.session.protocol_version)
+        if refused is not None:
+            answer.status, answer.body = refused.http_status, error_response(None, refused)
+            return answer
+        if not message.is_request:
+            answer.status = 202  # notifications and client responses need no answer
+            return answer
+        try:
+            user = lease.user or self._revive(lease, identity, answer)
+            if not lease.attached:
+                self._ask(user.proxy.attach_session(session_id, identity))
+                self._directory.mark_attached(session_id)
+        except Unavailable:
+            answer.status, answer.body = 503, error_response(message.id, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
+            return answer
+        answer.events = self._dispatch(user, lease, message, identity)
+        return answer
+
+    def delete(self, session_id: str | None, identity: Identity | None) -> Answer:
+        if not session_id:
+            return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
+        if not self._signer.is_session_id(session_id):
+            return _error(404, INVALID_REQUEST, "Session not found")
+        try:
+            ended = self._ask(self._gateway.end_session(session_id, identity))
+        except Unavailable:
+            return _error(503, INTERNAL_ERROR, _UNAVAILABLE)
+        return Answer(200) if ended else _error(404, INVALID_REQUEST, "Session not found")
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _initialize(self, message: Message, identity: Identity | None) -> Answer:
+        try:
+            outcome = initialize(message.params)
+        except JsonRpcError as error:
+            return Answer(body=error_response(message.id, error))
+        try:
+            record = self._ask(self._gateway.open_session(identity, outcome))
+        except Unavailable:
+            return _error(503, INTERNAL_ERROR, _UNAVAILABLE, message.id)
+        return Answer(body=result_response(message.id, outcome.result(self._config.name)),
+                      headers={SESSION_HEADER: record.session_id}, session_id=record.session_id)
+
+    def _revive(self, lease: Lease, identity: Identity | None, answer: Answer) -> UserHandle:
+        """Revive the user's released actors and hold them for this request."""
+        key = lease.session.user
+        for _ in range(2):  # released again between the revival and the hold: once more
+            self._ask(self._gateway.revive_user(key, identity))
+            user = self._directory.hold_user(key)
+            if user is not None:
+                answer.on_close.append(lambda: self._directory.finish("", key))
+                return user
+        raise Unavailable()
+
+    def _dispatch(self, user: UserHandle, lease: Lease, message: Message,
+                  identity: Identity | None) -> Iterator[RelayEvent]:
+        deadline = request_deadline(self._config, message)
+        record = lease.session
+        if message.method == "logging/setLevel" and isinstance(message.params, dict) \
+                and message.params.get("level") in LOGGING_LEVELS:
+            # The session keeps its own level; the user's backends send the most verbose
+            # level any of its sessions asked for, and each session gets only its own.
+            forwarded = self._directory.set_log_level(record.session_id, message.params["level"])
+            message = replace(message, params={**message.params, "level": forwarded})
+        try:
+            relay = user.dispatcher.handle(identity, message, deadline)
+        except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
+            logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
+            return iter([error_event(message.id, JsonRpcError(INTERNAL_ERROR, "Internal error"))])
+        level = record.log_level
+        return relay.only(lambda event: is_logged_at(event.message, level)).events()
+
+    def _ask(self, future: Any) -> Any:
+        try:
+            return future.get(timeout=ASK_TIMEOUT)
+        except (pykka.ActorDeadError, pykka.Timeout):
+            raise Unavailable() from None

@@ -1,0 +1,114 @@
+"""The MCP semantics of the client edge that are not a method call: initialize and the
+revision it negotiates, the server's capabilities, ``server/discover``, the
+``MCP-Protocol-Version`` checks, a request's deadline, and which log messages a session
+asked for. Pure functions: the web layer only carries their answers over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from vmcp_actors import __version__
+from vmcp_actors.concurrency import Deadline
+from vmcp_actors.config import VmcpConfig
+from vmcp_actors.protocol import (
+    ACCEPTED_PROTOCOL_HEADER_VERSIONS,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    JsonRpcError,
+    Message,
+    negotiate_protocol_version,
+)
+from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER
+from vmcp_actors.sessions._dispatch import LOGGING_LEVELS
+
+# What the gateway implements towards clients, whatever the backends turn out to have.
+SERVER_CAPABILITIES = MappingProxyType({
+    "tools": {"listChanged": False},
+    "resources": {"subscribe": False, "listChanged": False},
+    "prompts": {"listChanged": False},
+    "logging": {},
+    "completions": {},
+})
+
+
+@dataclass(frozen=True)
+class InitializeOutcome:
+    """What a client's initialize settles: the revision, and what the client declared."""
+
+    protocol_version: str
+    client_capabilities: Mapping[str, Any] = field(default_factory=dict)
+    client_info: Mapping[str, Any] = field(default_factory=dict)
+
+    def result(self, server_name: str) -> dict[str, Any]:
+        return {
+            "protocolVersion": self.protocol_version,
+            "capabilities": {name: dict(value) for name, value in SERVER_CAPABILITIES.items()},
+            "serverInfo": {"name": server_name, "version": __version__},
+        }
+
+
+def initialize(params: Any) -> InitializeOutcome:
+    """Negotiate a revision from an initialize request's params; -32602 when they are unusable."""
+    params = params if isinstance(params, dict) else {}
+    if not isinstance(params.get("protocolVersion"), str):
+        raise JsonRpcError(INVALID_PARAMS, "protocolVersion is required")
+    for key in ("capabilities", "clientInfo"):
+        if key in params and not isinstance(params[key], dict):
+            raise JsonRpcError(INVALID_PARAMS, f"{key} must be an object")
+    return InitializeOutcome(
+        protocol_version=negotiate_protocol_version(params["protocolVersion"]),
+        client_capabilities=params.get("capabilities", {}),
+        client_info=params.get("clientInfo", {}),
+    )
+
+
+def discover_error() -> JsonRpcError:
+    # The stateless revision (2026-07-28) is not served yet: SDK clients in auto mode
+    # take this error as the cue to fall back to initialize.
+    return JsonRpcError(METHOD_NOT_FOUND, "Method not found: server/discover")
+
+
+def check_header_version(header: str | None, session_version: str | None) -> JsonRpcError | None:
+    """A 400 error when the ``MCP-Protocol-Version`` header is unusable: a revision the
+    gateway does not serve, or (on a session) one newer than the session negotiated. An
+    absent header is fine (the spec says to assume 2025-03-26), and so is an older
+    revision than the session's (revisions are dated, so they compare as text)."""
+    if header is None:
+        return None
+    if header not in ACCEPTED_PROTOCOL_HEADER_VERSIONS:
+        return JsonRpcError(INVALID_REQUEST, f"Bad Request: unsupported {PROTOCOL_VERSION_HEADER}: {header[:40]}",
+                            http_status=400)
+    if session_version is not None and header > session_version:
+        return JsonRpcError(INVALID_REQUEST, f"Bad Request: {PROTOCOL_VERSION_HEADER} {header} is newer than the "
+                                             f"revision this session negotiated ({session_version})", http_status=400)
+    return None
+
+
+def request_deadline(config: VmcpConfig, message: Message) -> Deadline:
+    """The one deadline of a client request: the longest backend timeout (the most any
+    backend may take to answer), and for a composite tool's call its own timeout on top
+    (the run's timeout counts from its start, after discovery)."""
+    timeouts = config.operational.timeouts
+    longest = max([timeouts.default, *timeouts.per_workload.values()])
+    if message.method == "tools/call" and isinstance(message.params, dict):
+        name = message.params.get("name")
+        composite = next((tool for tool in config.composite_tools if tool.name == name), None)
+        if composite is not None:
+            return Deadline.after(longest + composite.timeout)
+    return Deadline.after(longest)
+
+
+def is_logged_at(message: Mapping[str, Any], level: str | None) -> bool:
+    """Whether a session that asked for ``level`` gets this message: log messages less
+    severe than its level are not relayed; everything else is."""
+    if level is None or message.get("method") != "notifications/message":
+        return True
+    params = message.get("params")
+    severity = params.get("level") if isinstance(params, Mapping) else None
+    if severity not in LOGGING_LEVELS:
+        return True
+    return LOGGING_LEVELS.index(severity) >= LOGGING_LEVELS.index(level)
