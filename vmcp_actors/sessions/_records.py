@@ -162,6 +162,8 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _frozen(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    if isinstance(value, MappingProxyType):
+        return value  # already a record's own copy (replace() passes it on): no copy per request
     # A deep copy through JSON: the record shares nothing mutable with its input.
     return MappingProxyType(json.loads(json.dumps(plain_json(value))))
 
