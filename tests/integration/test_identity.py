@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+import pykka
 import pytest
 import requests
 
@@ -684,6 +685,27 @@ def test_concurrent_users_never_see_each_others_identity(start_gateway, idp, ser
     assert wrong == []
     assert len(received(jira, "tools/call")) == 48
     assert sorted(r.subject for r in idp.successful_exchanges()) == ["alice", "bob", "carol"]
+
+
+def test_two_users_never_share_actors_or_backend_sessions_and_one_users_sessions_do(start_gateway, idp, servers):
+    jira = servers(authed_backend("jira", idp, "jira-api", {"alice": ["issues"], "bob": ["issues"]}))
+    gateway = start_gateway(gateway_config(
+        {"jira": jira}, incoming=oidc(idp), outgoing={"backends": {"jira": exchange(idp, "jira-api")}}))
+    alice, bob = Caller(gateway, idp.issue_token("alice", AUD)), Caller(gateway, idp.issue_token("bob", AUD))
+    alice_sessions = [alice.open(), alice.open()]
+    bob_session = bob.open()
+    for sid in alice_sessions:
+        assert text_of(alice.call(sid, "jira_issues")) == "jira:issues:alice"
+    assert text_of(bob.call(bob_session, "jira_issues")) == "jira:issues:bob"
+
+    backend_sessions: dict[str, set[str]] = {}
+    for message in received(jira, "tools/call"):
+        backend_sessions.setdefault(message.subject, set()).add(message.session_id)
+    assert {who: len(ids) for who, ids in backend_sessions.items()} == {"alice": 1, "bob": 1}
+    assert backend_sessions["alice"].isdisjoint(backend_sessions["bob"])
+    actors = [ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all()]
+    assert actors.count("UserActor") == 2 and actors.count("BackendConnection") == 2
+    assert len(received(jira, "initialize")) == 2
 
 
 # -- 6. token exchange -----------------------------------------------------------------------------

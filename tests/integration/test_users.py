@@ -1,0 +1,282 @@
+"""One actor per user: sessions of a user share its backend connections and keep their
+own state; idle users are released and revived from their records; session ids are
+signed; one deadline per request; the fixes found while reshaping."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pykka
+import pytest
+import requests
+
+from tests.backends import delayed_backend, restartable_backend, sse_backend
+from tests.gateway import admin_get, answer_of, backend_entry, sse_messages, wait_until
+from vmcp_actors.config import config_from_mapping
+from vmcp_actors.sessions import MemoryRecordStore, UserActor
+from vmcp_actors.web import create_app, stop_app
+
+ADMIN_ENV, ADMIN_TOKEN = "VMCP_ADMIN_TOKEN", "admin-secret-for-tests"
+
+
+def _actors(kind: str) -> list[pykka.ActorRef]:
+    return [ref for ref in pykka.ActorRegistry.get_all() if ref.actor_class.__name__ == kind]
+
+
+def _open(gateway, capabilities: dict | None = None, version: str = "2025-11-25") -> str:
+    response = gateway.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": version, "capabilities": capabilities or {}, "clientInfo": {"name": "t", "version": "1"}}})
+    assert response.status_code == 200, response.text
+    return response.headers["Mcp-Session-Id"]
+
+
+def _call(gateway, session_id: str, name: str, text: str = "x", request_id: int = 1) -> requests.Response:
+    return gateway.post({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                         "params": {"name": name, "arguments": {"text": text}}}, session_id)
+
+
+def _text(gateway, session_id: str, name: str, text: str = "x") -> str:
+    answer = gateway.rpc(session_id, "tools/call", {"name": name, "arguments": {"text": text}})
+    assert "result" in answer, answer
+    return answer["result"]["content"][0]["text"]
+
+
+# -- sessions of one user ---------------------------------------------------------------------
+
+
+def test_sessions_of_one_user_share_its_connections_and_keep_their_own_log_level_and_capabilities(
+        start_gateway, monkeypatch):
+    monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
+    with sse_backend() as sse:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("sse", sse)],
+                                 "admin": {"tokenEnv": ADMIN_ENV}})
+        quiet = _open(gateway, {"sampling": {}, "roots": {"listChanged": True}})
+        chatty = _open(gateway)
+        assert gateway.rpc(quiet, "logging/setLevel", {"level": "error"})["result"] == {}
+
+        quiet_answer = _call(gateway, quiet, "sse_echo", "q")
+        chatty_events = sse_messages(_call(gateway, chatty, "sse_echo", "c"))
+        # The backend logs at info: the session that asked for errors only does not get it
+        # (nothing left to stream, so its answer is plain JSON); the other one does.
+        assert quiet_answer.headers["Content-Type"].startswith("application/json")
+        assert answer_of(quiet_answer)["result"]["content"][0]["text"] == "sse:q"
+        assert [m.get("method") for m in chatty_events] == ["notifications/message", None]
+
+        assert sse.initialize_count == 1  # one backend session for the user's two sessions
+        assert len({m.session_id for m in sse.requests("tools/call")}) == 1
+        assert len(_actors("UserActor")) == 1 and len(_actors("BackendConnection")) == 1
+
+        state = admin_get(gateway, token=ADMIN_TOKEN).json()
+        rows = {row["id"]: row for row in state["sessions"]}
+        assert rows[quiet]["clientCapabilities"] == {"sampling": {}, "roots": {"listChanged": True}}
+        assert rows[chatty]["clientCapabilities"] == {}
+        assert (rows[quiet]["logLevel"], rows[chatty]["logLevel"]) == ("error", None)
+        (user,) = state["users"]
+        assert user["user"] == "anonymous" and [b["backend"] for b in user["backends"]] == ["sse"]
+
+
+# -- release and revival ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache_ttl", ["30s", "0"], ids=["catalog-cached", "rediscovered"])
+def test_an_idle_user_is_released_and_revived_with_its_backend_session(start_gateway, cache_ttl):
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)], "operational": {
+            "userIdleTimeout": "200ms", "sessionTTL": "30s", "discoveryCacheTTL": cache_ttl}})
+        sid = gateway.initialize()
+        assert _text(gateway, sid, "rs_echo", "before") == "restartable:before"
+        (backend_session,) = raw.sessions
+        assert wait_until(lambda: not _actors("UserActor") and not _actors("BackendConnection"), timeout=5)
+
+        assert _text(gateway, sid, "rs_echo", "after") == "restartable:after"
+        assert len(_actors("UserActor")) == 1
+        assert raw.initialize_count == 1  # the recorded backend session was used as it was
+        assert {m.session_id for m in raw.requests("tools/call")} == {backend_session}
+        assert raw.deleted_sessions == []
+
+
+@pytest.mark.parametrize("cache_ttl", ["30s", "0"], ids=["catalog-cached", "rediscovered"])
+def test_a_revived_user_whose_backend_forgot_the_session_initializes_again(start_gateway, cache_ttl):
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)], "operational": {
+            "userIdleTimeout": "200ms", "sessionTTL": "30s", "discoveryCacheTTL": cache_ttl}})
+        sid = gateway.initialize()
+        assert _text(gateway, sid, "rs_echo", "before") == "restartable:before"
+        assert wait_until(lambda: not _actors("UserActor"), timeout=5)
+        raw.forget_sessions()  # the backend restarted while the user was released
+
+        assert _text(gateway, sid, "rs_echo", "after") == "restartable:after"
+        assert raw.initialize_count == 2
+        assert len(raw.sessions) == 1
+
+
+def test_ending_a_released_users_last_session_ends_its_backend_session(start_gateway):
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)],
+                                 "operational": {"userIdleTimeout": "200ms"}})
+        sid = gateway.initialize()
+        assert _text(gateway, sid, "rs_echo") == "restartable:x"
+        (backend_session,) = raw.sessions
+        assert wait_until(lambda: not _actors("UserActor"), timeout=5)
+        assert requests.delete(gateway.url, headers={"Mcp-Session-Id": sid}, timeout=10).status_code == 200
+        assert wait_until(lambda: raw.deleted_sessions, timeout=5) == [backend_session]
+        assert not _actors("UserActor")  # ended without starting its actors again
+
+
+# -- signed session ids -----------------------------------------------------------------------
+
+
+def test_a_forged_session_id_is_refused_before_any_lookup(start_gateway, monkeypatch):
+    lookups: list[str] = []
+    original = MemoryRecordStore.session
+
+    def counted(store, session_id):
+        lookups.append(session_id)
+        return original(store, session_id)
+
+    monkeypatch.setattr(MemoryRecordStore, "session", counted)
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)]})
+        sid = gateway.initialize()
+        forged = [sid[:32] + ("0" if sid[32] != "0" else "1") + sid[33:],  # the right nonce, a wrong tag
+                  "f" * 64, sid.upper(), sid[:-1], "../" + sid]
+        lookups.clear()
+        for bad in forged:
+            response = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, bad)
+            assert response.status_code == 404, bad
+            assert requests.delete(gateway.url, headers={"Mcp-Session-Id": bad}, timeout=10).status_code == 404
+        assert lookups == []
+        assert gateway.rpc(sid, "ping") == {"jsonrpc": "2.0", "id": 1, "result": {}}
+        assert lookups  # a genuine id is looked up
+
+
+def test_a_configured_signing_key_is_read_from_the_environment(start_gateway, monkeypatch):
+    monkeypatch.setenv("VMCP_SIGNING_KEY", "k" * 40)
+    with restartable_backend() as raw:
+        config = {"name": "t", "backends": [backend_entry("rs", raw)],
+                  "operational": {"signingKeyEnv": "VMCP_SIGNING_KEY"}}
+        one = start_gateway(config)
+        sid = one.initialize()
+        from vmcp_actors.signing import Signer
+
+        assert Signer(b"k" * 40).is_session_id(sid)
+        assert not Signer(b"j" * 40).is_session_id(sid)
+        monkeypatch.setenv("VMCP_SIGNING_KEY", "short")
+        with pytest.raises(Exception, match="signingKeyEnv"):
+            create_app(config_from_mapping(config))
+
+
+# -- one deadline per request -----------------------------------------------------------------
+
+
+def test_a_request_whose_deadline_ends_mid_discovery_answers_in_time(start_gateway):
+    """Discovery needs three 0.4 s round trips; the request's deadline is 1 s. It answers
+    by its deadline, discovery goes on, and the next request is served from it."""
+    with delayed_backend(delay=0.4) as slow:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("slow", slow)],
+                                 "operational": {"timeouts": {"default": "1s"}}})
+        sid = gateway.initialize()
+        started = time.monotonic()
+        response = gateway.post({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, sid)
+        elapsed = time.monotonic() - started
+        assert elapsed < 1.1, elapsed
+        assert response.status_code == 200
+        assert response.json()["error"]["code"] == -32001, response.text
+
+        def listed():
+            answer = gateway.rpc(sid, "tools/list")
+            return "result" in answer and [t["name"] for t in answer["result"]["tools"]]
+
+        assert wait_until(listed, timeout=5) == ["slow_echo", "slow_sleep"]
+        assert slow.initialize_count == 1  # the discovery that outlived the first request
+
+
+def test_concurrent_requests_during_discovery_share_it(start_gateway):
+    with delayed_backend(delay=0.2) as slow:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("slow", slow)]})
+        sids = [gateway.initialize() for _ in range(6)]
+        answers: dict[str, dict] = {}
+        threads = [threading.Thread(target=lambda s=s: answers.__setitem__(s, gateway.rpc(s, "tools/list")))
+                   for s in sids]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert all("result" in answer for answer in answers.values()), answers
+        assert slow.initialize_count == 1 and len(slow.requests("tools/list")) == 1
+
+
+# -- fixes found on the way -------------------------------------------------------------------
+
+
+def test_a_streamed_answer_whose_body_is_never_read_still_finishes_the_request(monkeypatch):
+    """Bookkeeping in the response's close hook: an unread SSE body must not leave its
+    session 'in flight' forever (it would never be reaped)."""
+    with sse_backend() as sse:
+        app = create_app(config_from_mapping({"name": "t", "backends": [backend_entry("sse", sse)],
+                                              "operational": {"sessionTTL": "300ms"}}))
+        try:
+            client = app.test_client()
+            headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+            opened = client.post("/mcp", headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                 "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                            "clientInfo": {"name": "t", "version": "1"}}})
+            sid = opened.headers["Mcp-Session-Id"]
+            streamed = client.post("/mcp", headers={**headers, "Mcp-Session-Id": sid}, buffered=False, json={
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "sse_echo", "arguments": {}}})
+            assert streamed.mimetype == "text/event-stream"
+            streamed.close()  # the server closes the response without reading the body
+
+            def reaped():
+                probe = client.post("/mcp", headers={**headers, "Mcp-Session-Id": sid},
+                                    json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+                return probe.status_code == 404
+
+            time.sleep(0.5)
+            assert wait_until(reaped, timeout=3, interval=0.1)
+        finally:
+            stop_app(app)
+
+
+def test_initialize_does_not_wait_for_the_users_actors_to_start(start_gateway, monkeypatch):
+    original = UserActor.on_start if hasattr(UserActor, "on_start") else None
+
+    def slow_start(self):
+        time.sleep(1.5)
+        if original is not None:
+            original(self)
+
+    monkeypatch.setattr(UserActor, "on_start", slow_start)
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)]})
+        started = time.monotonic()
+        sid = gateway.initialize()
+        assert time.monotonic() - started < 0.5
+        assert _text(gateway, sid, "rs_echo") == "restartable:x"  # served once the actor runs
+
+
+def test_the_version_header_may_not_be_newer_than_the_session_negotiated(start_gateway):
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)]})
+        sid = _open(gateway, version="2025-06-18")
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        newer = gateway.post(ping, sid, headers={"MCP-Protocol-Version": "2025-11-25"})
+        assert newer.status_code == 400 and "2025-06-18" in newer.json()["error"]["message"]
+        for version in ("2025-06-18", "2025-03-26"):
+            assert gateway.post(ping, sid, headers={"MCP-Protocol-Version": version}).status_code == 200
+
+
+def test_a_backend_negotiating_a_revision_the_gateway_does_not_speak_is_refused(start_gateway, monkeypatch):
+    monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
+    with restartable_backend() as old, restartable_backend("good") as good:
+        old.protocol_version = "2025-03-26"  # tolerated in a client's header, never negotiated
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("old", old), backend_entry("good", good)],
+                                 "admin": {"tokenEnv": ADMIN_ENV}})
+        sid = gateway.initialize()
+        tools = gateway.rpc(sid, "tools/list")["result"]["tools"]
+        assert [t["name"] for t in tools] == ["good_echo", "good_sleep"]
+        (row,) = admin_get(gateway, token=ADMIN_TOKEN).json()["sessions"]
+        states = {b["backend"]: b for b in row["backends"]}
+        assert states["old"]["state"] == "failed"
+        assert "2025-03-26" in states["old"]["lastError"]
