@@ -161,6 +161,13 @@ def when_all(futures: Mapping[str, cf.Future[Any]]) -> cf.Future[dict[str, cf.Fu
     return joined
 
 
+def result_or_none(future: cf.Future[T] | None) -> T | None:
+    """The result of a settled, successful future; None otherwise (never waits)."""
+    if future is None or not future.done() or future.exception() is not None:
+        return None
+    return future.result()
+
+
 def settle_from(target: cf.Future[T], source: cf.Future[T]) -> None:
     """Copy ``source``'s outcome into ``target`` (unless ``target`` is already settled)."""
     error = source.exception()

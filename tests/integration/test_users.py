@@ -79,16 +79,22 @@ def test_sessions_of_one_user_share_its_connections_and_keep_their_own_log_level
 # -- release and revival ----------------------------------------------------------------------
 
 
+def _released_after_a_call(start_gateway, raw, cache_ttl: str):
+    """A gateway whose users are released after 200 ms idle; a session that made one
+    call, its user's actors since released. (gateway, session id)"""
+    gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)], "operational": {
+        "userIdleTimeout": "200ms", "sessionTTL": "30s", "discoveryCacheTTL": cache_ttl}})
+    sid = gateway.initialize()
+    assert _text(gateway, sid, "rs_echo", "before") == "restartable:before"
+    assert wait_until(lambda: not _actors("UserActor") and not _actors("BackendConnection"), timeout=5)
+    return gateway, sid
+
+
 @pytest.mark.parametrize("cache_ttl", ["30s", "0"], ids=["catalog-cached", "rediscovered"])
 def test_an_idle_user_is_released_and_revived_with_its_backend_session(start_gateway, cache_ttl):
     with restartable_backend() as raw:
-        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)], "operational": {
-            "userIdleTimeout": "200ms", "sessionTTL": "30s", "discoveryCacheTTL": cache_ttl}})
-        sid = gateway.initialize()
-        assert _text(gateway, sid, "rs_echo", "before") == "restartable:before"
+        gateway, sid = _released_after_a_call(start_gateway, raw, cache_ttl)
         (backend_session,) = raw.sessions
-        assert wait_until(lambda: not _actors("UserActor") and not _actors("BackendConnection"), timeout=5)
-
         assert _text(gateway, sid, "rs_echo", "after") == "restartable:after"
         assert len(_actors("UserActor")) == 1
         assert raw.initialize_count == 1  # the recorded backend session was used as it was
@@ -99,11 +105,7 @@ def test_an_idle_user_is_released_and_revived_with_its_backend_session(start_gat
 @pytest.mark.parametrize("cache_ttl", ["30s", "0"], ids=["catalog-cached", "rediscovered"])
 def test_a_revived_user_whose_backend_forgot_the_session_initializes_again(start_gateway, cache_ttl):
     with restartable_backend() as raw:
-        gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)], "operational": {
-            "userIdleTimeout": "200ms", "sessionTTL": "30s", "discoveryCacheTTL": cache_ttl}})
-        sid = gateway.initialize()
-        assert _text(gateway, sid, "rs_echo", "before") == "restartable:before"
-        assert wait_until(lambda: not _actors("UserActor"), timeout=5)
+        gateway, sid = _released_after_a_call(start_gateway, raw, cache_ttl)
         raw.forget_sessions()  # the backend restarted while the user was released
 
         assert _text(gateway, sid, "rs_echo", "after") == "restartable:after"

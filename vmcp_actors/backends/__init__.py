@@ -1,6 +1,6 @@
 """The backend edge: one BackendConnection actor per backend per user."""
 
-from vmcp_actors.backends._actor import BackendConnection, display_url
+from vmcp_actors.backends._actor import BackendConnection, describe_failure, display_url
 from vmcp_actors.backends._auth import (
     ExchangedTokenCache,
     HeaderInjection,
@@ -29,6 +29,7 @@ __all__ = [
     "TokenExchange",
     "Unauthenticated",
     "build_outgoing_auth",
+    "describe_failure",
     "drain",
     "display_url",
     "ConnectionSnapshot",

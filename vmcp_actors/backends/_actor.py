@@ -24,7 +24,15 @@ import pykka
 
 from vmcp_actors.backends._channel import BackendChannel
 from vmcp_actors.backends._models import BackendCapabilities, ConnectionSnapshot, ConnectionState, Handshake
-from vmcp_actors.concurrency import failed, on_settled, resolved, run_in_thread, tell_quietly, when_all
+from vmcp_actors.concurrency import (
+    failed,
+    on_settled,
+    resolved,
+    result_or_none,
+    run_in_thread,
+    tell_quietly,
+    when_all,
+)
 from vmcp_actors.config import BackendConfig
 from vmcp_actors.exceptions import (
     BackendError,
@@ -102,7 +110,7 @@ class BackendConnection(pykka.ThreadingActor):
     def on_stop(self) -> None:
         self._state = ConnectionState.CLOSED
         self._channel.publish_handshake(None)
-        handshake = _result_or_none(self._handshake)
+        handshake = result_or_none(self._handshake)
         if self._end_remote and handshake is not None and handshake.session_id:
             # End the backend session off the actor thread so stopping stays prompt.
             run_in_thread(self._channel.close_remote, handshake, self._handshake_identity)
@@ -125,7 +133,7 @@ class BackendConnection(pykka.ThreadingActor):
 
     def renew_handshake(self, identity: Identity | None, expired_session_id: str | None) -> cf.Future[Handshake]:
         """The backend forgot ``expired_session_id``: start one new handshake (once, however many ask)."""
-        current = _result_or_none(self._handshake)
+        current = result_or_none(self._handshake)
         if current is not None and current.session_id == expired_session_id:
             logger.info("backend %r forgot its session; re-initializing", self._name)
             self._handshake = None
@@ -147,7 +155,7 @@ class BackendConnection(pykka.ThreadingActor):
         self.actor_ref.stop(block=False)
 
     def snapshot(self) -> ConnectionSnapshot:
-        handshake = _result_or_none(self._handshake)
+        handshake = result_or_none(self._handshake)
         found = self._discovered
         return ConnectionSnapshot(
             backend=self._name,
@@ -242,7 +250,7 @@ class BackendConnection(pykka.ThreadingActor):
 
     def _fail(self, error: BaseException) -> None:
         self._state = ConnectionState.FAILED
-        self._last_error = _describe(self._name, error)
+        self._last_error = describe_failure(self._name, error)
 
     def _report(self, make_message: Callable[[cf.Future[Any]], Any]) -> Callable[[cf.Future[Any]], None]:
         """A done-callback that tells this actor ``make_message(future)`` (never blocks)."""
@@ -299,14 +307,9 @@ def _failed(future: cf.Future[Any]) -> bool:
     return future.done() and future.exception() is not None
 
 
-def _result_or_none(future: cf.Future[Any] | None) -> Any:
-    if future is None or not future.done() or future.exception() is not None:
-        return None
-    return future.result()
-
-
-def _describe(backend: str, error: BaseException) -> str:
-    """An error message fit for admin output: BackendErrors name no URL; others get a generic line."""
+def describe_failure(backend: str, error: BaseException, what: str = "failed") -> str:
+    """An error message fit for admin output and clients: BackendErrors name no URL;
+    others get a generic line."""
     if isinstance(error, BackendError):
         return str(error)
-    return f"backend {backend!r} failed: {error.__class__.__name__}"
+    return f"backend {backend!r} {what}: {error.__class__.__name__}"

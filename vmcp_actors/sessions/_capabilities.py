@@ -168,13 +168,6 @@ class AggregatedBackends:
             raise ConflictingNames(catalog.errors)
         return catalog
 
-    def published_catalog(self) -> Catalog | None:
-        """The catalog last published, without waiting (None before the first discovery)."""
-        published = self._board.current
-        if published is None or not published.done() or published.exception() is not None:
-            return None
-        return published.result()
-
     def lookup_internal(self, identity: Identity | None, name: str, deadline: Deadline) -> InternalTool | None:
         """For composite steps: any tool, advertised or hidden, by advertised name or ``workload.tool``."""
         return self.catalog(identity, deadline).resolve_internal(name)

@@ -32,8 +32,9 @@ from vmcp_actors.backends import (
     Handshake,
     McpHttpClient,
     OutgoingAuth,
+    describe_failure,
 )
-from vmcp_actors.concurrency import ASK_TIMEOUT, resolved, run_in_thread, stop_quietly, tell_quietly
+from vmcp_actors.concurrency import ASK_TIMEOUT, resolved, result_or_none, run_in_thread, stop_quietly, tell_quietly
 from vmcp_actors.config import BackendConfig, VmcpConfig
 from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity
@@ -210,7 +211,7 @@ class UserActor(pykka.ThreadingActor):
     def catalog_so_far(self) -> Catalog | None:
         """For a request whose deadline ends before discovery does: what is known now."""
         if self._round is None:
-            return _result_or_none(self._catalog)
+            return result_or_none(self._catalog)
         failures = dict(self._failures)
         for name in self._round.pending:
             if name not in self._discovered:
@@ -222,7 +223,7 @@ class UserActor(pykka.ThreadingActor):
         discoveryCacheTTL ago (from the cache), else a discovery of its own."""
         cached = self._services.discovery_cache.get(self._cache_key(identity))
         if cached is not None:
-            if _result_or_none(self._catalog) is not cached:
+            if result_or_none(self._catalog) is not cached:
                 self._discovered, self._failures = dict(cached.backends), {}
                 self._serve(resolved(cached))
         elif self._catalog is not None and self._catalog.done():
@@ -246,7 +247,7 @@ class UserActor(pykka.ThreadingActor):
                 backends.append(future.get(timeout=ASK_TIMEOUT).to_dict())
             except (pykka.ActorDeadError, pykka.Timeout):
                 backends.append({"backend": name, "state": "unresponsive"})
-        catalog = _result_or_none(self._catalog)
+        catalog = result_or_none(self._catalog)
         usable = catalog if catalog is not None and catalog.has_backends else None
         return {
             "user": self._key.label,
@@ -303,7 +304,7 @@ class UserActor(pykka.ThreadingActor):
             self._failures.pop(name, None)
         else:
             self._discovered.pop(name, None)
-            self._failures[name] = _failure_message(name, error)
+            self._failures[name] = describe_failure(name, error, "discovery failed")
             logger.warning("skipping backend %r for user %s: %s", name, self._key.label, self._failures[name])
         round_.pending.discard(name)
         if round_.pending:
@@ -325,14 +326,3 @@ def _has_backends(catalog: cf.Future[Catalog]) -> bool:
     """Worth keeping: done, and at least one backend answered."""
     return catalog.done() and catalog.exception() is None and catalog.result().has_backends
 
-
-def _result_or_none(future: cf.Future[Any] | None) -> Any:
-    if future is None or not future.done() or future.exception() is not None:
-        return None
-    return future.result()
-
-
-def _failure_message(backend: str, error: BaseException) -> str:
-    if isinstance(error, BackendError):
-        return str(error)
-    return f"backend {backend!r} discovery failed: {error.__class__.__name__}"
