@@ -22,11 +22,17 @@ from vmcp_actors.identity import Identity, identity_key
 from vmcp_actors.sessions import LOGGING_LEVELS, RecordStore, SessionRecord, UserHandle, UserKey
 
 
+# How often a busy session's record gets its last use written (the activity board has
+# it to the moment; the record is what another process would restore).
+RECORD_LAST_USE_EVERY = 1.0
+
+
 @dataclass
 class _Activity:
     last_used: float  # clock()
     in_flight: int = 0
     attached: bool = False  # a session's user actor has seen its first request
+    recorded: float = 0.0  # wall time last written to the record's last_used
 
 
 @dataclass(frozen=True)
@@ -88,9 +94,13 @@ class Directory:
             activity = self._sessions.get(session_id)
             if activity is not None:
                 self._touch(activity, -1)
-                record = self.store.session(session_id)
-                if record is not None:
-                    self.store.put_session(record.used_at(self._wall()))
+                now = self._wall()
+                # The record's last use to the second: one store write per second at most.
+                if now - activity.recorded >= RECORD_LAST_USE_EVERY:
+                    activity.recorded = now
+                    record = self.store.session(session_id)
+                    if record is not None:
+                        self.store.put_session(record.used_at(now))
             if user is not None and user in self._user_activity:
                 self._touch(self._user_activity[user], -1)
 

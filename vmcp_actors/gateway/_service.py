@@ -31,6 +31,7 @@ from vmcp_actors.protocol import (
 from vmcp_actors.protocol.mcp import SESSION_HEADER
 from vmcp_actors.sessions import (
     LOGGING_LEVELS,
+    RequestDeadlines,
     RelayEvent,
     UserHandle,
     check_header_version,
@@ -38,7 +39,6 @@ from vmcp_actors.sessions import (
     error_event,
     initialize,
     is_logged_at,
-    request_deadline,
 )
 from vmcp_actors.signing import Signer
 
@@ -81,6 +81,7 @@ class McpService:
         self._gateway = gateway  # ActorProxy[Gateway]
         self._directory = directory
         self._signer = signer
+        self._deadlines = RequestDeadlines(config)
 
     def post(self, message: Message, identity: Identity | None, session_id: str | None,
              header_version: str | None) -> Answer:
@@ -157,7 +158,7 @@ class McpService:
 
     def _dispatch(self, user: UserHandle, lease: Lease, message: Message,
                   identity: Identity | None) -> Iterator[RelayEvent]:
-        deadline = request_deadline(self._config, message)
+        deadline = self._deadlines.for_request(message)
         record = lease.session
         if message.method == "logging/setLevel" and isinstance(message.params, dict) \
                 and message.params.get("level") in LOGGING_LEVELS:

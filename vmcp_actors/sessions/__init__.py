@@ -21,7 +21,7 @@ from vmcp_actors.sessions._lifecycle import (
     discover_error,
     initialize,
     is_logged_at,
-    request_deadline,
+    RequestDeadlines,
 )
 from vmcp_actors.sessions._records import SessionRecord, UserKey, UserRecord
 from vmcp_actors.sessions._relay import Relay, RelayEvent, error_event
@@ -55,6 +55,7 @@ __all__ = [
     "Notification",
     "RETRY_FAILED_AFTER",
     "RecordStore",
+    "RequestDeadlines",
     "Relay",
     "RelayEvent",
     "Route",
@@ -76,7 +77,6 @@ __all__ = [
     "initialize",
     "is_advertised",
     "is_logged_at",
-    "request_deadline",
     "start_user",
     "to_jsonrpc_error",
     "uri_matches_template",

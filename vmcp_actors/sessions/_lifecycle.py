@@ -88,18 +88,22 @@ def check_header_version(header: str | None, session_version: str | None) -> Jso
     return None
 
 
-def request_deadline(config: VmcpConfig, message: Message) -> Deadline:
-    """The one deadline of a client request: the longest backend timeout (the most any
+class RequestDeadlines:
+    """The one deadline of each client request: the longest backend timeout (the most any
     backend may take to answer), and for a composite tool's call its own timeout on top
-    (the run's timeout counts from its start, after discovery)."""
-    timeouts = config.operational.timeouts
-    longest = max([timeouts.default, *timeouts.per_workload.values()])
-    if message.method == "tools/call" and isinstance(message.params, dict):
-        name = message.params.get("name")
-        composite = next((tool for tool in config.composite_tools if tool.name == name), None)
-        if composite is not None:
-            return Deadline.after(longest + composite.timeout)
-    return Deadline.after(longest)
+    (the run's timeout counts from its start, after discovery). Worked out once per config."""
+
+    def __init__(self, config: VmcpConfig):
+        timeouts = config.operational.timeouts
+        self._longest = max([timeouts.default, *timeouts.per_workload.values()])
+        self._composites = {tool.name: self._longest + tool.timeout for tool in config.composite_tools}
+
+    def for_request(self, message: Message) -> Deadline:
+        if self._composites and message.method == "tools/call" and isinstance(message.params, dict):
+            seconds = self._composites.get(message.params.get("name"))  # type: ignore[arg-type]
+            if seconds is not None:
+                return Deadline.after(seconds)
+        return Deadline.after(self._longest)
 
 
 def is_logged_at(message: Mapping[str, Any], level: str | None) -> bool:
