@@ -9,9 +9,9 @@ worker starts while fewer than ``MAX_WORKERS`` run, and further jobs queue. A bo
 pool is safe because no pooled job ever waits for another job: work that depends on
 other work (discovery after the handshake, a composite step after a renewed handshake)
 is chained with done-callbacks (``on_settled``, ``when_all``) instead of a blocking
-``result()``, so a queued job can never be starved by workers waiting for it. Only web
-threads (bounded by the server's thread count) and nobody else block on futures, each
-until its request's ``Deadline``. Idle workers leave after a minute; workers are daemon
+``result()``, so a queued job can never be starved by workers waiting for it. Pooled work may ask
+an actor (actors answer at once) but never waits for a job; only web threads (bounded by
+the server's thread count) block on job futures, each until its request's ``Deadline``. Idle workers leave after a minute; workers are daemon
 threads so a hung exchange never holds up process exit.
 """
 
