@@ -70,8 +70,8 @@ def _signer(config: VmcpConfig) -> Signer:
     processes can trust the ids), else generated now (ids die with the process)."""
     name = config.operational.signing_key_env
     if name is None:
-        logger.info("session ids are signed with a key generated at start (set operational.signingKeyEnv to "
-                    "keep them valid across restarts and processes)")
+        logger.info("session ids are signed with a key generated at start (operational.signingKeyEnv gives "
+                    "processes that share records one key)")
         return Signer.generated()
     key = os.environ.get(name, "").encode()
     if len(key) < MIN_KEY_BYTES:
