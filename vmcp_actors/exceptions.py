@@ -46,6 +46,10 @@ class BackendSessionExpired(BackendHTTPError):
     """The backend answered 404 to our session id: it restarted or forgot us."""
 
 
+class BackendCancelled(BackendError):
+    """The call was cancelled (the client sent notifications/cancelled) and its exchange ended."""
+
+
 class BackendProtocolError(BackendError):
     """The backend's answer is not valid MCP over streamable HTTP."""
 

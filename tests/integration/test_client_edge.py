@@ -265,26 +265,40 @@ def test_bad_protocol_version_header_is_400(gateway, session):
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99, "reason": "changed mind"}},
         {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"},
-        {"jsonrpc": "2.0", "id": 5, "result": {}},
-        {"jsonrpc": "2.0", "id": "s-1", "error": {"code": -32601, "message": "no sampling here"}},
     ],
-    ids=["initialized", "cancelled", "roots-changed", "response", "error-response"],
+    ids=["initialized", "cancelled-unknown-call", "roots-changed"],
 )
-def test_notifications_and_responses_are_202_without_body(gateway, session, message):
+def test_notifications_are_202_without_body(gateway, session, message):
     response = gateway.post(message, session)
     assert response.status_code == 202
     assert response.content == b""
     assert_session_works(gateway, session)
 
 
-@pytest.mark.parametrize("with_session", [False, True])
-def test_get_is_405_with_allow(gateway, session, with_session):
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "2.0", "id": 5, "result": {}},
+        {"jsonrpc": "2.0", "id": "s-1", "error": {"code": -32601, "message": "no sampling here"}},
+    ],
+    ids=["response", "error-response"],
+)
+def test_answers_to_requests_never_sent_are_400_and_change_nothing(gateway, session, message):
+    response = gateway.post(message, session)
+    assert response.status_code == 400
+    error = response.json()
+    assert error["id"] is None and error["error"]["code"] == INVALID_REQUEST
+    assert "awaits an answer" in error["error"]["message"]
+    assert_session_works(gateway, session)
+
+
+def test_get_without_a_session_is_400_and_with_an_unknown_one_404(gateway, session):
     headers = {"Accept": "text/event-stream"}
-    if with_session:
-        headers["Mcp-Session-Id"] = session
-    response = requests.get(gateway.url, headers=headers, timeout=10)
-    assert response.status_code == 405
-    assert "POST" in response.headers.get("Allow", "")
+    assert requests.get(gateway.url, headers=headers, timeout=10).status_code == 400
+    unknown = requests.get(gateway.url, headers={**headers, "Mcp-Session-Id": "f" * 64}, timeout=10)
+    assert unknown.status_code == 404
+    refused = requests.get(gateway.url, headers={"Accept": "application/json", "Mcp-Session-Id": session}, timeout=10)
+    assert refused.status_code == 406
     assert_session_works(gateway, session)
 
 
@@ -761,7 +775,8 @@ def _bad_inputs(gateway, session_id: str) -> list[tuple[str, Any]]:
         ("notification", lambda: gateway.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                                "params": {"requestId": "nope"}}, session_id)),
         ("response", lambda: gateway.post({"jsonrpc": "2.0", "id": 5, "result": {}}, session_id)),
-        ("get", lambda: requests.get(gateway.url, headers={"Mcp-Session-Id": session_id}, timeout=10)),
+        ("get", lambda: requests.get(gateway.url, headers={"Mcp-Session-Id": session_id, "Accept": "application/json"},
+                                     timeout=10)),
         ("discover", lambda: gateway.post(request("server/discover", {}), session_id,
                                           headers={"MCP-Protocol-Version": "2026-07-28"})),
         ("tool-error", lambda: gateway.post(request("tools/call", {"name": "alpha_fail", "arguments": {}}), session_id)),
@@ -792,4 +807,4 @@ def test_actors_survive_every_bad_input(start_gateway, sdk_pair):
     alive = {ref.actor_urn for ref in pykka.ActorRegistry.get_all()}
     assert {ref.actor_urn for ref in session_actors + connections} <= alive
     assert_session_works(gateway, session, text="after every bad input")
-    assert statuses["response"] == 202 and statuses["notification"] == 202
+    assert statuses["response"] == 400 and statuses["notification"] == 202 and statuses["get"] == 406

@@ -51,8 +51,8 @@ def test_sessions_of_one_user_share_its_connections_and_keep_their_own_log_level
     with sse_backend() as sse:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("sse", sse)],
                                  "admin": {"tokenEnv": ADMIN_ENV}})
-        quiet = _open(gateway, {"sampling": {}, "roots": {"listChanged": True}})
-        chatty = _open(gateway)
+        quiet = _open(gateway, {"sampling": {}, "experimental": {"x": {}}})
+        chatty = _open(gateway, {"sampling": {}})
         assert gateway.rpc(quiet, "logging/setLevel", {"level": "error"})["result"] == {}
 
         quiet_answer = _call(gateway, quiet, "sse_echo", "q")
@@ -69,11 +69,23 @@ def test_sessions_of_one_user_share_its_connections_and_keep_their_own_log_level
 
         state = admin_get(gateway, token=ADMIN_TOKEN).json()
         rows = {row["id"]: row for row in state["sessions"]}
-        assert rows[quiet]["clientCapabilities"] == {"sampling": {}, "roots": {"listChanged": True}}
-        assert rows[chatty]["clientCapabilities"] == {}
+        assert rows[quiet]["clientCapabilities"] == {"sampling": {}, "experimental": {"x": {}}}
+        assert rows[chatty]["clientCapabilities"] == {"sampling": {}}
         assert (rows[quiet]["logLevel"], rows[chatty]["logLevel"]) == ("error", None)
         (user,) = state["users"]
         assert user["user"] == "anonymous" and [b["backend"] for b in user["backends"]] == ["sse"]
+
+
+def test_a_client_declaring_other_capabilities_gets_backend_sessions_that_were_told_them(start_gateway):
+    """A backend session is told one set of client capabilities (what its clients can
+    answer): sessions of one person that declare another set get their own."""
+    with sse_backend() as sse:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("sse", sse)]})
+        plain, asking = _open(gateway), _open(gateway, {"elicitation": {"form": {}}, "roots": {"listChanged": True}})
+        assert _text(gateway, plain, "sse_echo") == _text(gateway, asking, "sse_echo") == "sse:x"
+        assert sse.initialize_count == 2 and len(_actors("UserActor")) == 2
+        declared = sorted((m.params.get("capabilities") for m in sse.requests("initialize")), key=len)
+        assert declared == [{}, {"elicitation": {"form": {}}, "roots": {"listChanged": True}}]
 
 
 # -- release and revival ----------------------------------------------------------------------

@@ -129,17 +129,13 @@ def test_sse_priming_event_with_empty_data_is_skipped(rsps, client):
     assert post(client).message == RESULT
 
 
-def test_sse_server_to_client_request_is_skipped_with_warning(rsps, client, caplog):
+def test_sse_server_to_client_request_is_handed_up_in_order(rsps, client):
     server_request = {"jsonrpc": "2.0", "id": "srv-1", "method": "sampling/createMessage", "params": {}}
-    rsps.post(URL, body=sse(server_request, RESULT), content_type="text/event-stream")
+    rsps.post(URL, body=sse(server_request, note(1), RESULT), content_type="text/event-stream")
     seen: list[dict] = []
-    with caplog.at_level(logging.WARNING, logger="vmcp_actors.backends._http"):
-        result = post(client, on_notification=seen.append)
+    result = post(client, on_notification=seen.append)
     assert result.message == RESULT
-    assert seen == []
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert NAME in warnings[0].getMessage() and "sampling/createMessage" in warnings[0].getMessage()
+    assert seen == [server_request, note(1)]  # the caller answers it under the backend's own id
 
 
 def test_sse_response_for_another_id_is_skipped(rsps, client):

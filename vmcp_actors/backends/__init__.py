@@ -9,8 +9,8 @@ from vmcp_actors.backends._auth import (
     Unauthenticated,
     build_outgoing_auth,
 )
-from vmcp_actors.backends._channel import BackendChannel, drain
-from vmcp_actors.backends._http import McpHttpClient, PostResult
+from vmcp_actors.backends._channel import BackendChannel, BackendRequest, CallOpened, drain
+from vmcp_actors.backends._http import Abort, McpHttpClient, PostResult
 from vmcp_actors.backends._models import (
     BackendCapabilities,
     ConnectionSnapshot,
@@ -20,6 +20,9 @@ from vmcp_actors.backends._models import (
 )
 
 __all__ = [
+    "Abort",
+    "BackendRequest",
+    "CallOpened",
     "BackendCapabilities",
     "BackendChannel",
     "BackendConnection",

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +25,11 @@ from urllib.parse import urlsplit, urlunsplit
 import pykka
 
 from vmcp_actors.backends._channel import BackendChannel
+from vmcp_actors.backends._http import Abort
 from vmcp_actors.backends._models import BackendCapabilities, ConnectionSnapshot, ConnectionState, Handshake
 from vmcp_actors.concurrency import (
+    TimerHandle,
+    call_later,
     failed,
     on_settled,
     resolved,
@@ -36,6 +41,7 @@ from vmcp_actors.concurrency import (
 from vmcp_actors.config import BackendConfig
 from vmcp_actors.exceptions import (
     BackendError,
+    BackendHTTPError,
     BackendProtocolError,
     BackendRpcError,
     BackendSessionExpired,
@@ -59,6 +65,12 @@ MAX_PAGES = 1000
 
 # Told to the owner whenever the backend session changes (None: it ended).
 HandshakeObserver = Callable[[str, "Handshake | None"], None]
+# Told to the owner for each message on the backend's standalone stream (a notification
+# dict or a BackendRequest); called on the listener's thread, so it must only tell.
+StreamObserver = Callable[[str, Any], None]
+# A standalone stream that drops is opened again after this long, doubling up to the most.
+RELISTEN_AFTER = 0.5
+RELISTEN_AFTER_MOST = 30.0
 
 
 def display_url(url: str) -> str:
@@ -89,8 +101,15 @@ class BackendConnection(pykka.ThreadingActor):
     """One backend MCP session on behalf of one user."""
 
     def __init__(self, backend: BackendConfig, channel: BackendChannel, *, restored: Handshake | None = None,
-                 on_handshake: HandshakeObserver | None = None):
+                 on_handshake: HandshakeObserver | None = None, on_stream: StreamObserver | None = None):
         super().__init__()
+        self._on_stream = on_stream
+        self._stream_wanted = False
+        self._stream_identity: Identity | None = None
+        self._listener: _StreamListener | None = None
+        self._no_stream_on: str | None = None  # the backend session that answered 405 to GET
+        self._relisten_after = RELISTEN_AFTER
+        self._relisten: TimerHandle | None = None
         self._name = backend.name
         self._url = display_url(backend.url)
         self._channel = channel
@@ -108,6 +127,7 @@ class BackendConnection(pykka.ThreadingActor):
         channel.publish_handshake(self._handshake)
 
     def on_stop(self) -> None:
+        self._stop_listening()
         self._state = ConnectionState.CLOSED
         self._channel.publish_handshake(None)
         handshake = result_or_none(self._handshake)
@@ -137,7 +157,18 @@ class BackendConnection(pykka.ThreadingActor):
         if current is not None and current.session_id == expired_session_id:
             logger.info("backend %r forgot its session; re-initializing", self._name)
             self._handshake = None
+            self._stop_listening()  # it listens again on the new session
         return self.handshake(identity)
+
+    def want_stream(self, wanted: bool, identity: Identity | None) -> None:
+        """Keep the backend's standalone stream open while something needs it (a client
+        stream, a subscription), and closed when nothing does."""
+        self._stream_wanted = wanted
+        if wanted:
+            self._stream_identity = identity
+            self._listen()
+        else:
+            self._stop_listening()
 
     def discover(self, identity: Identity | None) -> cf.Future[BackendCapabilities]:
         """The backend's lists, fetched anew (a discovery in flight is shared)."""
@@ -175,6 +206,11 @@ class BackendConnection(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         if isinstance(message, _HandshakeFinished):
             self._handshake_finished(message.future)
+        elif isinstance(message, _ListenerEnded):
+            self._listener_ended(message)
+        elif isinstance(message, _Relisten):
+            self._relisten = None
+            self._listen()
         elif isinstance(message, _HandshakeSettled):
             self._lists_after_handshake(message)
         elif isinstance(message, _ListsSettled):
@@ -190,8 +226,50 @@ class BackendConnection(pykka.ThreadingActor):
             self._state = ConnectionState.READY
             if self._on_handshake is not None:
                 self._on_handshake(self._name, future.result())
+            self._listen()
         else:
             self._fail(error)
+
+    def _listen(self) -> None:
+        """Open the standalone stream if it is wanted and not open (after the handshake)."""
+        if not self._stream_wanted or self._on_stream is None or self._state is ConnectionState.CLOSED \
+                or self._listener is not None or self._relisten is not None:
+            return
+        handshake = result_or_none(self._handshake)
+        if handshake is None:
+            self.handshake(self._stream_identity)  # listens once it settles
+            return
+        if handshake.session_id == self._no_stream_on:
+            return
+        ref = self.actor_ref
+        self._listener = _StreamListener(self._name, self._channel, handshake, self._stream_identity,
+                                         self._on_stream, lambda ended: tell_quietly(ref, ended))
+        self._listener.start()
+
+    def _stop_listening(self) -> None:
+        if self._relisten is not None:
+            self._relisten.cancel()
+            self._relisten = None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+
+    def _listener_ended(self, message: _ListenerEnded) -> None:
+        if message.listener is not self._listener:
+            return  # stopped on purpose, or replaced
+        self._listener = None
+        if message.outcome == "unsupported":
+            logger.debug("backend %r offers no standalone stream", self._name)
+            self._no_stream_on = message.listener.session_id
+            return
+        if message.outcome == "expired":
+            self.renew_handshake(self._stream_identity, message.listener.session_id)
+            return
+        if message.lasted >= RELISTEN_AFTER_MOST:
+            self._relisten_after = RELISTEN_AFTER
+        ref = self.actor_ref
+        self._relisten = call_later(self._relisten_after, lambda: tell_quietly(ref, _Relisten()))
+        self._relisten_after = min(self._relisten_after * 2, RELISTEN_AFTER_MOST)
 
     def _after_handshake(self, discovery: cf.Future[BackendCapabilities], handshake: cf.Future[Handshake],
                          renewed: bool) -> None:
@@ -301,6 +379,61 @@ class BackendConnection(pykka.ThreadingActor):
 @dataclass(frozen=True)
 class _HandshakeFinished:
     future: cf.Future[Handshake]
+
+
+@dataclass(frozen=True)
+class _ListenerEnded:
+    listener: _StreamListener
+    outcome: str  # ended, failed, expired (404), unsupported (405), stopped
+    lasted: float
+
+
+@dataclass(frozen=True)
+class _Relisten:
+    pass
+
+
+class _StreamListener:
+    """One open standalone stream of a backend session, read on a thread of its own (it
+    may stay open for hours: not a pooled job). ``stop`` ends it at once."""
+
+    def __init__(self, backend: str, channel: BackendChannel, handshake: Handshake, identity: Identity | None,
+                 deliver: StreamObserver, ended: Callable[[_ListenerEnded], None]):
+        self.backend = backend
+        self.session_id = handshake.session_id
+        self._channel = channel
+        self._handshake = handshake
+        self._identity = identity
+        self._deliver = deliver
+        self._ended = ended
+        self._abort = Abort()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name=f"vmcp-stream-{self.backend}", daemon=True).start()
+
+    def stop(self) -> None:
+        self._abort.abort()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        outcome = "ended"
+        try:
+            for message in self._channel.listen(self._identity, self._handshake, self._abort):
+                self._deliver(self.backend, message)
+        except BackendSessionExpired:
+            outcome = "expired"
+        except BackendHTTPError as exc:
+            outcome = "unsupported" if exc.status in (405, 406) else "failed"
+        except BackendError as exc:
+            logger.debug("backend %r stream failed: %s", self.backend, type(exc).__name__)
+            outcome = "failed"
+        except Exception:  # noqa: BLE001 - a listener never dies silently
+            logger.exception("backend %r stream failed", self.backend)
+            outcome = "failed"
+        finally:
+            if self._abort.aborted:
+                outcome = "stopped"
+            self._ended(_ListenerEnded(self, outcome, time.monotonic() - started))
 
 
 def _failed(future: cf.Future[Any]) -> bool:

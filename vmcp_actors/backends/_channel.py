@@ -17,8 +17,10 @@ request it serves.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -26,10 +28,11 @@ import pykka
 
 from vmcp_actors import __version__
 from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
-from vmcp_actors.backends._http import McpHttpClient
+from vmcp_actors.backends._http import Abort, McpHttpClient
 from vmcp_actors.backends._models import Handshake
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, on_settled, run_in_thread, settle_from
 from vmcp_actors.exceptions import (
+    BackendCancelled,
     BackendError,
     BackendProtocolError,
     BackendRpcError,
@@ -38,11 +41,36 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.identity import Identity, forwarded_headers_of
-from vmcp_actors.protocol import LATEST_PROTOCOL_VERSION, NEGOTIABLE_PROTOCOL_VERSIONS
+from vmcp_actors.protocol import LATEST_PROTOCOL_VERSION, METHOD_NOT_FOUND, NEGOTIABLE_PROTOCOL_VERSIONS
+
+logger = logging.getLogger(__name__)
 
 CLIENT_INFO = {"name": "vmcp-actors", "version": __version__}
 
-Exchange = Generator[dict[str, Any], None, dict[str, Any]]
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """A request the backend sent us (sampling, elicitation, roots, ping), during a call
+    or on its standalone stream. ``reply`` takes ``{"result": ...}`` or ``{"error": ...}``
+    and sends it back under the backend's own id, on the backend session it came from."""
+
+    backend: str
+    method: str
+    params: Mapping[str, Any]
+    reply: Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class CallOpened:
+    """First of an exchange's events: ``cancel(reason)`` ends it (the backend is told with
+    notifications/cancelled under the id the gateway gave the request)."""
+
+    backend: str
+    cancel: Callable[[str | None], None]
+
+
+# Yields CallOpened, then notifications (dicts) and BackendRequests; returns the result.
+Exchange = Generator[Any, None, dict[str, Any]]
 
 
 class _RequestIds:
@@ -60,9 +88,12 @@ class _RequestIds:
 
 
 class BackendChannel:
-    def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None):
+    def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None,
+                 client_capabilities: Mapping[str, Any] | None = None):
         self.name = name
         self.timeout = timeout
+        # What the gateway declares at initialize: what the user's clients declared.
+        self._client_capabilities = dict(client_capabilities or {})
         self._client = client
         self._auth = auth if auth is not None else Unauthenticated()
         self._ids = _RequestIds()
@@ -80,7 +111,8 @@ class BackendChannel:
     def perform_handshake(self, identity: Identity | None) -> Handshake:
         """initialize, then notifications/initialized. A pooled job: it is shared by every
         request of the user, so it waits the backend's timeout, not one request's deadline."""
-        params = {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": {}, "clientInfo": CLIENT_INFO}
+        params = {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": self._client_capabilities,
+                  "clientInfo": CLIENT_INFO}
         message = {"jsonrpc": "2.0", "id": self._ids.next(), "method": "initialize", "params": params}
         headers = self.headers_for(identity)
         reply = self._client.post(
@@ -152,8 +184,8 @@ class BackendChannel:
                 # (A 404 comes before any streamed event, so nothing was relayed twice.)
                 renewed = self._await(self._ask_connection("renew_handshake", identity, handshake.session_id), deadline)
                 return (yield from self.exchange_with(identity, renewed, method, params, deadline))
-        except BackendRpcError:
-            raise  # the backend answered; the connection itself is fine
+        except (BackendRpcError, BackendCancelled):
+            raise  # the backend answered, or the client cancelled: the connection itself is fine
         except BackendError as exc:
             self._tell_connection("exchange_failed", str(exc))
             raise
@@ -208,17 +240,66 @@ class BackendChannel:
             raise BackendTimeout(self.name, f"backend {self.name!r}: the request's deadline passed before the "
                                             f"exchange could start")
         headers = self.headers_for(identity)  # per request: a refreshed caller token is used at once
-        message: dict[str, Any] = {"jsonrpc": "2.0", "id": self._ids.next(), "method": method}
+        request_id = self._ids.next()
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
         if params is not None:
             message["params"] = params
-        answer = yield from self._client.exchange(
+        abort = Abort()
+
+        def cancel(reason: str | None) -> None:
+            abort.abort()
+            cancelled: dict[str, Any] = {"requestId": request_id}
+            if reason:
+                cancelled["reason"] = reason
+            self._send_later(handshake, headers, {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                                  "params": cancelled})
+
+        yield CallOpened(self.name, cancel)
+        exchange = self._client.exchange(
             message,
             session_id=handshake.session_id,
             protocol_version=handshake.protocol_version,
             timeout=timeout,
             extra_headers=headers,
+            abort=abort,
         )
-        return self._result_of(answer, method)
+        try:
+            while True:
+                try:
+                    streamed = next(exchange)
+                except StopIteration as answered:
+                    return self._result_of(answered.value, method)
+                yield self._incoming(streamed, handshake, headers)
+        finally:
+            exchange.close()
+
+    def listen(self, identity: Identity | None, handshake: Handshake, abort: Abort) -> Iterator[Any]:
+        """The backend's standalone stream: notifications (dicts) and BackendRequests,
+        until the backend ends it or ``abort`` is called."""
+        headers = self.headers_for(identity)
+        for message in self._client.listen(session_id=handshake.session_id, protocol_version=handshake.protocol_version,
+                                           extra_headers=headers, abort=abort, connect_timeout=self.timeout):
+            yield self._incoming(message, handshake, headers)
+
+    def notify_if_open(self, identity: Identity | None, method: str, params: dict[str, Any] | None = None) -> None:
+        """``notify`` on the current backend session, if there is one (a backend not yet
+        initialized learns what it needs at its initialize)."""
+        published = self._handshake
+        if published is not None and published.done() and published.exception() is None:
+            self.notify(identity, published.result(), method, params)
+
+    def notify(self, identity: Identity | None, handshake: Handshake, method: str,
+               params: dict[str, Any] | None = None) -> None:
+        """Send the backend a notification (a client's roots change, say), in the background."""
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        try:
+            headers = self.headers_for(identity)
+        except BackendError as exc:
+            logger.debug("not forwarding %s to backend %r: %s", method, self.name, exc)
+            return
+        self._send_later(handshake, headers, message)
 
     def call_with(self, identity: Identity | None, handshake: Handshake, method: str,
                   params: dict[str, Any] | None, deadline: Deadline | None = None) -> dict[str, Any]:
@@ -226,6 +307,32 @@ class BackendChannel:
         return drain(self.exchange_with(identity, handshake, method, params, deadline))
 
     # -- internals -----------------------------------------------------------------------
+
+    def _incoming(self, message: dict[str, Any], handshake: Handshake, headers: dict[str, str]) -> Any:
+        """A streamed message as it goes up: a notification as it is, a request with a way to answer it."""
+        if "id" not in message:
+            return message
+        backend_id = message["id"]
+        params = message.get("params")
+
+        def reply(answer: dict[str, Any]) -> None:
+            self._send_later(handshake, headers, {"jsonrpc": "2.0", "id": backend_id, **answer})
+
+        return BackendRequest(self.name, message["method"], params if isinstance(params, dict) else {}, reply)
+
+    def _send_later(self, handshake: Handshake, headers: dict[str, str], message: dict[str, Any]) -> None:
+        """POST a response or notification to the backend session on a pooled thread (202 expected)."""
+
+        def send() -> None:
+            try:
+                self._client.post(message, session_id=handshake.session_id,
+                                  protocol_version=handshake.protocol_version, timeout=self.timeout,
+                                  extra_headers=headers)
+            except BackendError as exc:
+                logger.debug("backend %r did not take our %s: %s", self.name,
+                             message.get("method", "answer"), type(exc).__name__)
+
+        run_in_thread(send)
 
     def _result_of(self, answer: Any, method: str) -> dict[str, Any]:
         if not isinstance(answer, dict):
@@ -276,10 +383,15 @@ class BackendChannel:
 
 
 def drain(exchange: Exchange) -> dict[str, Any]:
-    """Run an exchange to its end, dropping its notifications; its result."""
+    """Run an exchange to its end, dropping its notifications; its result. There is no
+    client to ask on the gateway's own calls, so a backend's request is refused at once."""
     try:
         while True:
-            next(exchange)
+            event = next(exchange)
+            if isinstance(event, BackendRequest):
+                event.reply({"error": {"code": METHOD_NOT_FOUND,
+                                       "message": f"{event.method} is not available: no client takes part in "
+                                                  "this call (a composite step or the gateway's own request)"}})
     except StopIteration as answered:
         return answered.value
     finally:

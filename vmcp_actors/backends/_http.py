@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from requests.structures import CaseInsensitiveDict
 from requests.utils import get_environ_proxies
 
 from vmcp_actors.exceptions import (
+    BackendCancelled,
     BackendError,
     BackendHTTPError,
     BackendProtocolError,
@@ -53,6 +56,36 @@ _DRAIN_LIMIT = 64 * 1024
 _DRAIN_GRACE = 0.01
 # Body prefix read for the DEBUG log of an unexpected HTTP status.
 _ERROR_BODY_PREFIX = 200
+
+
+class Abort:
+    """Ends an exchange or a stream from another thread (a cancelled call, a listener no
+    longer needed): its socket is shut down, so a read blocked on it returns at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._resp: requests.Response | None = None
+        self.aborted = False
+
+    def attach(self, resp: requests.Response) -> bool:
+        """Watch ``resp``; False (and ``resp`` closed) when the abort came first."""
+        with self._lock:
+            if self.aborted:
+                resp.close()
+                return False
+            self._resp = resp
+            return True
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            resp, self._resp = self._resp, None
+        sock = getattr(getattr(resp.raw, "connection", None), "sock", None) if resp is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 @dataclass(frozen=True)
@@ -200,17 +233,65 @@ class McpHttpClient:
         protocol_version: str | None,
         timeout: float,
         extra_headers: Mapping[str, str] | None = None,
+        abort: Abort | None = None,
     ) -> Generator[dict, None, dict]:
-        """POST one request; yield each notification the backend streams as it arrives,
-        then return its response (a JSON-RPC error response is returned, not raised).
+        """POST one request; yield each message the backend streams as it arrives
+        (notifications, and requests it sends us), then return its response (a JSON-RPC
+        error response is returned, not raised).
 
         The caller drives it, so whoever waits for the answer also relays the stream:
-        no thread hand-off. Closing the generator early closes the HTTP response.
+        no thread hand-off. Closing the generator early closes the HTTP response;
+        ``abort`` ends it from another thread (raising BackendCancelled here).
         """
         deadline = time.monotonic() + timeout
         resp = self._open(request, session_id, protocol_version, extra_headers, deadline, timeout)
         try:
-            return (yield from self._messages(resp, request["id"], deadline, timeout))
+            if abort is not None and not abort.attach(resp):
+                raise self._cancelled()
+            try:
+                return (yield from self._messages(resp, request["id"], deadline, timeout))
+            except BackendError:
+                if abort is not None and abort.aborted:
+                    raise self._cancelled() from None
+                raise
+        finally:
+            resp.close()
+
+    def listen(
+        self,
+        *,
+        session_id: str | None,
+        protocol_version: str | None,
+        extra_headers: Mapping[str, str] | None = None,
+        abort: Abort,
+        connect_timeout: float,
+    ) -> Iterator[dict]:
+        """Open the backend's standalone stream (GET) and yield each message on it until
+        the backend ends it or ``abort`` is called. A backend that offers no stream
+        answers 405: BackendHTTPError with that status."""
+        headers = self._headers(session_id, protocol_version, extra_headers)
+        headers["Accept"] = _SSE
+        deadline = time.monotonic() + connect_timeout
+        resp = self._send("GET", headers, None, deadline, connect_timeout)
+        try:
+            self._check_status(resp, session_id, deadline, connect_timeout)
+            if not abort.attach(resp):
+                return
+            if _media_type(resp) != _SSE:
+                raise BackendProtocolError(self._name, f"backend {self._name!r} answered its stream request "
+                                                       "without an event stream")
+            self._set_read_timeout_none(resp)  # waits for events as long as it is wanted
+            for event in iter_sse_events(_split_lines(self._iter_stream(resp))):
+                if event.data.strip():
+                    msg = self._parse(event.data)
+                    if self._is_for_client(msg):
+                        yield msg
+        except UnicodeDecodeError:
+            raise BackendProtocolError(self._name, f"backend {self._name!r} sent an event that is not UTF-8") from None
+        except BackendError:
+            if abort.aborted:
+                return
+            raise
         finally:
             resp.close()
 
@@ -409,6 +490,30 @@ class McpHttpClient:
         except Exception as exc:
             raise self._map_exception(exc, timeout) from None
 
+    @staticmethod
+    def _set_read_timeout_none(resp: requests.Response) -> None:
+        sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.settimeout(None)
+            except OSError:
+                pass
+
+    def _iter_stream(self, resp: requests.Response) -> Iterator[bytes]:
+        """A standalone stream's bytes as they arrive, with no deadline."""
+        try:
+            read1 = getattr(resp.raw, "read1", None)
+            if read1 is None:
+                yield from resp.iter_content(_CHUNK)
+                return
+            while chunk := read1(_CHUNK, decode_content=True):
+                yield chunk
+        except Exception as exc:
+            raise self._map_exception(exc, 0) from None
+
+    def _cancelled(self) -> BackendCancelled:
+        return BackendCancelled(self._name, f"the call to backend {self._name!r} was cancelled")
+
     def _drain(self, resp: requests.Response, deadline: float, timeout: float) -> None:
         """Read a short body to its end so the connection returns to the pool."""
         read = 0
@@ -442,7 +547,7 @@ class McpHttpClient:
                 if answer is not None:
                     self._finish_stream(resp, deadline)
                     return answer
-                if self._is_notification(msg):
+                if self._is_for_client(msg):
                     yield msg
                     self._remaining(deadline, timeout)  # relaying it may have taken a while
         except UnicodeDecodeError:
@@ -483,16 +588,9 @@ class McpHttpClient:
             return {**msg, "id": request_id}
         return None
 
-    def _is_notification(self, msg: dict) -> bool:
-        method = msg.get("method")
-        if method is None:
+    def _is_for_client(self, msg: dict) -> bool:
+        """A notification or a request the backend sends us (not a stray response)."""
+        if not isinstance(msg.get("method"), str):
             logger.debug("backend %r sent a response for another request id; skipped", self._name)
-            return False
-        if "id" in msg:
-            logger.warning(
-                "backend %r sent a server-to-client request %r, which is not supported yet; skipped",
-                self._name,
-                method,
-            )
             return False
         return True

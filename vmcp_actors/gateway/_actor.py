@@ -28,6 +28,7 @@ from vmcp_actors.sessions import (
     UserKey,
     UserRecord,
     end_released_user,
+    relayed_capabilities,
     start_user,
 )
 from vmcp_actors.signing import Signer
@@ -65,14 +66,14 @@ class Gateway(pykka.ThreadingActor):
         now = time.time()
         record = SessionRecord(
             session_id=self._signer.new_session_id(),
-            user=UserKey.of(identity),
+            user=UserKey.of(identity, outcome.client_capabilities),
             protocol_version=outcome.protocol_version,
             client_capabilities=outcome.client_capabilities,
             client_info=outcome.client_info,
             created=now,
             last_used=now,
         )
-        self._live_user(record.user, identity)
+        self._live_user(record.user, identity, relayed_capabilities(outcome.client_capabilities))
         self._directory.add_session(record)
         logger.info("session %s opened for %s", short_id(record.session_id), record.user.label)
         return record
@@ -120,14 +121,15 @@ class Gateway(pykka.ThreadingActor):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _live_user(self, key: UserKey, identity: Identity | None) -> UserHandle:
+    def _live_user(self, key: UserKey, identity: Identity | None,
+                   client_capabilities: dict[str, Any] | None = None) -> UserHandle:
         live = self._directory.user(key)
         if live is not None:
             return live
         store = self._services.store
         record = store.user(key)
         if record is None:
-            record = UserRecord(key, created=time.time())
+            record = UserRecord(key, created=time.time(), client_capabilities=client_capabilities or {})
             store.put_user(record)
         else:
             logger.info("user %s revived from its record", key.label)
@@ -136,6 +138,7 @@ class Gateway(pykka.ThreadingActor):
         return user
 
     def _session_gone(self, record: SessionRecord) -> None:
+        self._services.live.end_session(record.session_id)  # its stream closes, what it was asked fails
         user = self._directory.user(record.user)
         if user is not None:
             user.proxy.session_ended(record.session_id)

@@ -98,9 +98,7 @@ class Directory:
                 # The record's last use to the second: one store write per second at most.
                 if now - activity.recorded >= RECORD_LAST_USE_EVERY:
                     activity.recorded = now
-                    record = self.store.session(session_id)
-                    if record is not None:
-                        self.store.put_session(record.used_at(now))
+                    self.store.update_session(session_id, lambda record: record.used_at(now))
             if user is not None and user in self._user_activity:
                 self._touch(self._user_activity[user], -1)
 
@@ -111,7 +109,7 @@ class Directory:
             record = self.store.session(session_id)
             if record is None:
                 return level
-            self.store.put_session(record.with_log_level(level))
+            self.store.update_session(session_id, lambda current: current.with_log_level(level))
             levels = [r.log_level for r in self.store.sessions() if r.user == record.user and r.log_level]
         return min(levels or [level], key=LOGGING_LEVELS.index)
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import pykka
 
-from vmcp_actors.concurrency import ASK_TIMEOUT
+from vmcp_actors.backends import CallOpened
+from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.gateway._directory import Directory, Lease
 from vmcp_actors.identity import Identity
@@ -30,7 +31,14 @@ from vmcp_actors.protocol import (
 )
 from vmcp_actors.protocol.mcp import SESSION_HEADER
 from vmcp_actors.sessions import (
+    LIST_CHANGED,
     LOGGING_LEVELS,
+    RESOURCE_UPDATED,
+    Call,
+    LiveSessions,
+    Notification,
+    ServerRequest,
+    SessionRecord,
     RequestDeadlines,
     RelayEvent,
     UserHandle,
@@ -58,6 +66,7 @@ class Answer:
     status: int = 200
     body: dict[str, Any] | None = None
     events: Iterator[RelayEvent] | None = None
+    stream: Iterator[dict[str, Any] | None] | None = None  # a standalone stream: messages, None to keep alive
     headers: dict[str, str] = field(default_factory=dict)
     session_id: str | None = None
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -76,8 +85,10 @@ _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
 
 
 class McpService:
-    def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer):
+    def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer,
+                 live: LiveSessions | None = None):
         self._config = config
+        self._live = live if live is not None else LiveSessions()
         self._gateway = gateway  # ActorProxy[Gateway]
         self._directory = directory
         self._signer = signer
@@ -106,8 +117,19 @@ class McpService:
         if refused is not None:
             answer.status, answer.body = refused.http_status, error_response(None, refused)
             return answer
-        if not message.is_request:
-            answer.status = 202  # notifications and client responses need no answer
+        if message.kind == "response":
+            refused = self._live.answer(session_id, message)  # to a request the gateway sent this client
+            answer.status = 202 if refused is None else 400
+            answer.body = None if refused is None else error_response(None, refused)
+            return answer
+        if message.kind == "notification" and message.method == "notifications/cancelled":
+            params = message.params if isinstance(message.params, dict) else {}
+            reason = params.get("reason")
+            self._live.cancel(session_id, params.get("requestId"), reason if isinstance(reason, str) else None)
+            answer.status = 202
+            return answer
+        if message.kind == "notification" and message.method != "notifications/roots/list_changed":
+            answer.status = 202  # nothing else a client notifies needs the gateway
             return answer
         try:
             user = lease.user or self._revive(lease, identity, answer)
@@ -117,7 +139,45 @@ class McpService:
         except Unavailable:
             answer.status, answer.body = 503, error_response(message.id, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
             return answer
+        if not message.is_request:  # the client's roots changed: every backend session hears it
+            user.backends.notify_backends(identity, message.method, None)
+            answer.status = 202
+            return answer
         answer.events = self._dispatch(user, lease, message, identity)
+        return answer
+
+    def open_stream(self, session_id: str | None, identity: Identity | None, header_version: str | None) -> Answer:
+        """``GET /mcp``: the session's standalone stream, held open until the client leaves
+        (a newer stream of the same session replaces it)."""
+        if not session_id:
+            return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
+        lease = self._directory.begin(session_id, identity) if self._signer.is_session_id(session_id) else None
+        if lease is None:
+            return _error(404, INVALID_REQUEST, "Session not found")
+        answer = Answer(session_id=session_id)
+        held_user = lease.user.key if lease.user is not None else None
+        answer.on_close.append(lambda: self._directory.finish(session_id, held_user))
+        refused = check_header_version(header_version, lease.session.protocol_version)
+        if refused is not None:
+            answer.status, answer.body = refused.http_status, error_response(None, refused)
+            return answer
+        try:
+            user = lease.user or self._revive(lease, identity, answer)
+            stream = self._live.open_stream(session_id)
+            self._ask(user.proxy.stream_opened(session_id, identity))
+        except Unavailable:
+            answer.status, answer.body = 503, error_response(None, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
+            return answer
+
+        def closed() -> None:
+            if self._live.close_stream(stream):
+                try:
+                    user.proxy.stream_closed(session_id)
+                except pykka.ActorDeadError:
+                    pass
+
+        answer.on_close.insert(0, closed)
+        answer.stream = stream.messages()
         return answer
 
     def delete(self, session_id: str | None, identity: Identity | None) -> Answer:
@@ -166,16 +226,56 @@ class McpService:
             # level any of its sessions asked for, and each session gets only its own.
             forwarded = self._directory.set_log_level(record.session_id, message.params["level"])
             message = replace(message, params={**message.params, "level": forwarded})
+        call = self._live.begin_call(record.session_id, message.id)
         try:
-            relay = user.dispatcher.handle(identity, message, deadline)
+            relay = user.dispatcher.handle(identity, message, deadline, record.session_id)
         except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
             logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
+            self._live.end_call(call)
             return iter([error_event(message.id, JsonRpcError(INTERNAL_ERROR, "Internal error"))])
-        level = record.log_level
-        return relay.only(lambda event: is_logged_at(event.message, level)).events()
+        return relay.events(_ClientCall(self._live, record, call, deadline, user))
 
     def _ask(self, future: Any) -> Any:
         try:
             return future.get(timeout=ASK_TIMEOUT)
         except (pykka.ActorDeadError, pykka.Timeout):
             raise Unavailable() from None
+
+
+class _ClientCall:
+    """A client session's side of one call (see ``ClientSide``): the session's log level
+    and subscriptions decide what it hears, requests for the client get the session's
+    own ids, list changes and resource updates go through the user (to every session
+    they concern, once)."""
+
+    def __init__(self, live: LiveSessions, session: SessionRecord, call: Call, deadline: Deadline, user: UserHandle):
+        self._live = live
+        self._session = session
+        self._call = call
+        self._deadline = deadline
+        self._user = user
+
+    def keep(self, notification: Notification) -> bool:
+        method = notification.method
+        try:
+            if method in LIST_CHANGED:
+                self._user.proxy.backend_changed(notification.origin)  # the gateway tells clients after the rebuild
+                return False
+            if method == RESOURCE_UPDATED:
+                params = notification.message.get("params")
+                subscribed = isinstance(params, dict) and params.get("uri") in self._session.subscriptions
+                self._user.proxy.resource_updated(notification.message, self._session.session_id if subscribed else None)
+                return subscribed
+        except pykka.ActorDeadError:
+            return False
+        return is_logged_at(notification.message, self._session.log_level)
+
+    def ask(self, request: ServerRequest) -> dict[str, Any] | None:
+        return self._live.ask(self._session.session_id, request, self._session.client_capabilities, self._deadline,
+                              self._call)
+
+    def opened(self, event: CallOpened) -> None:
+        self._live.call_opened(self._call, event.cancel)
+
+    def finished(self) -> None:
+        self._live.end_call(self._call)

@@ -48,7 +48,8 @@ class Message:
     kind: str
     method: str | None
     id: str | int | None
-    params: Any
+    params: Any  # a response's result, or its error object
+    is_error: bool = False  # a response carrying an error
 
     @property
     def is_request(self) -> bool:
@@ -85,7 +86,9 @@ def parse_message(body: bytes | str) -> Message:
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: 'id' must be a string or an integer")
         return Message("request", method, payload["id"], params)
     if "id" in payload and ("result" in payload or "error" in payload):
-        return Message("response", None, payload["id"], payload.get("result", payload.get("error")))
+        if "error" in payload:
+            return Message("response", None, payload["id"], payload["error"], is_error=True)
+        return Message("response", None, payload["id"], payload["result"])
     raise JsonRpcError(INVALID_REQUEST, "Invalid Request: neither a request, a notification nor a response")
 
 

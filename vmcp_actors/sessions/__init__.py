@@ -12,7 +12,8 @@ from vmcp_actors.sessions._capabilities import (
 )
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import LOGGING_LEVELS, McpDispatcher
-from vmcp_actors.sessions._exchange import Exchange, Notification, to_jsonrpc_error
+from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, ServerRequest, to_jsonrpc_error
+from vmcp_actors.sessions._live import Call, LiveSessions, StandaloneStream
 from vmcp_actors.sessions._filter import AdvertisingFilter, is_advertised
 from vmcp_actors.sessions._lifecycle import (
     SERVER_CAPABILITIES,
@@ -23,11 +24,13 @@ from vmcp_actors.sessions._lifecycle import (
     is_logged_at,
     RequestDeadlines,
 )
-from vmcp_actors.sessions._records import SessionRecord, UserKey, UserRecord
-from vmcp_actors.sessions._relay import Relay, RelayEvent, error_event
+from vmcp_actors.sessions._records import SessionRecord, UserKey, UserRecord, relayed_capabilities
+from vmcp_actors.sessions._relay import ClientSide, Relay, RelayEvent, error_event
 from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore
 from vmcp_actors.sessions._uri_template import compile_uri_template, uri_matches_template
 from vmcp_actors.sessions._user import (
+    LIST_CHANGED,
+    RESOURCE_UPDATED,
     RETRY_FAILED_AFTER,
     SessionServices,
     UserActor,
@@ -37,6 +40,15 @@ from vmcp_actors.sessions._user import (
 )
 
 __all__ = [
+    "Call",
+    "CallCancelled",
+    "ClientSide",
+    "LIST_CHANGED",
+    "LiveSessions",
+    "RESOURCE_UPDATED",
+    "ServerRequest",
+    "StandaloneStream",
+    "relayed_capabilities",
     "AdvertisingFilter",
     "AggregatedBackends",
     "Capabilities",

@@ -16,18 +16,20 @@ from typing import Any, Protocol
 
 import pykka
 
-from vmcp_actors.backends import BackendChannel
+from vmcp_actors.backends import BackendChannel, drain
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
+from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     REQUEST_TIMEOUT,
     RESOURCE_NOT_FOUND,
     JsonRpcError,
 )
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
-from vmcp_actors.sessions._exchange import Exchange, from_backend
+from vmcp_actors.sessions._exchange import Exchange, from_backend, to_jsonrpc_error
 
 # When a request's deadline ends before discovery does, it stops waiting this much
 # earlier, to answer with what discovery found so far.
@@ -53,6 +55,10 @@ class Capabilities(Protocol):
     def complete(self, identity: Identity | None, params: dict[str, Any],
                  deadline: Deadline) -> Exchange | dict[str, Any]: ...
     def set_logging_level(self, identity: Identity | None, level: str, deadline: Deadline) -> dict[str, Any]: ...
+    def subscribe_resource(self, identity: Identity | None, subscriber: str, uri: str,
+                           deadline: Deadline) -> dict[str, Any]: ...
+    def unsubscribe_resource(self, identity: Identity | None, subscriber: str, uri: str,
+                             deadline: Deadline) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 
@@ -99,6 +105,12 @@ class CapabilitiesLayer:
 
     def set_logging_level(self, identity, level, deadline):
         return self._inner.set_logging_level(identity, level, deadline)
+
+    def subscribe_resource(self, identity, subscriber, uri, deadline):
+        return self._inner.subscribe_resource(identity, subscriber, uri, deadline)
+
+    def unsubscribe_resource(self, identity, subscriber, uri, deadline):
+        return self._inner.unsubscribe_resource(identity, subscriber, uri, deadline)
 
     def close(self) -> None:
         self._inner.close()
@@ -250,11 +262,53 @@ class AggregatedBackends:
                 self._channels[backend].submit(identity, "logging/setLevel", {"level": level}, deadline)
         return {}
 
+    def subscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
+        """Subscribe at the backend that owns ``uri`` and note ``subscriber`` (a client
+        session) as one to tell of its updates."""
+        backend = self._subscribable(identity, uri, deadline)
+        self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
+        self._ask_user("subscribed", subscriber, uri, deadline=deadline)
+        return {}
+
+    def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
+        """The backend is told only when no other session of the user still listens."""
+        backend = self._subscribable(identity, uri, deadline)
+        if self._ask_user("unsubscribed", subscriber, uri, deadline=deadline):
+            self._call(identity, backend, "resources/unsubscribe", {"uri": uri}, deadline)
+        return {}
+
+    def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:
+        """A client notification every backend session of the user should hear (roots changed)."""
+        for channel in self._channels.values():
+            channel.notify_if_open(identity, method, params)
+
     def close(self) -> None:
         """Nothing to release here: the UserActor owns the connections."""
 
+    def _subscribable(self, identity: Identity | None, uri: str, deadline: Deadline) -> str:
+        catalog = self.catalog(identity, deadline)
+        backend = catalog.route_resource(uri)
+        if backend is None:
+            raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        resources = catalog.backends[backend].capabilities.get("resources")
+        if not isinstance(resources, Mapping) or not resources.get("subscribe"):
+            raise JsonRpcError(METHOD_NOT_FOUND, "Subscriptions are not supported for this resource", {"uri": uri})
+        return backend
+
+    def _ask_user(self, method: str, *args: Any, deadline: Deadline) -> Any:
+        try:
+            return getattr(self._user, method)(*args).get(timeout=deadline.cap(ASK_TIMEOUT))
+        except (pykka.ActorDeadError, pykka.Timeout):
+            raise NoBackendsAvailable() from None
+
+    def _call(self, identity, backend, method, params, deadline) -> dict[str, Any]:
+        try:
+            return drain(self._channels[backend].request(identity, method, params, deadline))
+        except BackendError as error:
+            raise to_jsonrpc_error(error) from None
+
     def _request(self, identity, backend, method, params, deadline) -> Exchange:
-        return from_backend(self._channels[backend].request(identity, method, params, deadline))
+        return from_backend(self._channels[backend].request(identity, method, params, deadline), backend)
 
 
 def _with_meta(params: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:

@@ -37,10 +37,13 @@ from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
 from vmcp_actors.sessions._capabilities import ANSWER_MARGIN, AggregatedBackends, CapabilitiesLayer
-from vmcp_actors.sessions._exchange import Exchange, Notification
+from vmcp_actors.backends import CallOpened
+from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, ServerRequest
+from vmcp_actors.sessions._live import missing_capability
 from vmcp_actors.sessions._filter import is_advertised
 from vmcp_actors.workflows import (
     CompositeTool,
+    WorkflowCancelled,
     WorkflowRun,
     composite_annotations,
     output_schema,
@@ -152,16 +155,25 @@ class WorkflowMetrics:
         })
 
 
+class ElicitationUnsupported(JsonRpcError):  # TEMP: moves to workflows
+    def __init__(self, step_id: str):
+        super().__init__(INVALID_PARAMS, f"step {step_id!r} needs the client to support elicitation, and it did not "
+                                         "declare it")
+
+
 class _StepCaller:
     """What a WorkflowRun calls, for one user: backend tools through the routing table,
     whatever the advertising filter hides. Every step's target was resolved when the view
     was built, so nothing here waits for a catalog; calls are pooled work (a step's
     progress and log notifications are not relayed)."""
 
-    def __init__(self, backends: AggregatedBackends, identity: Identity | None, targets: Mapping[str, InternalTool]):
+    def __init__(self, backends: AggregatedBackends, identity: Identity | None, targets: Mapping[str, InternalTool],
+                 client_capabilities: Mapping[str, Any], to_client: Any):
         self._backends = backends
         self._identity = identity
         self._targets = targets
+        self._client_capabilities = client_capabilities
+        self._to_client = to_client  # puts events on the calling client's stream
 
     def input_schema(self, tool: str) -> Mapping[str, Any] | None:
         target = self._targets.get(tool)
@@ -174,6 +186,27 @@ class _StepCaller:
             raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
         return self._backends.submit_route(self._identity, target.route, arguments, deadline)
 
+    def elicit(self, step_id: str, message: str, requested_schema: Mapping[str, Any],
+               deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        """Ask the client that called the composite, on the call's stream; its answer (or
+        the gateway's error when it cannot answer) settles the future."""
+        outcome: cf.Future[dict[str, Any]] = cf.Future()
+        params = {"message": message, "requestedSchema": dict(requested_schema)}
+        if missing_capability("elicitation/create", params, self._client_capabilities) is not None:
+            outcome.set_exception(ElicitationUnsupported(step_id))
+            return outcome
+
+        def respond(answer: dict[str, Any]) -> None:
+            if "result" in answer:
+                outcome.set_result(answer["result"])
+                return
+            error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
+            outcome.set_exception(JsonRpcError(INTERNAL_ERROR, f"step {step_id!r}: elicitation failed: "
+                                                               f"{error.get('message', 'no answer')}"))
+
+        self._to_client(ServerRequest("elicitation/create", params, respond, f"composite step {step_id!r}"))
+        return outcome
+
 
 class CompositeTools(CapabilitiesLayer):
     """Capabilities plus the config's composite tools (everything but tools passes through)."""
@@ -181,8 +214,9 @@ class CompositeTools(CapabilitiesLayer):
     _inner: AggregatedBackends
 
     def __init__(self, inner: AggregatedBackends, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
-                 metrics: WorkflowMetrics | None = None):
+                 metrics: WorkflowMetrics | None = None, *, client_capabilities: Mapping[str, Any] | None = None):
         super().__init__(inner)
+        self._client_capabilities = client_capabilities or {}
         self._composites = tuple(composites)
         self._aggregation = aggregation
         self._metrics = metrics if metrics is not None else WorkflowMetrics()
@@ -227,22 +261,37 @@ class CompositeTools(CapabilitiesLayer):
 
     def _run(self, identity: Identity | None, composite: CompositeTool, view: CompositeView,
              arguments: dict[str, Any] | None, meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
+        """Run the composite; this (web) thread relays what the run sends the client
+        (progress, elicitations) as it comes, and returns the run's result."""
         progress_token = (meta or {}).get("progressToken")
-        events: queue.SimpleQueue[tuple[int, int, str] | None] = queue.SimpleQueue()
+        events: queue.SimpleQueue[Notification | ServerRequest | None] = queue.SimpleQueue()
         run_id = secrets.token_hex(8)
         self._metrics.started(composite.name)
+
+        def progress(done: int, total: int, message: str) -> None:
+            events.put(Notification({"jsonrpc": "2.0", "method": "notifications/progress",
+                                     "params": {"progressToken": progress_token, "progress": done, "total": total,
+                                                "message": message}}))
+
+        caller = _StepCaller(self._inner, identity, view.targets, self._client_capabilities, events.put)
         ref = WorkflowRun.start(
-            composite, arguments, _StepCaller(self._inner, identity, view.targets),
+            composite, arguments, caller,
             run_id=run_id,
             # Its own timeout from now, ending in time for the request to answer.
             deadline=Deadline(min(deadline.earlier(ANSWER_MARGIN).at, time.monotonic() + composite.timeout)),
-            on_progress=(lambda done, total, message: events.put((done, total, message)))
-            if progress_token is not None else None,
+            on_progress=progress if progress_token is not None else None,
             on_finish=self._metrics.finished,
         )
         with self._runs_lock:
             self._runs[run_id] = ref
         try:
+            cancelled_by_client = threading.Event()
+
+            def cancel(reason: str | None) -> None:
+                cancelled_by_client.set()
+                stop_quietly(ref)
+
+            yield CallOpened(composite.name, cancel)
             pending = ref.proxy().result().get(timeout=deadline.cap(ASK_TIMEOUT))
             pending.add_done_callback(lambda _: events.put(None))
             while True:
@@ -251,11 +300,11 @@ class CompositeTools(CapabilitiesLayer):
                 except queue.Empty:
                     raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r} did not finish") from None
                 if event is None:
-                    break  # settled; every progress event was queued before this marker
-                done, total, message = event
-                yield Notification({"jsonrpc": "2.0", "method": "notifications/progress",
-                                    "params": {"progressToken": progress_token, "progress": done, "total": total,
-                                               "message": message}})
+                    break  # settled; every event was queued before this marker
+                yield event
+            error = pending.exception()
+            if isinstance(error, WorkflowCancelled) and cancelled_by_client.is_set():
+                raise CallCancelled()  # the client expects no answer
             return pending.result()
         except (pykka.ActorDeadError, pykka.Timeout):
             raise JsonRpcError(INTERNAL_ERROR, f"composite tool {composite.name!r}: the run ended unexpectedly") from None

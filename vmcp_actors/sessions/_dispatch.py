@@ -40,8 +40,11 @@ class McpDispatcher:
     def handles(self, method: str) -> bool:
         return method in self._methods
 
-    def handle(self, identity: Identity | None, request: Message, deadline: Deadline) -> Relay:
+    def handle(self, identity: Identity | None, request: Message, deadline: Deadline, session_id: str = "") -> Relay:
+        """``session_id``: the client session asking (subscriptions are a session's own)."""
         handler = self._methods.get(request.method or "")
+        if request.method in ("resources/subscribe", "resources/unsubscribe") and session_id:
+            handler = self._subscription(request.method, session_id)
         if handler is None:
             return Relay.failed(request.id, JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}"))
         params = request.params if request.params is not None else {}
@@ -60,6 +63,15 @@ class McpDispatcher:
     def _list(self, key: str, lister: Callable[[Identity | None, Deadline], tuple[dict[str, Any], ...]]):
         def handler(identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
             return paginate(lister(identity, deadline), key, params, self._page_size)
+
+        return handler
+
+    def _subscription(self, method: str, session_id: str):
+        change = (self._capabilities.subscribe_resource if method == "resources/subscribe"
+                  else self._capabilities.unsubscribe_resource)
+
+        def handler(identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
+            return change(identity, session_id, _required_string(params, "uri"), deadline)
 
         return handler
 

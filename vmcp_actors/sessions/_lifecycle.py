@@ -27,9 +27,9 @@ from vmcp_actors.sessions._dispatch import LOGGING_LEVELS
 
 # What the gateway implements towards clients, whatever the backends turn out to have.
 SERVER_CAPABILITIES = MappingProxyType({
-    "tools": {"listChanged": False},
-    "resources": {"subscribe": False, "listChanged": False},
-    "prompts": {"listChanged": False},
+    "tools": {"listChanged": True},
+    "resources": {"subscribe": True, "listChanged": True},
+    "prompts": {"listChanged": True},
     "logging": {},
     "completions": {},
 })

@@ -1,29 +1,66 @@
 """One request's answer as a sequence of events for the web layer to write.
 
-An exchange yields the events a backend streams before its result (progress, logging)
-and then returns the result. The web thread drives it: if the first event is already
-final the answer is JSON, otherwise SSE with every event in arrival order.
+An exchange yields the events a backend streams before its result (progress, logging,
+requests for the client) and then returns the result. The web thread drives it: if the
+first event is already final the answer is JSON, otherwise SSE with every event in
+arrival order. What the client's session decides (which notifications it wants, the ids
+of requests sent to it, cancellation) is the ``ClientSide`` of the call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from vmcp_actors.protocol import INTERNAL_ERROR, JsonRpcError, error_response, result_response
-from vmcp_actors.sessions._exchange import Exchange, Notification
+from vmcp_actors.backends import CallOpened
+from vmcp_actors.protocol import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, error_response, result_response
+from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, ServerRequest
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RelayEvent:
-    message: dict[str, Any]
+    message: dict[str, Any] | None  # None: nothing to write (a cancelled call ends its stream)
     final: bool = False
     http_status: int = 200
     event: Notification | None = None  # what the exchange yielded, for events before the answer
+
+
+class ClientSide(Protocol):
+    """The client session's part in one call."""
+
+    def keep(self, notification: Notification) -> bool:
+        """Relay this notification (its log level, its subscriptions)?"""
+
+    def ask(self, request: ServerRequest) -> dict[str, Any] | None:
+        """The message that sends ``request`` to the client on this call's stream, or
+        None when the request was answered at once (the client cannot take it)."""
+
+    def opened(self, event: CallOpened) -> None:
+        """The call reached a backend (or a run started): how to cancel it."""
+
+    def finished(self) -> None:
+        """The call's stream is done, however it ended."""
+
+
+class NoClient:
+    """A call no client session takes part in: requests for the client are refused."""
+
+    def keep(self, notification: Notification) -> bool:
+        return True
+
+    def ask(self, request: ServerRequest) -> dict[str, Any] | None:
+        request.respond({"error": {"code": METHOD_NOT_FOUND, "message": f"{request.method} is not available here"}})
+        return None
+
+    def opened(self, event: CallOpened) -> None:
+        pass
+
+    def finished(self) -> None:
+        pass
 
 
 class Relay:
@@ -31,7 +68,6 @@ class Relay:
         self._request_id = request_id
         self._exchange = exchange
         self._final = final
-        self._keep: Callable[[Notification], bool] = lambda event: True
 
     @classmethod
     def answered(cls, request_id: Any, result: Any) -> Relay:
@@ -45,23 +81,30 @@ class Relay:
     def streaming(cls, request_id: Any, exchange: Exchange) -> Relay:
         return cls(request_id, exchange=exchange)
 
-    def only(self, keep: Callable[[Notification], bool]) -> Relay:
-        """Relay only the events ``keep`` accepts (a session's log level, say)."""
-        self._keep = keep
-        return self
-
-    def events(self) -> Iterator[RelayEvent]:
+    def events(self, client: ClientSide | None = None) -> Iterator[RelayEvent]:
         """Events in arrival order, then exactly one final event."""
+        client = client if client is not None else NoClient()
         if self._exchange is None:
+            client.finished()
             yield self._final
             return
         try:
             while True:
                 event = next(self._exchange)
-                if self._keep(event):
-                    yield RelayEvent(event.message, event=event)
+                if isinstance(event, Notification):
+                    if client.keep(event):
+                        yield RelayEvent(event.message, event=event)
+                elif isinstance(event, ServerRequest):
+                    message = client.ask(event)
+                    if message is not None:
+                        yield RelayEvent(message)
+                elif isinstance(event, CallOpened):
+                    client.opened(event)
         except StopIteration as answered:
             yield RelayEvent(result_response(self._request_id, answered.value), final=True)
+        except CallCancelled:
+            # The client cancelled: it expects no answer (MCP says none is sent).
+            yield RelayEvent(None, final=True)
         except JsonRpcError as error:
             yield error_event(self._request_id, error)
         except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
@@ -69,6 +112,7 @@ class Relay:
             yield error_event(self._request_id, JsonRpcError(INTERNAL_ERROR, "Internal error"))
         finally:
             self._exchange.close()  # the client went away mid-stream: end the backend exchange too
+            client.finished()
 
 
 def error_event(request_id: Any, error: JsonRpcError) -> RelayEvent:

@@ -11,6 +11,14 @@ Discovery never waits in the actor: the connections discover on pooled threads, 
 result comes back as a message, and the catalog is built when the last backend answered.
 A request whose deadline ends first answers with the catalog so far (``catalog_so_far``)
 while discovery goes on for the requests after it.
+
+The actor also routes what backends send outside any call. Their standalone streams are
+open while the user has a client stream open or a subscription (and closed when it has
+neither); on them arrive resource updates (to every session subscribed to the URI, and
+only those), list changes (the backend is listed again, the catalog rebuilt through the
+same pipeline, and each session with a stream told once per kind of list that changed,
+changes close together making one refresh) and requests for a client (to the session
+whose stream opened last).
 """
 
 from __future__ import annotations
@@ -34,7 +42,18 @@ from vmcp_actors.backends import (
     OutgoingAuth,
     describe_failure,
 )
-from vmcp_actors.concurrency import ASK_TIMEOUT, resolved, result_or_none, run_in_thread, stop_quietly, tell_quietly
+from vmcp_actors.backends import BackendRequest
+from vmcp_actors.concurrency import (
+    ASK_TIMEOUT,
+    Deadline,
+    TimerHandle,
+    call_later,
+    resolved,
+    result_or_none,
+    run_in_thread,
+    stop_quietly,
+    tell_quietly,
+)
 from vmcp_actors.config import BackendConfig, VmcpConfig
 from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity
@@ -43,7 +62,10 @@ from vmcp_actors.sessions._capabilities import AggregatedBackends, Capabilities,
 from vmcp_actors.sessions._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import McpDispatcher
+from vmcp_actors.sessions._exchange import ServerRequest
 from vmcp_actors.sessions._filter import AdvertisingFilter
+from vmcp_actors.sessions._lifecycle import is_logged_at
+from vmcp_actors.sessions._live import LiveSessions
 from vmcp_actors.sessions._records import UserKey, UserRecord
 from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore
 
@@ -51,6 +73,14 @@ logger = logging.getLogger(__name__)
 
 # A backend that failed discovery is tried again this long after, on the next request.
 RETRY_FAILED_AFTER = 10.0
+# List changes this close together make one refresh (and one notification per list).
+LIST_CHANGES_SETTLE = 0.2
+LIST_CHANGED = {
+    "notifications/tools/list_changed": "tools",
+    "notifications/prompts/list_changed": "prompts",
+    "notifications/resources/list_changed": "resources",
+}
+RESOURCE_UPDATED = "notifications/resources/updated"
 
 
 @dataclass(frozen=True)
@@ -61,6 +91,7 @@ class SessionServices:
     discovery_cache: DiscoveryCache = field(default_factory=lambda: DiscoveryCache(0))
     workflow_metrics: WorkflowMetrics = field(default_factory=WorkflowMetrics)
     store: RecordStore = field(default_factory=MemoryRecordStore)
+    live: LiveSessions = field(default_factory=LiveSessions)
 
 
 @dataclass(frozen=True)
@@ -74,6 +105,7 @@ class UserHandle:
     capabilities: Capabilities  # the outermost layer
     dispatcher: McpDispatcher
     composites: CompositeTools
+    backends: AggregatedBackends  # the innermost layer: for what goes to every backend
 
     def close(self) -> None:
         """Cancel composite runs in flight (the user's actors are stopping)."""
@@ -84,16 +116,17 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
                services: SessionServices) -> UserHandle:
     """Start a user's actors from its record (no backend is contacted, nothing waits)."""
     board = CatalogBoard()
-    channels = {backend.name: _channel(backend, config, services)
+    channels = {backend.name: _channel(backend, config, services, record.client_capabilities)
                 for backend in sorted(config.backends, key=lambda b: b.name)}
     ref = UserActor.start(record, identity, config, services, channels, board)
     proxy = ref.proxy()
     aggregated = AggregatedBackends(proxy, channels, board)
     # Decorators, outermost first: advertising filter -> composite tools -> backends.
-    composites = CompositeTools(aggregated, config.composite_tools, config.aggregation, services.workflow_metrics)
+    composites = CompositeTools(aggregated, config.composite_tools, config.aggregation, services.workflow_metrics,
+                                client_capabilities=record.client_capabilities)
     advertised = AdvertisingFilter(composites, config.aggregation)
     return UserHandle(record.key, ref, proxy, advertised, McpDispatcher(advertised, page_size=config.operational.page_size),
-                      composites)
+                      composites, aggregated)
 
 
 def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionServices) -> None:
@@ -106,10 +139,11 @@ def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionS
             run_in_thread(_channel(backend, config, services).close_remote, handshake, None)
 
 
-def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServices) -> BackendChannel:
+def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServices,
+             client_capabilities: Mapping[str, Any] | None = None) -> BackendChannel:
     return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url),
                           config.operational.timeouts.for_backend(backend.name),
-                          services.outgoing_auth.get(backend.name))
+                          services.outgoing_auth.get(backend.name), client_capabilities)
 
 
 @dataclass(frozen=True)
@@ -123,6 +157,17 @@ class _BackendDiscovered:
 class _BackendSessionChanged:
     backend: str
     handshake: Handshake | None
+
+
+@dataclass(frozen=True)
+class _FromBackendStream:
+    backend: str
+    message: Any  # a notification dict or a BackendRequest
+
+
+@dataclass(frozen=True)
+class _RefreshLists:
+    pass
 
 
 @dataclass
@@ -154,10 +199,26 @@ class UserActor(pykka.ThreadingActor):
         self._session_origins: dict[str, bool] = {}  # session id -> its catalog came from the cache
         self._ending = False
         self._connections: dict[str, Any] = {}
+        self._live = services.live
+        # Who hears what arrives outside a call: sessions with a stream open (latest
+        # last) and, per resource URI, the sessions subscribed to it (from their records,
+        # so a revived user goes on delivering).
+        self._streams: dict[str, None] = {}
+        self._subscribers: dict[str, set[str]] = {}
+        for session in services.store.sessions():
+            if session.user == record.key:
+                for uri in session.subscriptions:
+                    self._subscribers.setdefault(uri, set()).add(session.session_id)
+        self._stream_wanted = False
+        self._changed: set[str] = set()  # backends whose lists changed, refreshed together
+        self._refresh_timer: TimerHandle | None = None
         ref = self.actor_ref
 
         def handshake_changed(backend: str, handshake: Handshake | None) -> None:
             tell_quietly(ref, _BackendSessionChanged(backend, handshake))  # children only tell
+
+        def from_stream(backend: str, message: Any) -> None:
+            tell_quietly(ref, _FromBackendStream(backend, message))
 
         # Started here, in the caller's thread, so the channels work once start() returns.
         try:
@@ -165,14 +226,20 @@ class UserActor(pykka.ThreadingActor):
                 backend = config.backend(name)
                 assert backend is not None
                 self._connections[name] = BackendConnection.start(
-                    backend, channel, restored=record.backends.get(name), on_handshake=handshake_changed
+                    backend, channel, restored=record.backends.get(name), on_handshake=handshake_changed,
+                    on_stream=from_stream,
                 ).proxy()
         except BaseException:
             for connection in self._connections.values():
                 stop_quietly(connection.actor_ref)
             raise
 
+    def on_start(self) -> None:
+        self._update_streams()
+
     def on_stop(self) -> None:
+        if self._refresh_timer is not None:
+            self._refresh_timer.cancel()
         for connection in self._connections.values():
             try:
                 connection.close(self._ending)
@@ -196,6 +263,7 @@ class UserActor(pykka.ThreadingActor):
         if current is None or (current.done() and not _has_backends(current)):
             cached = self._services.discovery_cache.get(self._cache_key(identity))
             if cached is not None:
+                self._discovered, self._failures = dict(cached.backends), {}
                 self._serve(resolved(cached))
             elif self._round is None or not self._round.full:
                 self._serve(self._discover(sorted(self._connections), full=True).future)
@@ -233,6 +301,55 @@ class UserActor(pykka.ThreadingActor):
 
     def session_ended(self, session_id: str) -> None:
         self._session_origins.pop(session_id, None)
+        self._streams.pop(session_id, None)
+        for uri in [uri for uri, sessions in self._subscribers.items() if session_id in sessions]:
+            self._unsubscribe(session_id, uri)
+        self._update_streams()
+
+    # -- outside any call: streams, subscriptions, list changes ------------------------
+
+    def stream_opened(self, session_id: str, identity: Identity | None) -> None:
+        self._identity = identity
+        self._streams.pop(session_id, None)
+        self._streams[session_id] = None  # the latest stream last
+        self._update_streams()
+
+    def stream_closed(self, session_id: str) -> None:
+        self._streams.pop(session_id, None)
+        self._update_streams()
+
+    def subscribed(self, session_id: str, uri: str) -> None:
+        self._subscribers.setdefault(uri, set()).add(session_id)
+        self._services.store.update_session(session_id, lambda record: record.with_subscription(uri, True))
+        self._update_streams()
+
+    def unsubscribed(self, session_id: str, uri: str) -> bool:
+        """True when no session of the user is subscribed to ``uri`` any more."""
+        last = self._unsubscribe(session_id, uri)
+        self._services.store.update_session(session_id, lambda record: record.with_subscription(uri, False))
+        self._update_streams()
+        return last
+
+    def subscribers(self, uri: str) -> frozenset[str]:
+        return frozenset(self._subscribers.get(uri, ()))
+
+    def backend_changed(self, backend: str) -> None:
+        """A backend said a list of its changed: refresh it soon, with any others that do too."""
+        if backend not in self._connections:
+            return
+        self._changed.add(backend)
+        if self._refresh_timer is None:
+            ref = self.actor_ref
+            self._refresh_timer = call_later(LIST_CHANGES_SETTLE, lambda: tell_quietly(ref, _RefreshLists()))
+
+    def resource_updated(self, message: dict[str, Any], except_session: str | None = None) -> None:
+        """To the stream of every session subscribed to the URI (but ``except_session``,
+        which got it on its call's stream)."""
+        params = message.get("params")
+        uri = params.get("uri") if isinstance(params, dict) else None
+        for session_id in self._subscribers.get(uri, ()) if isinstance(uri, str) else ():
+            if session_id != except_session and not self._live.push(session_id, message):
+                logger.debug("resource update for session %s dropped: it has no stream open", session_id[:8])
 
     def end(self) -> None:
         """The user's last session ended: stop, and end every backend session (DELETE)."""
@@ -264,11 +381,87 @@ class UserActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         if isinstance(message, _BackendDiscovered):
             self._backend_discovered(message)
+        elif isinstance(message, _FromBackendStream):
+            self._from_backend_stream(message.backend, message.message)
+        elif isinstance(message, _RefreshLists):
+            self._refresh_lists()
         elif isinstance(message, _BackendSessionChanged):
             self._services.store.update_user(
                 self._key, lambda record: record.with_backend(message.backend, message.handshake))
 
     # -- internals on the actor thread ---------------------------------------------------
+
+    def _update_streams(self) -> None:
+        """Backend streams open exactly while a client stream or a subscription needs them."""
+        wanted = bool(self._streams or self._subscribers)
+        if wanted == self._stream_wanted:
+            return
+        self._stream_wanted = wanted
+        for connection in self._connections.values():
+            connection.want_stream(wanted, self._identity)
+
+    def _unsubscribe(self, session_id: str, uri: str) -> bool:
+        sessions = self._subscribers.get(uri)
+        if sessions is None:
+            return True
+        sessions.discard(session_id)
+        if sessions:
+            return False
+        del self._subscribers[uri]
+        return True
+
+    def _from_backend_stream(self, backend: str, message: Any) -> None:
+        if isinstance(message, BackendRequest):
+            self._request_for_client(backend, message)
+            return
+        method = message.get("method")
+        if method in LIST_CHANGED:
+            self.backend_changed(backend)
+        elif method == RESOURCE_UPDATED:
+            self.resource_updated(message)
+        elif method == "notifications/message":
+            for session_id in self._streams:
+                session = self._services.store.session(session_id)
+                if session is not None and is_logged_at(message, session.log_level):
+                    self._live.push(session_id, message)
+        else:
+            logger.debug("backend %r sent %s outside a call; not relayed", backend, method)
+
+    def _request_for_client(self, backend: str, request: BackendRequest) -> None:
+        """A backend asks a client outside any call: the session whose stream opened last takes it."""
+        timeout = self._config.operational.timeouts.for_backend(backend)
+        for session_id in reversed(self._streams):
+            session = self._services.store.session(session_id)
+            if session is None:
+                continue
+            asked = ServerRequest(request.method, request.params, request.reply, backend)
+            if self._live.ask_on_stream(session_id, asked, session.client_capabilities, Deadline.after(timeout)):
+                return
+        request.reply({"error": {"code": -32603, "message": f"no client of this user has a stream open to take "
+                                                             f"{request.method}"}})
+
+    def _refresh_lists(self) -> None:
+        self._refresh_timer = None
+        if self._round is not None:  # one round at a time: refresh after it
+            ref = self.actor_ref
+            self._refresh_timer = call_later(LIST_CHANGES_SETTLE, lambda: tell_quietly(ref, _RefreshLists()))
+            return
+        names, self._changed = sorted(self._changed), set()
+        if names and result_or_none(self._catalog) is not None:
+            self._discover(names, full=False)
+
+    def _tell_list_changes(self, before: Catalog | None, after: Catalog) -> None:
+        """Each session with a stream hears once per kind of list that changed."""
+        if before is None or not self._streams:
+            return
+        changed = [kind for kind, (old, new) in {
+            "tools": ((before.tools, dict(before.internal_tools)), (after.tools, dict(after.internal_tools))),
+            "resources": ((before.resources, before.resource_templates), (after.resources, after.resource_templates)),
+            "prompts": (before.prompts, after.prompts),
+        }.items() if old != new]
+        for session_id in self._streams:
+            for kind in changed:
+                self._live.push(session_id, {"jsonrpc": "2.0", "method": f"notifications/{kind}/list_changed"})
 
     def _serve(self, catalog: cf.Future[Catalog]) -> None:
         self._catalog = catalog
@@ -318,8 +511,10 @@ class UserActor(pykka.ThreadingActor):
             round_.future.set_result(catalog)
             self._catalog_done_at = time.monotonic()
         elif catalog.has_backends:
-            self._serve(resolved(catalog))  # a retried backend joins (or still fails)
+            before = result_or_none(self._catalog)
+            self._serve(resolved(catalog))  # a retried or changed backend joins (or still fails)
             self._catalog_done_at = time.monotonic()
+            self._tell_list_changes(before, catalog)
 
 
 def _has_backends(catalog: cf.Future[Catalog]) -> bool:

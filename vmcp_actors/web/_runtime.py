@@ -61,7 +61,8 @@ def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
     services = SessionServices(outgoing_auth, DiscoveryCache(config.operational.discovery_cache_ttl), store=store)
     gateway = Gateway.start(config, directory, services, signer).proxy()
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
-    return Runtime(config, gateway, McpService(config, gateway, directory, signer), authenticator, admin_token,
+    service = McpService(config, gateway, directory, signer, services.live)
+    return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts)
 
 

@@ -74,9 +74,14 @@ def authenticate() -> Response | None:
 
 @bp.get("/mcp")
 def open_stream() -> Response:
-    response = rpc_error(405, INVALID_REQUEST, "Method Not Allowed: this server offers no standalone SSE stream")
-    response.headers["Allow"] = "POST, DELETE"
-    return response
+    """The session's standalone stream: what backends send outside any call."""
+    started = time.monotonic()
+    if "Accept" not in request.headers or request.accept_mimetypes.quality("text/event-stream") <= 0:
+        return rpc_error(406, INVALID_REQUEST, "Not Acceptable: Accept must include text/event-stream")
+    answer = current_runtime().service.open_stream(
+        request.headers.get(SESSION_HEADER), _identity(), request.headers.get(PROTOCOL_VERSION_HEADER)
+    )
+    return _write(answer, "GET", started)
 
 
 @bp.delete("/mcp")
@@ -106,7 +111,9 @@ def post_message() -> Response:
 def _write(answer: Answer, method: str, started: float) -> Response:
     """The Answer as an HTTP response; its close hook finishes the request's bookkeeping."""
     streamed = False
-    if answer.events is None:
+    if answer.stream is not None:
+        response, streamed = _standalone_response(answer.stream), True
+    elif answer.events is None:
         response = json_response(answer.body, answer.status) if answer.body is not None else Response(status=answer.status)
     else:
         response, streamed = _relay_response(answer.events)
@@ -131,13 +138,17 @@ def _relay_response(events: Iterator[RelayEvent]) -> tuple[Response, bool]:
         logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
         return rpc_error(500, INTERNAL_ERROR, "Internal error"), False
     if first.final:
+        events.close()  # its bookkeeping (the call's end) runs now
+        if first.message is None:  # cancelled by the client: no answer is sent
+            return Response(status=202), False
         return json_response(first.message, first.http_status), False
 
     def stream() -> Iterator[str]:
         try:
             yield encode_sse_event(first.message)
             for event in events:
-                yield encode_sse_event(event.message)
+                if event.message is not None:
+                    yield encode_sse_event(event.message)
         finally:  # also when the client goes away mid-stream
             events.close()
 
@@ -145,6 +156,15 @@ def _relay_response(events: Iterator[RelayEvent]) -> tuple[Response, bool]:
     # A body the server never reads still ends the backend exchange.
     response.call_on_close(events.close)
     return response, True
+
+
+def _standalone_response(messages: Iterator[dict | None]) -> Response:
+    def stream() -> Iterator[str]:
+        yield ": stream open\n\n"  # headers and a first byte now: the client knows it is listening
+        for message in messages:
+            yield encode_sse_event(message) if message is not None else ": keep-alive\n\n"
+
+    return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _read_body() -> bytes:

@@ -1,0 +1,347 @@
+"""What the gateway holds for each client session it serves in this process.
+
+* The session's standalone stream (``GET /mcp``): notifications that belong to no call
+  (list changes, resource updates) and requests a backend sends outside a call.
+* The requests the gateway sent the client (sampling, elicitation, roots, ping) and awaits
+  an answer to. The gateway is the requestor towards every backend and the responder
+  towards every client: each request gets an id of the gateway's own, unique on the
+  client session, and the client's answer goes back through the request's ``respond``
+  (to the backend under its own id, or to a composite run). An answer to an id this
+  session was never sent, or one that is malformed, is refused and changes nothing.
+* The calls in flight, which the client may cancel (``notifications/cancelled``).
+
+Every wait is bounded: a request the client leaves unanswered is answered with an error
+at its call's deadline, and one whose stream closes first is answered with an error then.
+All of it is in-process and thread-safe; the web threads and actors call it directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmcp_actors.concurrency import Deadline, TimerHandle, call_later
+from vmcp_actors.protocol import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT, JsonRpcError, Message
+from vmcp_actors.sessions._exchange import ServerRequest
+
+logger = logging.getLogger(__name__)
+
+# What a backend may ask a client, and the client capability each needs.
+CLIENT_METHODS = {
+    "sampling/createMessage": "sampling",
+    "elicitation/create": "elicitation",
+    "roots/list": "roots",
+    "ping": None,
+}
+ELICITATION_ACTIONS = ("accept", "decline", "cancel")
+# An SSE comment this often on an idle standalone stream: proxies keep it open, and a
+# client that went away is noticed at the next write.
+KEEPALIVE_EVERY = 15.0
+
+
+def missing_capability(method: str, params: Mapping[str, Any], capabilities: Mapping[str, Any]) -> str | None:
+    """Why a client with ``capabilities`` cannot take ``method``; None when it can."""
+    if method not in CLIENT_METHODS:
+        return f"{method} is not a request an MCP client takes"
+    needed = CLIENT_METHODS[method]
+    if needed is None:
+        return None
+    declared = capabilities.get(needed)
+    if not isinstance(declared, Mapping):
+        return f"the client did not declare the {needed} capability"
+    if method == "elicitation/create":
+        mode = params.get("mode", "form")
+        # An empty elicitation capability means form mode only (2025-11-25).
+        supported = {"form"} if not declared else {m for m in ("form", "url") if m in declared}
+        if mode not in supported:
+            return f"the client did not declare {mode!r} elicitation"
+    return None
+
+
+def check_answer(method: str, answer: Message) -> str | None:
+    """What is wrong with a client's answer to ``method``; None when it is well formed."""
+    body = answer.params
+    if not isinstance(body, dict):
+        return "the result must be an object" if not answer.is_error else "the error must be an object"
+    if answer.is_error:
+        if not isinstance(body.get("code"), int) or isinstance(body.get("code"), bool) \
+                or not isinstance(body.get("message"), str):
+            return "the error must have an integer code and a message"
+        return None
+    if method == "elicitation/create":
+        if body.get("action") not in ELICITATION_ACTIONS:
+            return f"action must be one of {', '.join(ELICITATION_ACTIONS)}"
+        if "content" in body and body["content"] is not None and not isinstance(body["content"], dict):
+            return "content must be an object"
+    elif method == "sampling/createMessage":
+        if not isinstance(body.get("role"), str) or not isinstance(body.get("model"), str) \
+                or not isinstance(body.get("content"), (dict, list)):
+            return "a sampling result needs role, content and model"
+    elif method == "roots/list":
+        roots = body.get("roots")
+        if not isinstance(roots, list) or not all(isinstance(r, dict) and isinstance(r.get("uri"), str) for r in roots):
+            return "roots must be a list of objects with a uri"
+    return None
+
+
+class StandaloneStream:
+    """One client session's GET stream: messages pushed by anyone, written by its web thread."""
+
+    def __init__(self, session_id: str):
+        self.session_id = session_id
+        self._queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self.closed = False
+
+    def push(self, message: dict[str, Any]) -> None:
+        self._queue.put(message)
+
+    def close(self) -> None:
+        self.closed = True
+        self._queue.put(None)
+
+    def messages(self, keepalive: float | None = None) -> Iterator[dict[str, Any] | None]:
+        """Each message as it is pushed; None after ``keepalive`` seconds of silence."""
+        keepalive = KEEPALIVE_EVERY if keepalive is None else keepalive
+        while not self.closed:
+            try:
+                message = self._queue.get(timeout=keepalive)
+            except queue.Empty:
+                yield None
+                continue
+            if message is None:
+                return
+            yield message
+
+
+@dataclass
+class Call:
+    """A client request in flight: how to cancel it, and the requests sent on its stream."""
+
+    session_id: str
+    request_id: Any
+    cancels: list[Any] = field(default_factory=list)
+    asked: set[Any] = field(default_factory=set)  # ids of the server requests sent on this call's stream
+    cancelled: bool = False
+
+
+@dataclass
+class _Pending:
+    method: str
+    respond: Any
+    timer: TimerHandle | None
+    call: Call | None
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.stream: StandaloneStream | None = None
+        self.pending: dict[Any, _Pending] = {}
+        self.calls: dict[Any, Call] = {}
+
+
+def _key(request_id: Any) -> tuple[type, Any]:
+    # JSON-RPC ids are strings or integers: "1" and 1 are different requests.
+    return (type(request_id), request_id)
+
+
+class LiveSessions:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+        self._ids = itertools.count(1)
+
+    # -- the standalone stream -----------------------------------------------------------
+
+    def open_stream(self, session_id: str) -> StandaloneStream:
+        """The session's standalone stream; a newer one replaces (and ends) an older one,
+        so a client that reconnects is never refused by a stream it lost."""
+        stream = StandaloneStream(session_id)
+        with self._lock:
+            session = self._sessions.setdefault(session_id, _Session())
+            older, session.stream = session.stream, stream
+        if older is not None:
+            older.close()
+        return stream
+
+    def close_stream(self, stream: StandaloneStream) -> bool:
+        """The stream's client went away; True when it was the session's current stream."""
+        stream.close()
+        with self._lock:
+            session = self._sessions.get(stream.session_id)
+            if session is None or session.stream is not stream:
+                return False
+            session.stream = None
+            self._forget_if_empty(stream.session_id, session)
+        return True
+
+    def has_stream(self, session_id: str) -> bool:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            return session is not None and session.stream is not None
+
+    def push(self, session_id: str, message: dict[str, Any]) -> bool:
+        """A notification on the session's standalone stream; False when it has none open."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            stream = session.stream if session is not None else None
+        if stream is None:
+            return False
+        stream.push(message)
+        return True
+
+    # -- requests to the client ----------------------------------------------------------
+
+    def ask(self, session_id: str, request: ServerRequest, capabilities: Mapping[str, Any], deadline: Deadline,
+            call: Call | None = None) -> dict[str, Any] | None:
+        """Register ``request`` for the session and return the message to write (on the
+        call's stream when ``call`` is given). When the client cannot take it, the request
+        is answered with an error at once and None returned."""
+        why_not = missing_capability(request.method, request.params, capabilities)
+        if why_not is not None:
+            logger.debug("refused %s from %s: %s", request.method, request.origin or "-", why_not)
+            request.respond({"error": {"code": METHOD_NOT_FOUND, "message": why_not}})
+            return None
+        if deadline.expired:
+            request.respond({"error": {"code": REQUEST_TIMEOUT, "message": "the call's deadline passed"}})
+            return None
+        request_id = next(self._ids)
+        pending = _Pending(request.method, request.respond, None, call)
+        with self._lock:
+            self._sessions.setdefault(session_id, _Session()).pending[_key(request_id)] = pending
+            if call is not None:
+                call.asked.add(_key(request_id))
+        pending.timer = call_later(deadline.remaining(), lambda: self._expire(session_id, request_id))
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": request.method}
+        if request.params:
+            message["params"] = dict(request.params)
+        return message
+
+    def ask_on_stream(self, session_id: str, request: ServerRequest, capabilities: Mapping[str, Any],
+                      deadline: Deadline) -> bool:
+        """A request outside any call: on the session's standalone stream. False (nothing
+        sent, nothing answered) when the session has no stream open."""
+        if not self.has_stream(session_id):
+            return False
+        message = self.ask(session_id, request, capabilities, deadline)
+        if message is not None and not self.push(session_id, message):
+            self._settle(session_id, message["id"], {"error": {"code": INVALID_REQUEST,
+                                                               "message": "the client's stream closed"}})
+        return True
+
+    def answer(self, session_id: str, message: Message) -> JsonRpcError | None:
+        """The client's answer to a request the gateway sent it; an error (for HTTP 400)
+        when no such request is waiting on this session or the answer is malformed."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            pending = session.pending.get(_key(message.id)) if session is not None else None
+        if pending is None:
+            return JsonRpcError(INVALID_REQUEST, f"no request with id {message.id!r} awaits an answer on this session")
+        problem = check_answer(pending.method, message)
+        if problem is not None:
+            return JsonRpcError(INVALID_PARAMS, f"malformed answer to {pending.method}: {problem}")
+        answer = {"error": message.params} if message.is_error else {"result": message.params}
+        if not self._settle(session_id, message.id, answer):
+            return JsonRpcError(INVALID_REQUEST, f"the request with id {message.id!r} was already answered")
+        return None
+
+    # -- calls in flight -----------------------------------------------------------------
+
+    def begin_call(self, session_id: str, request_id: Any) -> Call:
+        call = Call(session_id, request_id)
+        with self._lock:
+            self._sessions.setdefault(session_id, _Session()).calls[_key(request_id)] = call
+        return call
+
+    def call_opened(self, call: Call, cancel: Any) -> None:
+        """A backend exchange (or composite run) of ``call`` started: how to cancel it."""
+        with self._lock:
+            call.cancels.append(cancel)
+            cancelled = call.cancelled
+        if cancelled:
+            cancel(None)
+
+    def cancel(self, session_id: str, request_id: Any, reason: str | None) -> bool:
+        """The client cancelled a request it sent; False when no such call is in flight."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            call = session.calls.get(_key(request_id)) if session is not None else None
+            if call is None or call.cancelled:
+                return False
+            call.cancelled = True
+            cancels = list(call.cancels)
+        for cancel in cancels:
+            cancel(reason)
+        return True
+
+    def end_call(self, call: Call) -> None:
+        """The call's answer is written or its stream closed: requests still waiting on
+        that stream can no longer be answered."""
+        with self._lock:
+            session = self._sessions.get(call.session_id)
+            if session is not None and session.calls.get(_key(call.request_id)) is call:
+                del session.calls[_key(call.request_id)]
+            asked = [key[1] for key in call.asked if session is not None and key in session.pending]
+        for request_id in asked:
+            self._settle(call.session_id, request_id, {"error": {"code": INVALID_REQUEST,
+                                                                 "message": "the client's stream closed before it answered"}})
+        with self._lock:
+            session = self._sessions.get(call.session_id)
+            if session is not None:
+                self._forget_if_empty(call.session_id, session)
+
+    # -- the session ---------------------------------------------------------------------
+
+    def end_session(self, session_id: str) -> None:
+        """The session ended: its stream closes and what it was asked fails (calls in
+        flight go on: their streams are answered as before)."""
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        if session.stream is not None:
+            session.stream.close()
+        for pending in session.pending.values():
+            if pending.timer is not None:
+                pending.timer.cancel()
+            pending.respond({"error": {"code": INVALID_REQUEST, "message": "the client session ended"}})
+
+    def counts(self) -> dict[str, int]:
+        """For the admin state."""
+        with self._lock:
+            return {
+                "standaloneStreams": sum(1 for s in self._sessions.values() if s.stream is not None),
+                "awaitingClient": sum(len(s.pending) for s in self._sessions.values()),
+                "callsInFlight": sum(len(s.calls) for s in self._sessions.values()),
+            }
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _settle(self, session_id: str, request_id: Any, answer: dict[str, Any]) -> bool:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            pending = session.pending.pop(_key(request_id), None) if session is not None else None
+            if pending is not None and pending.call is not None:
+                pending.call.asked.discard(_key(request_id))
+        if pending is None:
+            return False
+        if pending.timer is not None:
+            pending.timer.cancel()
+        try:
+            pending.respond(answer)
+        except Exception:  # noqa: BLE001 - one failing receiver must not break the caller
+            logger.exception("answering %s failed", pending.method)
+        return True
+
+    def _expire(self, session_id: str, request_id: Any) -> None:
+        self._settle(session_id, request_id, {"error": {"code": REQUEST_TIMEOUT,
+                                                        "message": "the client did not answer within the call's timeout"}})
+
+    def _forget_if_empty(self, session_id: str, session: _Session) -> None:
+        """Under the lock: drop a session entry that holds nothing."""
+        if session.stream is None and not session.pending and not session.calls:
+            self._sessions.pop(session_id, None)
