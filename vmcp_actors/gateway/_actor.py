@@ -54,6 +54,7 @@ class Gateway(pykka.ThreadingActor):
     def on_stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        self._services.live.end_all()  # streams end now, not at their next keep-alive
         # In-memory records end with this process: end the backend sessions with them.
         for user in self._directory.remove_all_users():
             self._stop_user(user, end=isinstance(self._services.store, MemoryRecordStore))
@@ -113,6 +114,7 @@ class Gateway(pykka.ThreadingActor):
             "discoveryCache": self._services.discovery_cache.stats(),
             "workflows": self._services.workflow_metrics.snapshot(),
             "workers": pool_stats(),
+            "clients": self._services.live.counts(),
             **self._directory.overview(),
         }
 

@@ -45,12 +45,14 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
             "compositeProblems": user["compositeProblems"] if user else [],
             "workflowRuns": user["workflowRuns"] if user else [],
             "backends": user["backends"] if user else [],
+            "subscriptions": sorted(record.subscriptions),
         })
     return {
         "uptime": round(overview["uptime"], 3),
         "discoveryCache": overview["discoveryCache"],
         "workflows": overview["workflows"],
         "workers": overview["workers"],
+        "clients": overview["clients"],
         "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}
                   for user in users.values()],
         "sessions": sessions,

@@ -310,6 +310,13 @@ class LiveSessions:
                 pending.timer.cancel()
             pending.respond({"error": {"code": INVALID_REQUEST, "message": "the client session ended"}})
 
+    def end_all(self) -> None:
+        """The process is stopping: every stream closes, every waiting request fails."""
+        with self._lock:
+            session_ids = list(self._sessions)
+        for session_id in session_ids:
+            self.end_session(session_id)
+
     def counts(self) -> dict[str, int]:
         """For the admin state."""
         with self._lock:

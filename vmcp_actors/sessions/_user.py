@@ -373,6 +373,9 @@ class UserActor(pykka.ThreadingActor):
             "catalogErrors": list(usable.errors) if usable else [],
             "catalogProblems": list(usable.problems) if usable else [],
             "discovering": self._round is not None,
+            "standaloneStreams": len(self._streams),
+            "subscriptions": {uri: len(sessions) for uri, sessions in sorted(self._subscribers.items())},
+            "backendStreamsOpen": self._stream_wanted,
             "sessionCatalogFromCache": dict(self._session_origins),
         }
 
@@ -424,8 +427,11 @@ class UserActor(pykka.ThreadingActor):
                 session = self._services.store.session(session_id)
                 if session is not None and is_logged_at(message, session.log_level):
                     self._live.push(session_id, message)
-        else:
-            logger.debug("backend %r sent %s outside a call; not relayed", backend, method)
+        elif method == "notifications/progress":
+            logger.debug("backend %r sent progress outside a call; not relayed", backend)
+        else:  # elicitation completions and the like: every session of the user with a stream
+            for session_id in self._streams:
+                self._live.push(session_id, message)
 
     def _request_for_client(self, backend: str, request: BackendRequest) -> None:
         """A backend asks a client outside any call: the session whose stream opened last takes it."""
