@@ -146,3 +146,13 @@ def test_ping_from_a_backend_needs_no_capability():
     live, asked = LiveSessions(), Recorder()
     message = live.ask("s", asked.request("ping", {}), {}, Deadline.after(5))
     assert message["method"] == "ping" and "params" not in message
+
+
+def test_streams_past_the_limit_are_refused_but_a_session_may_always_replace_its_own(monkeypatch):
+    monkeypatch.setattr("vmcp_actors.sessions._live.STANDALONE_STREAM_LIMIT", 2)
+    live = LiveSessions()
+    assert live.open_stream("a") is not None and live.open_stream("b") is not None
+    assert live.open_stream("c") is None
+    assert live.open_stream("a") is not None  # a reconnect replaces, it does not add
+    live.end_session("b")
+    assert live.open_stream("c") is not None

@@ -161,11 +161,18 @@ class McpService:
         if refused is not None:
             answer.status, answer.body = refused.http_status, error_response(None, refused)
             return answer
+        stream = self._live.open_stream(session_id)
+        if stream is None:
+            answer.status = 405
+            answer.body = error_response(None, JsonRpcError(INVALID_REQUEST, "Method Not Allowed: this process holds "
+                                                            "as many standalone streams as it can; calls work as before"))
+            answer.headers["Allow"] = "POST, DELETE"
+            return answer
         try:
             user = lease.user or self._revive(lease, identity, answer)
-            stream = self._live.open_stream(session_id)
             self._ask(user.proxy.stream_opened(session_id, identity))
         except Unavailable:
+            self._live.close_stream(stream)
             answer.status, answer.body = 503, error_response(None, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
             return answer
 

@@ -39,6 +39,10 @@ CLIENT_METHODS = {
     "ping": None,
 }
 ELICITATION_ACTIONS = ("accept", "decline", "cancel")
+# Standalone streams open at once in this process: each holds a server thread (gunicorn
+# runs 128), so past this a GET /mcp is answered 405, which the specification lets a
+# client take as "no stream here" (its calls work as before).
+STANDALONE_STREAM_LIMIT = 96
 # An SSE comment this often on an idle standalone stream: proxies keep it open, and a
 # client that went away is noticed at the next write.
 KEEPALIVE_EVERY = 15.0
@@ -157,11 +161,15 @@ class LiveSessions:
 
     # -- the standalone stream -----------------------------------------------------------
 
-    def open_stream(self, session_id: str) -> StandaloneStream:
+    def open_stream(self, session_id: str) -> StandaloneStream | None:
         """The session's standalone stream; a newer one replaces (and ends) an older one,
-        so a client that reconnects is never refused by a stream it lost."""
+        so a client that reconnects is never refused by a stream it lost. None when the
+        process holds STANDALONE_STREAM_LIMIT streams already."""
         stream = StandaloneStream(session_id)
         with self._lock:
+            session = self._sessions.get(session_id)
+            if (session is None or session.stream is None) and self._open_streams() >= STANDALONE_STREAM_LIMIT:
+                return None
             session = self._sessions.setdefault(session_id, _Session())
             older, session.stream = session.stream, stream
         if older is not None:
@@ -321,7 +329,8 @@ class LiveSessions:
         """For the admin state."""
         with self._lock:
             return {
-                "standaloneStreams": sum(1 for s in self._sessions.values() if s.stream is not None),
+                "standaloneStreams": self._open_streams(),
+                "standaloneStreamLimit": STANDALONE_STREAM_LIMIT,
                 "awaitingClient": sum(len(s.pending) for s in self._sessions.values()),
                 "callsInFlight": sum(len(s.calls) for s in self._sessions.values()),
             }
@@ -347,6 +356,9 @@ class LiveSessions:
     def _expire(self, session_id: str, request_id: Any) -> None:
         self._settle(session_id, request_id, {"error": {"code": REQUEST_TIMEOUT,
                                                         "message": "the client did not answer within the call's timeout"}})
+
+    def _open_streams(self) -> int:
+        return sum(1 for session in self._sessions.values() if session.stream is not None)
 
     def _forget_if_empty(self, session_id: str, session: _Session) -> None:
         """Under the lock: drop a session entry that holds nothing."""

@@ -11,7 +11,9 @@ import pykka
 
 worker_class = "gthread"
 workers = 1
-threads = 32
+# A client's standalone stream (GET /mcp) holds a thread while it is open: at most
+# STANDALONE_STREAM_LIMIT of them (vmcp_actors.sessions), the rest serve requests.
+threads = 128
 preload_app = False
 max_requests = 0
 # SSE answers and slow backends hold a thread; gthread keeps them off the accept loop.
