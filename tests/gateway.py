@@ -99,7 +99,8 @@ def sse_messages(response: requests.Response) -> list[dict]:
 
     from vmcp_actors.protocol.sse import iter_sse_events
 
-    return [json.loads(event.data) for event in iter_sse_events(response.text.splitlines())]
+    # Events without data (a priming event: an id and a retry) carry no message.
+    return [json.loads(event.data) for event in iter_sse_events(response.text.splitlines()) if event.data.strip()]
 
 
 def run_client(url: str, work: Callable[[Any], Awaitable[Any]], mode: str = "legacy") -> Any:

@@ -147,7 +147,8 @@ class _Call:
                 self.events.append(self._response.json())
                 return
             for event in iter_sse_events(self._response.iter_lines()):
-                self.events.append(json.loads(event.data))
+                if event.data.strip():  # not the priming event
+                    self.events.append(json.loads(event.data))
         finally:
             self.done.set()
 
@@ -224,7 +225,7 @@ def test_the_clients_stream_closing_answers_what_it_was_asked(start_gateway):
                                  "params": {"name": "asking_ask_user", "arguments": {"question": "q"}}},
                                 session_id, stream=True)
         lines = response.iter_lines()
-        asked = next(json.loads(event.data) for event in iter_sse_events(lines))
+        asked = next(json.loads(event.data) for event in iter_sse_events(lines) if event.data.strip())
         assert asked["method"] == "elicitation/create"
         response.close()  # the client goes away before answering
         wait_until(lambda: _answer(gateway, session_id, asked["id"], {"action": "decline"}).status_code == 400, 10)
@@ -358,3 +359,50 @@ def test_backend_streams_open_only_while_needed(start_gateway):
         wait_until(lambda: listeners() == 1)
         stream.close()
         wait_until(lambda: listeners() == 0, 10)
+
+
+# -- resuming a call's stream ---------------------------------------------------------------
+
+
+def test_a_client_whose_connection_drops_resumes_the_call_with_last_event_id(start_gateway):
+    with asking_backend() as backend:
+        gateway = start_gateway(_config(("asking", backend)))
+        session_id = _open(gateway, ELICITING)
+        response = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                 "params": {"name": "asking_ask_user", "arguments": {"question": "q"}}},
+                                session_id, stream=True)
+        events = iter_sse_events(response.iter_lines())
+        priming = next(events)
+        assert priming.data == "" and priming.id and priming.retry == 500
+        asked_event = next(events)
+        asked = json.loads(asked_event.data)
+        response.close()  # the connection drops; the call goes on without it
+
+        assert _answer(gateway, session_id, asked["id"], {"action": "accept",
+                                                           "content": {"name": "Ada"}}).status_code == 202
+        resumed = requests.get(gateway.url, headers={**MCP_HEADERS, "Mcp-Session-Id": session_id,
+                                                     "Last-Event-ID": asked_event.id}, stream=True, timeout=20)
+        assert resumed.status_code == 200
+        rest = [json.loads(event.data) for event in iter_sse_events(resumed.iter_lines()) if event.data.strip()]
+        assert rest[-1]["id"] == 1 and rest[-1]["result"]["content"][0]["text"] == "accepted: Ada x0"
+
+        again = requests.get(gateway.url, headers={**MCP_HEADERS, "Mcp-Session-Id": session_id,
+                                                   "Last-Event-ID": priming.id}, stream=True, timeout=20)
+        replayed = [json.loads(event.data) for event in iter_sse_events(again.iter_lines()) if event.data.strip()]
+        assert [m.get("method") for m in replayed] == ["elicitation/create", None]  # from the start, in order
+        other = _open(gateway, ELICITING)  # another session cannot resume it
+        foreign = requests.get(gateway.url, headers={**MCP_HEADERS, "Mcp-Session-Id": other,
+                                                     "Last-Event-ID": asked_event.id}, timeout=10)
+        assert foreign.status_code == 404
+
+
+def test_sessions_before_2025_11_25_get_no_event_ids(start_gateway):
+    with sdk_backend("plain", ["progress"]) as plain:
+        gateway = start_gateway(_config(("plain", plain)))
+        response = gateway.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}})
+        session_id = response.headers["Mcp-Session-Id"]
+        answer = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "plain_progress", "arguments": {"steps": 2}, "_meta": {"progressToken": "p"}}}, session_id)
+        events = list(iter_sse_events(answer.text.splitlines()))
+        assert events and all(event.id is None and event.data for event in events)

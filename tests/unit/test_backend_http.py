@@ -591,3 +591,19 @@ def test_exchange_errors_are_raised_before_anything_is_yielded(rsps, client):
     rsps.post(URL, status=404)
     with pytest.raises(BackendSessionExpired):
         next(client.exchange(REQUEST, session_id=SESSION, protocol_version="2025-11-25", timeout=5))
+
+
+def test_a_stream_ended_before_the_answer_is_resumed_from_its_last_event_id(rsps, client):
+    first = "id: e-1\nretry: 1\ndata:\n\n" + "id: e-2\n" + sse(note(1))
+    rsps.post(URL, body=first, content_type="text/event-stream")
+    rsps.get(URL, body="id: e-3\n" + sse(RESULT), content_type="text/event-stream",
+             match=[responses.matchers.header_matcher({"Last-Event-ID": "e-2"})])
+    seen: list[dict] = []
+    assert post(client, on_notification=seen.append).message == RESULT
+    assert seen == [note(1)]
+
+
+def test_a_stream_ended_without_event_ids_is_not_resumed(rsps, client):
+    rsps.post(URL, body=sse(note(1)), content_type="text/event-stream")
+    with pytest.raises(BackendProtocolError, match="without answering"):
+        post(client)

@@ -77,3 +77,9 @@ def test_invalid_cursor_is_invalid_params(cursor):
     with pytest.raises(JsonRpcError) as caught:
         paginate(items, "tools", {"cursor": cursor}, 3)
     assert caught.value.code == INVALID_PARAMS
+
+
+def test_sse_events_carry_id_and_retry_and_an_id_only_event_is_dispatched():
+    text = "id: s-0\nretry: 500\ndata:\n\nid: s-1\ndata: {}\n\nretry: x\n\n"
+    events = list(iter_sse_events(text.splitlines()))
+    assert [(e.id, e.retry, e.data) for e in events] == [("s-0", 500, ""), ("s-1", None, "{}")]

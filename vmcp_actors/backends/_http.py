@@ -54,6 +54,11 @@ _DRAIN_LIMIT = 64 * 1024
 # How long we wait for a backend to end an SSE stream after it sent our response (it
 # SHOULD end it at once); ending it lets the keep-alive connection be reused.
 _DRAIN_GRACE = 0.01
+# A backend may end a call's event stream before answering and expect us to resume it
+# (GET with Last-Event-ID, 2025-11-25): at most this many resumptions per call in a row
+# that bring no event, and never a wait longer than this for its ``retry``.
+MAX_EMPTY_RESUMES = 3
+MAX_RETRY_WAIT = 5.0
 # Body prefix read for the DEBUG log of an unexpected HTTP status.
 _ERROR_BODY_PREFIX = 200
 
@@ -214,7 +219,8 @@ class McpHttpClient:
             if not ("method" in message and "id" in message):
                 self._drain(resp, deadline, timeout)
                 return PostResult(resp.status_code, new_session, None)
-            messages = self._messages(resp, message["id"], deadline, timeout)
+            reopen = self._reopener(session_id, protocol_version, extra_headers, deadline, timeout, None)
+            messages = self._messages(resp, message["id"], deadline, timeout, reopen)
             while True:
                 try:
                     notification = next(messages)
@@ -248,8 +254,9 @@ class McpHttpClient:
         try:
             if abort is not None and not abort.attach(resp):
                 raise self._cancelled()
+            reopen = self._reopener(session_id, protocol_version, extra_headers, deadline, timeout, abort)
             try:
-                return (yield from self._messages(resp, request["id"], deadline, timeout))
+                return (yield from self._messages(resp, request["id"], deadline, timeout, reopen))
             except BackendError:
                 if abort is not None and abort.aborted:
                     raise self._cancelled() from None
@@ -344,8 +351,33 @@ class McpHttpClient:
             raise
         return resp
 
+    def _reopener(self, session_id: str | None, protocol_version: str | None,
+                  extra_headers: Mapping[str, str] | None, deadline: float, timeout: float,
+                  abort: Abort | None) -> Callable[[str], requests.Response]:
+        """How to resume a call's event stream after ``last_event_id`` (a GET)."""
+
+        def reopen(last_event_id: str) -> requests.Response:
+            headers = self._headers(session_id, protocol_version, extra_headers)
+            headers["Accept"] = _SSE
+            headers["Last-Event-ID"] = last_event_id
+            resp = self._send("GET", headers, None, deadline, timeout)
+            try:
+                self._check_status(resp, session_id, deadline, timeout)
+                if abort is not None and not abort.attach(resp):
+                    raise self._cancelled()
+                if _media_type(resp) != _SSE:
+                    raise BackendProtocolError(self._name, f"backend {self._name!r} resumed a stream without "
+                                                           "an event stream")
+            except BaseException:
+                resp.close()
+                raise
+            return resp
+
+        return reopen
+
     def _messages(
-        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float
+        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float,
+        reopen: Callable[[str], requests.Response] | None = None,
     ) -> Generator[dict, None, dict]:
         """The notifications streamed before the response to ``request_id``; returns the response."""
         if resp.status_code in (202, 204):
@@ -356,7 +388,7 @@ class McpHttpClient:
         if media == _JSON:
             return self._read_json(resp, request_id, deadline, timeout)
         if media == _SSE:
-            return (yield from self._read_sse(resp, request_id, deadline, timeout))
+            return (yield from self._read_sse(resp, request_id, deadline, timeout, reopen))
         raise BackendProtocolError(self._name, f"backend {self._name!r} answered with unexpected content type {media!r}")
 
     def _headers(
@@ -536,25 +568,53 @@ class McpHttpClient:
         return answer
 
     def _read_sse(
-        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float
+        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float,
+        reopen: Callable[[str], requests.Response] | None = None,
     ) -> Generator[dict, None, dict]:
+        """The stream's messages until the answer; a stream the backend ends first is
+        resumed from its last event id (its ``retry`` later), when it gave ids."""
+        last_id: str | None = None
+        retry: float | None = None
+        empty_resumes = 0
+        current = resp
         try:
-            for event in iter_sse_events(_split_lines(self._iter_chunks(resp, deadline, timeout))):
-                if not event.data.strip():
-                    continue  # priming event (carries only an event id) or keep-alive
-                msg = self._parse(event.data)
-                answer = self._as_answer(msg, request_id)
-                if answer is not None:
-                    self._finish_stream(resp, deadline)
-                    return answer
-                if self._is_for_client(msg):
-                    yield msg
-                    self._remaining(deadline, timeout)  # relaying it may have taken a while
-        except UnicodeDecodeError:
-            raise BackendProtocolError(self._name, f"backend {self._name!r} sent an event that is not UTF-8") from None
-        raise BackendProtocolError(
-            self._name, f"backend {self._name!r} ended the event stream without answering the request"
-        )
+            while True:
+                progressed = False
+                try:
+                    for event in iter_sse_events(_split_lines(self._iter_chunks(current, deadline, timeout))):
+                        if event.id is not None:
+                            last_id, progressed = event.id, True
+                        if event.retry is not None:
+                            retry = event.retry / 1000
+                        if not event.data.strip():
+                            continue  # priming event (carries only an event id) or keep-alive
+                        progressed = True
+                        msg = self._parse(event.data)
+                        answer = self._as_answer(msg, request_id)
+                        if answer is not None:
+                            self._finish_stream(current, deadline)
+                            return answer
+                        if self._is_for_client(msg):
+                            yield msg
+                            self._remaining(deadline, timeout)  # relaying it may have taken a while
+                except UnicodeDecodeError:
+                    raise BackendProtocolError(self._name, f"backend {self._name!r} sent an event that is not "
+                                                           "UTF-8") from None
+                empty_resumes = 0 if progressed else empty_resumes + 1
+                if last_id is None or reopen is None or empty_resumes > MAX_EMPTY_RESUMES:
+                    raise BackendProtocolError(
+                        self._name, f"backend {self._name!r} ended the event stream without answering the request"
+                    )
+                wait = min(retry if retry is not None else 0.0, MAX_RETRY_WAIT, self._remaining(deadline, timeout))
+                if wait > 0:
+                    time.sleep(wait)
+                logger.debug("backend %r ended a call's stream early; resuming it", self._name)
+                if current is not resp:
+                    current.close()
+                current = reopen(last_id)
+        finally:
+            if current is not resp:
+                current.close()
 
     def _finish_stream(self, resp: requests.Response, deadline: float) -> None:
         """Briefly wait for the end of an answered stream, to keep the connection alive."""

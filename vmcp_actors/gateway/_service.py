@@ -32,9 +32,10 @@ from vmcp_actors.protocol import (
 from vmcp_actors.protocol.mcp import SESSION_HEADER
 from vmcp_actors.sessions import (
     LIST_CHANGED,
+    Call,
+    CallStream,
     LOGGING_LEVELS,
     RESOURCE_UPDATED,
-    Call,
     LiveSessions,
     Notification,
     ServerRequest,
@@ -67,6 +68,9 @@ class Answer:
     body: dict[str, Any] | None = None
     events: Iterator[RelayEvent] | None = None
     stream: Iterator[dict[str, Any] | None] | None = None  # a standalone stream: messages, None to keep alive
+    replay: Iterator[str | None] | None = None  # a resumed call stream: encoded events, None to keep alive
+    resumable: Callable[[], CallStream] | None = None  # makes an SSE answer resumable (2025-11-25 sessions)
+    live: LiveSessions | None = None
     headers: dict[str, str] = field(default_factory=dict)
     session_id: str | None = None
     on_close: list[Callable[[], None]] = field(default_factory=list)
@@ -81,6 +85,8 @@ def _error(status: int, code: int, message: str, request_id: Any = None) -> Answ
     return Answer(status, error_response(request_id, JsonRpcError(code, message)))
 
 
+# Call answers are resumable (event ids, a priming event) from this revision on.
+RESUMABLE_SINCE = "2025-11-25"
 _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
 
 
@@ -144,11 +150,16 @@ class McpService:
             answer.status = 202
             return answer
         answer.events = self._dispatch(user, lease, message, identity)
+        if lease.session.protocol_version >= RESUMABLE_SINCE:
+            answer.resumable = lambda: self._live.open_call_stream(session_id)
+            answer.live = self._live
         return answer
 
-    def open_stream(self, session_id: str | None, identity: Identity | None, header_version: str | None) -> Answer:
+    def open_stream(self, session_id: str | None, identity: Identity | None, header_version: str | None,
+                    last_event_id: str | None = None) -> Answer:
         """``GET /mcp``: the session's standalone stream, held open until the client leaves
-        (a newer stream of the same session replaces it)."""
+        (a newer stream of the same session replaces it); with ``Last-Event-ID``, the rest
+        of a call's answer whose connection dropped."""
         if not session_id:
             return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
         lease = self._directory.begin(session_id, identity) if self._signer.is_session_id(session_id) else None
@@ -160,6 +171,16 @@ class McpService:
         refused = check_header_version(header_version, lease.session.protocol_version)
         if refused is not None:
             answer.status, answer.body = refused.http_status, error_response(None, refused)
+            return answer
+        if last_event_id:
+            found = self._live.resume(session_id, last_event_id)
+            if found is None:
+                answer.status = 404
+                answer.body = error_response(None, JsonRpcError(INVALID_REQUEST, "Not Found: no stream of this session "
+                                                                "to resume from that event id (unknown or expired)"))
+                return answer
+            call_stream, after = found
+            answer.replay = call_stream.replay(after)
             return answer
         stream = self._live.open_stream(session_id)
         if stream is None:

@@ -13,6 +13,7 @@ class SseEvent:
     event: str
     data: str
     id: str | None = None
+    retry: int | None = None  # the reconnection time the server asked for, in ms
 
 
 def encode_sse_event(message: Any, event: str = "message", event_id: str | None = None) -> str:
@@ -26,14 +27,16 @@ def iter_sse_events(lines: Iterable[str | bytes]) -> Iterator[SseEvent]:
     event_type = ""
     data_lines: list[str] = []
     event_id: str | None = None
+    retry: int | None = None
+    dispatch_empty = False  # an event with an id or a retry but no data still tells the reader both
     for raw in lines:
         line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         if line.endswith("\r"):
             line = line[:-1]
         if line == "":
-            if data_lines:
-                yield SseEvent(event_type or "message", "\n".join(data_lines), event_id)
-            event_type, data_lines = "", []
+            if data_lines or dispatch_empty:
+                yield SseEvent(event_type or "message", "\n".join(data_lines), event_id, retry)
+            event_type, data_lines, retry, dispatch_empty = "", [], None, False
             continue
         if line.startswith(":"):
             continue  # comment / keep-alive
@@ -45,6 +48,11 @@ def iter_sse_events(lines: Iterable[str | bytes]) -> Iterator[SseEvent]:
         elif name == "event":
             event_type = value
         elif name == "id":
-            event_id = value
+            if "\0" not in value:
+                event_id = value
+                dispatch_empty = True
+        elif name == "retry" and value.isdigit():
+            retry = int(value)
+            dispatch_empty = True
     if data_lines:
-        yield SseEvent(event_type or "message", "\n".join(data_lines), event_id)
+        yield SseEvent(event_type or "message", "\n".join(data_lines), event_id, retry)

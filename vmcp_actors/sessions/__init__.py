@@ -13,7 +13,7 @@ from vmcp_actors.sessions._capabilities import (
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import LOGGING_LEVELS, McpDispatcher
 from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, ServerRequest, to_jsonrpc_error
-from vmcp_actors.sessions._live import Call, LiveSessions, StandaloneStream
+from vmcp_actors.sessions._live import RESUME_RETRY_MS, Call, CallStream, LiveSessions, StandaloneStream
 from vmcp_actors.sessions._filter import AdvertisingFilter, is_advertised
 from vmcp_actors.sessions._lifecycle import (
     SERVER_CAPABILITIES,
@@ -41,6 +41,8 @@ from vmcp_actors.sessions._user import (
 
 __all__ = [
     "Call",
+    "CallStream",
+    "RESUME_RETRY_MS",
     "CallCancelled",
     "ClientSide",
     "LIST_CHANGED",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import secrets
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ ELICITATION_ACTIONS = ("accept", "decline", "cancel")
 # runs 128), so past this a GET /mcp is answered 405, which the specification lets a
 # client take as "no stream here" (its calls work as before).
 STANDALONE_STREAM_LIMIT = 96
+# A call's answer stays resumable this long after its last event (GET with Last-Event-ID).
+RESUMABLE_FOR = 60.0
+# What the gateway asks clients to wait before resuming a dropped call stream (SSE retry).
+RESUME_RETRY_MS = 500
 # An SSE comment this often on an idle standalone stream: proxies keep it open, and a
 # client that went away is noticed at the next write.
 KEEPALIVE_EVERY = 15.0
@@ -122,6 +127,50 @@ class StandaloneStream:
             yield message
 
 
+class CallStream:
+    """A call's SSE answer as written (2025-11-25 sessions): event ids ``<stream>-<n>``, the
+    priming event being n = 0. When the client's connection drops before the answer, the
+    call goes on and its events keep arriving here, so the client resumes with a GET
+    carrying the last id it saw and gets the rest."""
+
+    def __init__(self, session_id: str):
+        self.session_id = session_id
+        self.stream_id = secrets.token_hex(8)
+        self._cond = threading.Condition()
+        self._events: list[str] = []  # encoded SSE events 1..n
+        self.done = False
+
+    def event_id(self, index: int) -> str:
+        return f"{self.stream_id}-{index}"
+
+    def add(self, encoded: str) -> None:
+        with self._cond:
+            self._events.append(encoded)
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self.done = True
+            self._cond.notify_all()
+
+    def replay(self, after: int, keepalive: float | None = None) -> Iterator[str | None]:
+        """The events after ``after``, then each new one until the answer; None to keep alive."""
+        keepalive = KEEPALIVE_EVERY if keepalive is None else keepalive
+        sent = max(after, 0)
+        while True:
+            with self._cond:
+                if len(self._events) <= sent and not self.done:
+                    self._cond.wait(keepalive)
+                fresh, done = self._events[sent:], self.done
+            if fresh:
+                sent += len(fresh)
+                yield from fresh
+            elif done:
+                return
+            else:
+                yield None
+
+
 @dataclass
 class Call:
     """A client request in flight: how to cancel it, and the requests sent on its stream."""
@@ -146,6 +195,7 @@ class _Session:
         self.stream: StandaloneStream | None = None
         self.pending: dict[Any, _Pending] = {}
         self.calls: dict[Any, Call] = {}
+        self.call_streams: dict[str, CallStream] = {}
 
 
 def _key(request_id: Any) -> tuple[type, Any]:
@@ -201,6 +251,36 @@ class LiveSessions:
             return False
         stream.push(message)
         return True
+
+    # -- resumable call streams ----------------------------------------------------------
+
+    def open_call_stream(self, session_id: str) -> CallStream:
+        stream = CallStream(session_id)
+        with self._lock:
+            self._sessions.setdefault(session_id, _Session()).call_streams[stream.stream_id] = stream
+        return stream
+
+    def call_stream_done(self, stream: CallStream) -> None:
+        """The call answered: it stays resumable for RESUMABLE_FOR, then is forgotten."""
+        stream.finish()
+        call_later(RESUMABLE_FOR, lambda: self._forget_call_stream(stream))
+
+    def resume(self, session_id: str, last_event_id: str) -> tuple[CallStream, int] | None:
+        """The call stream ``last_event_id`` belongs to (this session's only) and the index to go on after."""
+        stream_id, _, index = last_event_id.rpartition("-")
+        if not index.isdigit():
+            return None
+        with self._lock:
+            session = self._sessions.get(session_id)
+            stream = session.call_streams.get(stream_id) if session is not None else None
+        return (stream, int(index)) if stream is not None else None
+
+    def _forget_call_stream(self, stream: CallStream) -> None:
+        with self._lock:
+            session = self._sessions.get(stream.session_id)
+            if session is not None and session.call_streams.get(stream.stream_id) is stream:
+                del session.call_streams[stream.stream_id]
+                self._forget_if_empty(stream.session_id, session)
 
     # -- requests to the client ----------------------------------------------------------
 
@@ -313,6 +393,8 @@ class LiveSessions:
             return
         if session.stream is not None:
             session.stream.close()
+        for call_stream in session.call_streams.values():
+            call_stream.finish()
         for pending in session.pending.values():
             if pending.timer is not None:
                 pending.timer.cancel()
@@ -362,5 +444,5 @@ class LiveSessions:
 
     def _forget_if_empty(self, session_id: str, session: _Session) -> None:
         """Under the lock: drop a session entry that holds nothing."""
-        if session.stream is None and not session.pending and not session.calls:
+        if session.stream is None and not session.pending and not session.calls and not session.call_streams:
             self._sessions.pop(session_id, None)

@@ -8,9 +8,11 @@ close hook, which the server calls however the response ends, even unread.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from flask import Blueprint, Response, current_app, g, request
@@ -27,7 +29,7 @@ from vmcp_actors.protocol import (
     parse_message,
 )
 from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
-from vmcp_actors.sessions import RelayEvent
+from vmcp_actors.sessions import RESUME_RETRY_MS, CallStream, RelayEvent
 from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, www_authenticate
 from vmcp_actors.web._responses import json_response, rpc_error
 from vmcp_actors.web._runtime import current_runtime
@@ -79,7 +81,8 @@ def open_stream() -> Response:
     if "Accept" not in request.headers or request.accept_mimetypes.quality("text/event-stream") <= 0:
         return rpc_error(406, INVALID_REQUEST, "Not Acceptable: Accept must include text/event-stream")
     answer = current_runtime().service.open_stream(
-        request.headers.get(SESSION_HEADER), _identity(), request.headers.get(PROTOCOL_VERSION_HEADER)
+        request.headers.get(SESSION_HEADER), _identity(), request.headers.get(PROTOCOL_VERSION_HEADER),
+        request.headers.get("Last-Event-ID"),
     )
     return _write(answer, "GET", started)
 
@@ -113,10 +116,12 @@ def _write(answer: Answer, method: str, started: float) -> Response:
     streamed = False
     if answer.stream is not None:
         response, streamed = _standalone_response(answer.stream), True
+    elif answer.replay is not None:
+        response, streamed = _sse_response(answer.replay), True
     elif answer.events is None:
         response = json_response(answer.body, answer.status) if answer.body is not None else Response(status=answer.status)
     else:
-        response, streamed = _relay_response(answer.events)
+        response, streamed = _relay_response(answer)
     response.headers.update(answer.headers)
     status = response.status_code
 
@@ -131,7 +136,9 @@ def _write(answer: Answer, method: str, started: float) -> Response:
     return response
 
 
-def _relay_response(events: Iterator[RelayEvent]) -> tuple[Response, bool]:
+def _relay_response(answer: Answer) -> tuple[Response, bool]:
+    events = answer.events
+    assert events is not None
     try:
         first = next(events)
     except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
@@ -142,20 +149,67 @@ def _relay_response(events: Iterator[RelayEvent]) -> tuple[Response, bool]:
         if first.message is None:  # cancelled by the client: no answer is sent
             return Response(status=202), False
         return json_response(first.message, first.http_status), False
+    resumable = answer.resumable() if answer.resumable is not None else None
+    handed_off = False
+
+    def encoded(event: RelayEvent, index: int) -> str:
+        text = encode_sse_event(event.message, event_id=resumable.event_id(index) if resumable else None)
+        if resumable is not None:
+            resumable.add(text)
+        return text
 
     def stream() -> Iterator[str]:
+        nonlocal handed_off
+        index = 0
+        answered = False
         try:
-            yield encode_sse_event(first.message)
-            for event in events:
+            if resumable is not None:  # the priming event: where to resume from, and how soon
+                yield f"id: {resumable.event_id(0)}\nretry: {RESUME_RETRY_MS}\ndata: \n\n"
+            for event in itertools.chain([first], events):
                 if event.message is not None:
-                    yield encode_sse_event(event.message)
+                    index += 1
+                    yield encoded(event, index)
+            answered = True
         finally:  # also when the client goes away mid-stream
-            events.close()
+            if answered or resumable is None:
+                _finish_call(events, resumable, answer)
+            else:
+                # The client may come back (GET with Last-Event-ID): the call goes on without it.
+                handed_off = True
+                threading.Thread(target=_go_on_alone, args=(events, resumable, answer, index, encoded),
+                                 name="vmcp-resumable", daemon=True).start()
 
     response = Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
     # A body the server never reads still ends the backend exchange.
-    response.call_on_close(events.close)
+    response.call_on_close(lambda: None if handed_off else events.close())
     return response, True
+
+
+def _go_on_alone(events: Iterator[RelayEvent], resumable: CallStream, answer: Answer, index: int,
+                 encoded: Callable[[RelayEvent, int], str]) -> None:
+    """Drive a call whose client left, keeping its events for a resume (bounded by the
+    request's deadline, which every exchange below keeps)."""
+    try:
+        for event in events:
+            if event.message is not None:
+                index += 1
+                encoded(event, index)
+    finally:
+        _finish_call(events, resumable, answer)
+
+
+def _finish_call(events: Iterator[RelayEvent], resumable: CallStream | None, answer: Answer) -> None:
+    events.close()
+    if resumable is not None and answer.live is not None:
+        answer.live.call_stream_done(resumable)
+
+
+def _sse_response(texts: Iterator[str | None]) -> Response:
+    def stream() -> Iterator[str]:
+        for text in texts:
+            yield text if text is not None else ": keep-alive\n\n"
+
+    return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _standalone_response(messages: Iterator[dict | None]) -> Response:
