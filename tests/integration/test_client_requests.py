@@ -217,13 +217,16 @@ def test_a_late_answer_within_the_deadline_works_and_a_missing_one_fails_the_cal
         assert _answer(gateway, session_id, asked["id"], {"action": "decline"}).status_code == 400
 
 
+def _ask_user_streamed(gateway, session_id: str) -> requests.Response:
+    return gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "asking_ask_user", "arguments": {"question": "q"}}}, session_id, stream=True)
+
+
 def test_the_clients_stream_closing_answers_what_it_was_asked(start_gateway):
     with asking_backend() as backend:
         gateway = start_gateway(_config(("asking", backend)))
         session_id = _open(gateway, ELICITING)
-        response = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                 "params": {"name": "asking_ask_user", "arguments": {"question": "q"}}},
-                                session_id, stream=True)
+        response = _ask_user_streamed(gateway, session_id)
         lines = response.iter_lines()
         asked = next(json.loads(event.data) for event in iter_sse_events(lines) if event.data.strip())
         assert asked["method"] == "elicitation/create"
@@ -368,9 +371,7 @@ def test_a_client_whose_connection_drops_resumes_the_call_with_last_event_id(sta
     with asking_backend() as backend:
         gateway = start_gateway(_config(("asking", backend)))
         session_id = _open(gateway, ELICITING)
-        response = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                 "params": {"name": "asking_ask_user", "arguments": {"question": "q"}}},
-                                session_id, stream=True)
+        response = _ask_user_streamed(gateway, session_id)
         events = iter_sse_events(response.iter_lines())
         priming = next(events)
         assert priming.data == "" and priming.id and priming.retry == 500
@@ -406,3 +407,65 @@ def test_sessions_before_2025_11_25_get_no_event_ids(start_gateway):
             "name": "plain_progress", "arguments": {"steps": 2}, "_meta": {"progressToken": "p"}}}, session_id)
         events = list(iter_sse_events(answer.text.splitlines()))
         assert events and all(event.id is None and event.data for event in events)
+
+
+# -- composite elicitation steps ------------------------------------------------------------
+
+
+def _composite_config(plain) -> dict:
+    config = _config(("plain", plain))
+    config["compositeTools"] = [{
+        "name": "careful_echo",
+        "description": "Ask first, then echo",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+        "steps": [
+            {"id": "confirm", "type": "elicitation", "message": "Echo {{ params.text }}?",
+             "schema": {"type": "object", "properties": {"loud": {"type": "boolean"}}, "required": ["loud"]},
+             "timeout": "10s", "onDecline": {"action": "skip_remaining"}, "onCancel": {"action": "abort"}},
+            {"id": "echo", "tool": "plain_echo", "dependsOn": ["confirm"],
+             "arguments": {"text": "{{ params.text }} {{ steps.confirm.output.action }} "
+                                   "loud={{ steps.confirm.output.content.loud }}"}},
+        ],
+    }]
+    return config
+
+
+@pytest.mark.parametrize("action, expected", [
+    ("accept", "plain:hi accept loud=true"),
+    ("decline", None),  # skip_remaining: the run completes without the echo
+    ("cancel", "step 'confirm'"),  # abort: an error result naming the step
+])
+def test_a_composite_elicitation_step_asks_the_calling_client(start_gateway, action, expected):
+    with sdk_backend("plain", ["echo"]) as plain:
+        gateway = start_gateway(_composite_config(plain))
+        asked: list[str] = []
+
+        async def elicit(context: Any, params: Any) -> types.ElicitResult:
+            asked.append(params.message)
+            content = {"loud": True} if action == "accept" else None
+            return types.ElicitResult(action=action, content=content)
+
+        async def work(client: mcp.Client) -> Any:
+            return await client.call_tool("careful_echo", {"text": "hi"})
+
+        result = _run(work, server=gateway.url, mode="legacy", elicitation_callback=elicit)
+        assert asked == ["Echo hi?"]
+        texts = " ".join(block.text for block in result.content if hasattr(block, "text"))
+        if action == "accept":
+            assert not result.is_error and expected in texts
+        elif action == "decline":
+            assert not result.is_error and "plain:" not in texts
+        else:
+            assert result.is_error and expected in texts and "cancelled" in texts
+
+
+def test_a_composite_elicitation_step_fails_by_name_for_a_client_that_cannot_be_asked(start_gateway):
+    with sdk_backend("plain", ["echo"]) as plain:
+        gateway = start_gateway(_composite_config(plain))
+
+        async def work(client: mcp.Client) -> Any:
+            return await asyncio.wait_for(client.call_tool("careful_echo", {"text": "hi"}), 5)
+
+        result = _run(work, server=gateway.url, mode="legacy")  # no elicitation declared
+        text = result.content[0].text
+        assert result.is_error and "step 'confirm'" in text and "did not declare" in text

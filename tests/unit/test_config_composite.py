@@ -323,7 +323,6 @@ def test_required_composite_fields() -> None:
         ({"id": None}, "id: must not be null"),
         ({"id": "fetch issue"}, "id: must be 1-64 letters, digits, '_' or '-'"),
         ({"id": "x" * 65}, "id: must be 1-64 letters, digits, '_' or '-'"),
-        ({"type": "elicitation"}, "type: 'elicitation' is not supported yet"),
         ({"type": "loop"}, "type: must be one of tool, forEach, elicitation"),
         ({"tool": "github get_issue"}, "tool: must be an MCP tool name: 1-128 letters, digits, '_', '-' or '.'"),
         ({"tool": None}, "tool: must not be null"),
@@ -351,8 +350,9 @@ def test_required_composite_fields() -> None:
         ({"defaultResults": {1.5: "x"}},
          "defaultResults: must be a JSON value (string, finite number, boolean, null, list, mapping with string keys)"),
         ({"depends_on": ["x"]}, "depends_on: unknown field"),
-        ({"message": "Proceed?"}, "message: message is not supported yet (it belongs to elicitation steps)"),
-        ({"schema": {}}, "schema: schema is not supported yet (it belongs to elicitation steps)"),
+        ({"message": "Proceed?"}, "message: only for type elicitation"),
+        ({"schema": {"type": "object", "properties": {"a": {"type": "string"}}}}, "schema: only for type elicitation"),
+        ({"onDecline": {"action": "abort"}}, "onDecline: only for type elicitation"),
         ({"collection": "{{ params.x }}"}, "collection: only for type forEach"),
         ({"itemVar": "x"}, "itemVar: only for type forEach"),
         ({"maxParallel": 2}, "maxParallel: only for type forEach"),
@@ -362,6 +362,66 @@ def test_required_composite_fields() -> None:
 )
 def test_bad_step_field_is_reported_at_its_path(fields: dict[str, Any], expected: str) -> None:
     assert errors_of(composite(steps=[step(**fields)])) == (f"compositeTools[0].steps[0].{expected}",)
+
+
+CONFIRM_SCHEMA = {"type": "object", "properties": {"confirm": {"type": "boolean"}}, "required": ["confirm"]}
+
+
+def elicitation_step(**fields: Any) -> dict[str, Any]:
+    return {"id": "confirm", "type": "elicitation", "message": "Go on?", "schema": CONFIRM_SCHEMA, **fields}
+
+
+def test_an_elicitation_step_loads_with_toolhive_fields() -> None:
+    loaded = load(composite(steps=[
+        elicitation_step(timeout="2m", onDecline={"action": "skip_remaining"}, onCancel={"action": "continue"}),
+        step(dependsOn=["confirm"], condition="{{ steps.confirm.output.content.confirm }}"),
+    ]))
+    confirm = loaded.composite_tools[0].steps[0]
+    assert (confirm.type, confirm.tool, confirm.message, confirm.timeout) == ("elicitation", None, "Go on?", 120.0)
+    assert (confirm.on_decline, confirm.on_cancel) == ("skip_remaining", "continue")
+    assert confirm.elicitation_schema == CONFIRM_SCHEMA
+    defaults = load(composite(steps=[elicitation_step()])).composite_tools[0].steps[0]
+    assert (defaults.on_decline, defaults.on_cancel) == ("abort", "abort")
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"message": None}, "message: must not be null"),
+    ({"schema": {"type": "string"}}, "schema: must be an object schema (type: object)"),
+    ({"schema": {"type": "object", "properties": {}}}, "schema: properties: must name at least one property"),
+    ({"schema": {"type": "object", "properties": {"who": {"type": "object"}}}},
+     "schema.properties.who: type must be one of string, number, integer, boolean, array (an elicitation form is flat)"),
+    ({"schema": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}},
+     "schema: required: must list properties of the schema"),
+    ({"onDecline": {"action": "ignore"}}, "onDecline.action: must be one of abort, continue, skip_remaining"),
+    ({"onCancel": {"when": "now"}}, "onCancel.when: unknown field"),
+    ({"tool": "github.get_issue"}, "tool: an elicitation step asks the client: it has no tool"),
+    ({"arguments": {}}, "arguments: an elicitation step asks the client: it has no arguments"),
+])
+def test_bad_elicitation_fields_are_reported_at_their_path(fields: dict[str, Any], expected: str) -> None:
+    assert errors_of(composite(steps=[elicitation_step(**fields)])) == (f"compositeTools[0].steps[0].{expected}",)
+
+
+def test_an_elicitation_message_is_a_template_checked_like_arguments() -> None:
+    assert errors_of(composite(steps=[elicitation_step(message="{{ steps.nowhere.output }}")])) == (
+        "compositeTools[0].steps[0]: composite 'triage', step 'confirm': its templates read steps.nowhere, "
+        "but there is no step 'nowhere'",)
+
+
+def test_an_elicitation_step_needs_a_message_and_a_schema() -> None:
+    assert errors_of(composite(steps=[{"id": "ask", "type": "elicitation"}])) == (
+        "compositeTools[0].steps[0].message: is required for type elicitation",
+        "compositeTools[0].steps[0].schema: is required for type elicitation",
+    )
+
+
+def test_a_toolhive_for_each_inner_step_with_id_and_type_loads() -> None:
+    loaded = load(composite(steps=[{"id": "each", "type": "forEach", "collection": "{{ params.items }}",
+                                    "step": {"id": "inner", "type": "tool", "tool": "github.get_issue",
+                                             "arguments": {"n": "{{ forEach.item }}"}}}]))
+    assert loaded.composite_tools[0].steps[0].tool == "github.get_issue"
+    assert errors_of(composite(steps=[{"id": "each", "type": "forEach", "collection": "{{ params.items }}",
+                                       "step": {"type": "elicitation", "tool": "a"}}])) == (
+        "compositeTools[0].steps[0].step.type: must be one of tool",)
 
 
 def test_a_tool_step_needs_an_id_and_a_tool() -> None:
@@ -387,7 +447,7 @@ def test_a_tool_step_needs_an_id_and_a_tool() -> None:
         ({"step": {"tool": "a b"}}, "step.tool: must be an MCP tool name: 1-128 letters, digits, '_', '-' or '.'"),
         ({"step": {"tool": "jira.tag", "arguments": "x"}}, "step.arguments: must be a mapping"),
         ({"step": {"tool": "jira.tag", "dependsOn": ["a"]}},
-         "step.dependsOn: unknown field (a forEach step's inner step has only tool and arguments)"),
+         "step.dependsOn: unknown field (a forEach step's inner step has id, type, tool and arguments)"),
         ({"tool": "jira.tag"}, "tool: a forEach step has no tool of its own: put it in step (step.tool)"),
         ({"arguments": {"a": 1}},
          "arguments: a forEach step has no arguments of its own: put it in step (step.arguments)"),

@@ -614,3 +614,105 @@ def test_a_failed_run_is_logged_once_with_the_composite_the_step_and_why(caplog)
     lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows._run"]
     assert len(lines) == 1 and lines[0].levelname == "WARNING"
     assert "composite 'c' run" in lines[0].getMessage() and "step 'broken' failed: backend down" in lines[0].getMessage()
+
+
+# -- elicitation steps (ToolHive's type: elicitation) ------------------------------------------
+
+CONFIRM = {"type": "object", "properties": {"confirm": {"type": "boolean"}, "note": {"type": "string"}},
+           "required": ["confirm"]}
+
+
+class AskingCaller(FakeCaller):
+    """A FakeCaller whose client answers elicitations with ``answer`` (a dict, an exception,
+    or None for never)."""
+
+    def __init__(self, tools: dict[str, Any], answer: Any):
+        super().__init__(tools)
+        self.answer = answer
+        self.asked: list[tuple[str, str, dict[str, Any]]] = []
+        self.pending: list[cf.Future[dict[str, Any]]] = []
+
+    def elicit(self, step_id: str, message: str, requested_schema: Any, deadline: Deadline):
+        self.asked.append((step_id, message, dict(requested_schema)))
+        future: cf.Future[dict[str, Any]] = cf.Future()
+        if isinstance(self.answer, BaseException):
+            future.set_exception(self.answer)
+        elif self.answer is not None:
+            future.set_result(self.answer)
+        self.pending.append(future)
+        return future
+
+
+def confirm_step(**fields: Any) -> Step:
+    return Step("confirm", None, type="elicitation", message="Deploy {{ params.app }}?", elicitation_schema=CONFIRM,
+                **fields)
+
+
+def deploy_step(**fields: Any) -> Step:
+    return Step("deploy", "deploy", {"approved": "{{ steps.confirm.output.action }}",
+                                     "note": "{{ steps.confirm.output.content.note | default('none') }}"},
+                depends_on=("confirm",), **fields)
+
+
+def texts_of(result: dict[str, Any]) -> str:
+    return " ".join(block.get("text", "") for block in result.get("content", []))
+
+
+def test_an_accepted_elicitation_feeds_later_steps_through_its_output():
+    caller = AskingCaller({"deploy": echo}, {"action": "accept", "content": {"confirm": True, "note": "go"}})
+    result = outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"})
+    assert caller.asked == [("confirm", "Deploy web?", CONFIRM)]
+    assert caller.calls == [("deploy", {"approved": "accept", "note": "go"})]
+    assert not result.get("isError")
+
+
+@pytest.mark.parametrize("action, policy, ran_deploy, failed", [
+    ("decline", "abort", False, True),
+    ("decline", "continue", True, False),
+    ("decline", "skip_remaining", False, False),
+    ("cancel", "abort", False, True),
+    ("cancel", "continue", True, False),
+    ("cancel", "skip_remaining", False, False),
+])
+def test_decline_and_cancel_follow_their_action(action, policy, ran_deploy, failed):
+    caller = AskingCaller({"deploy": echo}, {"action": action})
+    fields = {"on_decline": policy} if action == "decline" else {"on_cancel": policy}
+    result = outcome(composite(confirm_step(**fields), deploy_step()), caller, {"app": "web"})
+    assert bool(caller.calls) is ran_deploy
+    if ran_deploy:
+        assert caller.calls == [("deploy", {"approved": action, "note": "none"})]
+    assert bool(result.get("isError")) is failed
+    if failed:
+        assert "step 'confirm'" in texts_of(result) and f"{action}" in texts_of(result)
+
+
+def test_a_client_that_cannot_be_asked_fails_the_step_by_name_at_once():
+    from vmcp_actors.workflows import ElicitationUnsupported
+
+    caller = AskingCaller({"deploy": echo}, ElicitationUnsupported("confirm"))
+    started = time.monotonic()
+    result = outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"})
+    assert result["isError"] and "step 'confirm'" in texts_of(result)
+    assert "did not declare" in texts_of(result) and time.monotonic() - started < 2 and caller.calls == []
+
+
+@pytest.mark.parametrize("answer, why", [
+    ({"action": "maybe"}, "action 'maybe'"),
+    ({"action": "accept", "content": "yes"}, "content must be an object"),
+    ({"action": "accept", "content": {"note": "no confirm"}}, "'confirm' is a required property"),
+    ({"action": "accept", "content": {"confirm": "yes"}}, "confirm"),
+])
+def test_a_malformed_answer_fails_the_step_by_name(answer, why):
+    caller = AskingCaller({"deploy": echo}, answer)
+    result = outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"})
+    assert result["isError"] and "step 'confirm'" in texts_of(result) and why in texts_of(result)
+
+
+def test_an_unanswered_elicitation_times_out_and_a_late_answer_is_ignored():
+    caller = AskingCaller({"deploy": echo}, None)
+    started = time.monotonic()
+    result = outcome(composite(confirm_step(timeout=0.3), deploy_step()), caller, {"app": "web"})
+    assert result["isError"] and "timed out" in texts_of(result) and time.monotonic() - started < 3
+    caller.pending[0].set_result({"action": "accept", "content": {"confirm": True}})  # too late: nothing happens
+    time.sleep(0.1)
+    assert caller.calls == []

@@ -32,6 +32,7 @@ from vmcp_actors.workflows import (
     HINTS,
     MAX_FOR_EACH_ITERATIONS,
     MAX_RETRY_COUNT,
+    ELICITATION_ACTIONS,
     ON_ERROR_ACTIONS,
     OUTPUT_TYPES,
     STEP_TYPES,
@@ -48,7 +49,6 @@ from vmcp_actors.workflows import (
 )
 
 from ._fields import (
-    NotSupportedYet,
     _Boolean,
     _Choice,
     _Duration,
@@ -81,6 +81,9 @@ DEFAULT_ITEM_VAR = "item"
 DEFAULT_MAX_ITERATIONS = 100
 FOR_EACH_KEYS = ("collection", "itemVar", "maxParallel", "maxIterations", "step")
 INNER_STEP_KEYS = ("tool", "arguments")  # what a forEach step keeps under `step`
+ELICITATION_KEYS = ("message", "schema", "onDecline", "onCancel")
+# The JSON types an elicitation form may ask for (MCP: flat objects of primitives).
+ELICITATION_PROPERTY_TYPES = ("string", "number", "integer", "boolean", "array")
 RETRY_KEYS = ("retryCount", "retryDelay")
 
 _JSON_VALUE = "must be a JSON value (string, finite number, boolean, null, list, mapping with string keys)"
@@ -286,17 +289,44 @@ class OnErrorSchema(_StrictSchema):
 
 
 class ForEachInnerStepSchema(_StrictSchema):
-    """A forEach step's ``step``: the tool each iteration calls."""
+    """A forEach step's ``step``: the tool each iteration calls. ToolHive's own ``id`` and
+    ``type: tool`` are accepted (ToolHive names the inner step but never refers to it;
+    iterations are the outer step's)."""
 
-    error_messages = {"unknown": f"unknown field (a forEach step's inner step has only {' and '.join(INNER_STEP_KEYS)})"}
+    error_messages = {"unknown": "unknown field (a forEach step's inner step has id, type, tool and arguments)"}
 
+    id = _String(validate=_step_id)
+    type = _String(validate=_Choice(["tool"]))  # ToolHive's; a forEach step's inner step calls a tool
     tool = _String(required=True, validate=_tool_name)
     arguments = _JsonArguments(load_default=dict)
 
 
+class ElicitationActionSchema(_StrictSchema):
+    """``onDecline`` / ``onCancel`` of an elicitation step."""
+
+    action = _String(load_default="abort", validate=_Choice(ELICITATION_ACTIONS))
+
+
+def _elicitation_schema(value: Mapping[str, Any]) -> None:
+    """What MCP lets a server ask in a form: an object of primitive properties."""
+    if value.get("type") != "object":
+        raise ValidationError("must be an object schema (type: object)")
+    properties = value.get("properties", {})
+    if not isinstance(properties, Mapping) or not properties:
+        raise ValidationError("properties: must name at least one property")
+    problems = {name: [f"type must be one of {', '.join(ELICITATION_PROPERTY_TYPES)} (an elicitation form "
+                       "is flat)"] for name, prop in properties.items()
+                if not isinstance(prop, Mapping) or prop.get("type") not in ELICITATION_PROPERTY_TYPES}
+    if problems:
+        raise ValidationError({"properties": problems})
+    required = value.get("required", [])
+    if not isinstance(required, list) or any(name not in properties for name in required):
+        raise ValidationError("required: must list properties of the schema")
+
+
 class StepSchema(_StrictSchema):
     id = _String(required=True, validate=_step_id)
-    type = _String(load_default="tool", validate=_Choice(STEP_TYPES, ["elicitation"]))
+    type = _String(load_default="tool", validate=_Choice(STEP_TYPES))
     tool = _String(validate=_tool_name)  # an advertised tool name, or workload.tool
     arguments = _JsonArguments()
     depends_on = _List(_String(), data_key="dependsOn", load_default=tuple)
@@ -317,11 +347,11 @@ class StepSchema(_StrictSchema):
     )
     step = _Nested(ForEachInnerStepSchema)
 
-    # ToolHive's elicitation step fields.
-    message = NotSupportedYet(hint=" (it belongs to elicitation steps)")
-    elicitation_schema = NotSupportedYet(data_key="schema", hint=" (it belongs to elicitation steps)")
-    on_decline = NotSupportedYet(data_key="onDecline", hint=" (it belongs to elicitation steps)")
-    on_cancel = NotSupportedYet(data_key="onCancel", hint=" (it belongs to elicitation steps)")
+    # elicitation only (ToolHive's fields)
+    message = _String(validate=_not_blank)
+    elicitation_schema = _JsonArguments(data_key="schema", validate=_elicitation_schema)
+    on_decline = _Nested(ElicitationActionSchema, data_key="onDecline")
+    on_cancel = _Nested(ElicitationActionSchema, data_key="onCancel")
 
     @validates_schema(pass_original=True, skip_on_field_errors=False)
     def _check_keys_for_type(self, data: Any, original_data: Any, **kwargs: Any) -> None:
@@ -329,10 +359,17 @@ class StepSchema(_StrictSchema):
             return
         kind = original_data.get("type", "tool")
         errors: dict[str, list[str]] = {}
+        if kind != "elicitation":
+            errors.update({key: ["only for type elicitation"] for key in ELICITATION_KEYS if key in original_data})
         if kind == "tool":
             errors.update({key: ["only for type forEach"] for key in FOR_EACH_KEYS if key in original_data})
             if "tool" not in original_data:
                 errors["tool"] = ["is required for type tool"]
+        elif kind == "elicitation":
+            errors.update({key: ["an elicitation step asks the client: it has no " + key]
+                           for key in ("tool", "arguments", *FOR_EACH_KEYS) if key in original_data})
+            errors.update({key: ["is required for type elicitation"]
+                           for key in ("message", "schema") if key not in original_data})
         elif kind == "forEach":
             errors.update({
                 key: [f"a forEach step has no {key} of its own: put it in step ({'step.' + key})"]
@@ -355,6 +392,11 @@ class StepSchema(_StrictSchema):
         }
         if data["type"] == "tool":
             return _built(Step, tool=data["tool"], arguments=data.get("arguments", {}), **common)
+        if data["type"] == "elicitation":
+            return _built(Step, tool=None, type="elicitation", message=data["message"],
+                          elicitation_schema=data["elicitation_schema"],
+                          on_decline=data.get("on_decline", {}).get("action", "abort"),
+                          on_cancel=data.get("on_cancel", {}).get("action", "abort"), **common)
         for_each = _built(
             ForEach,
             collection=data["collection"],
@@ -498,6 +540,9 @@ def _sketch_step(index: int, raw: Any) -> Step:
         inner = raw.get("step") if isinstance(raw.get("step"), Mapping) else {}
         collection = raw.get("collection") if isinstance(raw.get("collection"), str) else "[]"
         return Step(step_id, "?", inner.get("arguments"), type="forEach", for_each=ForEach(collection), **common)
+    if raw.get("type") == "elicitation":
+        message = raw.get("message") if isinstance(raw.get("message"), str) and raw.get("message") else "?"
+        return Step(step_id, None, None, type="elicitation", message=message, elicitation_schema={}, **common)
     return Step(step_id, "?", raw.get("arguments"), **common)
 
 

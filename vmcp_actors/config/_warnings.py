@@ -24,6 +24,8 @@ def _unknown_step_workloads(config: VmcpConfig) -> list[str]:
     warnings = []
     for index, composite in enumerate(config.composite_tools):
         for position, step in enumerate(composite.steps):
+            if step.tool is None:
+                continue  # an elicitation step
             workload, dot, _ = step.tool.partition(".")
             if dot and config.backend(workload) is None:
                 where = f"compositeTools[{index}].steps[{position}]" + (".step" if step.for_each else "") + ".tool"

@@ -109,20 +109,10 @@ class McpService:
             if refused is not None:
                 return Answer(refused.http_status, error_response(None, refused))
             return self._initialize(message, identity)
-        if not session_id:
-            return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header", message.id)
-        lease = self._directory.begin(session_id, identity) if self._signer.is_session_id(session_id) else None
-        if lease is None:  # a forged id is refused here, before any lookup
-            refused = _error(404, INVALID_REQUEST, "Session not found", message.id)
-            refused.session_id = session_id
-            return refused
-        answer = Answer(session_id=session_id)
-        held_user = lease.user.key if lease.user is not None else None
-        answer.on_close.append(lambda: self._directory.finish(session_id, held_user))
-        refused = check_header_version(header_version, lease.session.protocol_version)
-        if refused is not None:
-            answer.status, answer.body = refused.http_status, error_response(None, refused)
+        lease, answer = self._begin(session_id, identity, header_version, message.id)
+        if lease is None:
             return answer
+        assert session_id is not None
         if message.kind == "response":
             refused = self._live.answer(session_id, message)  # to a request the gateway sent this client
             answer.status = 202 if refused is None else 400
@@ -160,18 +150,10 @@ class McpService:
         """``GET /mcp``: the session's standalone stream, held open until the client leaves
         (a newer stream of the same session replaces it); with ``Last-Event-ID``, the rest
         of a call's answer whose connection dropped."""
-        if not session_id:
-            return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
-        lease = self._directory.begin(session_id, identity) if self._signer.is_session_id(session_id) else None
+        lease, answer = self._begin(session_id, identity, header_version)
         if lease is None:
-            return _error(404, INVALID_REQUEST, "Session not found")
-        answer = Answer(session_id=session_id)
-        held_user = lease.user.key if lease.user is not None else None
-        answer.on_close.append(lambda: self._directory.finish(session_id, held_user))
-        refused = check_header_version(header_version, lease.session.protocol_version)
-        if refused is not None:
-            answer.status, answer.body = refused.http_status, error_response(None, refused)
             return answer
+        assert session_id is not None
         if last_event_id:
             found = self._live.resume(session_id, last_event_id)
             if found is None:
@@ -220,6 +202,26 @@ class McpService:
         return Answer(200) if ended else _error(404, INVALID_REQUEST, "Session not found")
 
     # -- internals -----------------------------------------------------------------------
+
+    def _begin(self, session_id: str | None, identity: Identity | None, header_version: str | None,
+               request_id: Any = None) -> tuple[Lease | None, Answer]:
+        """The caller's session held for this request (released in the answer's close
+        hook) and its version header checked; or no lease and the refusal."""
+        if not session_id:
+            return None, _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header", request_id)
+        lease = self._directory.begin(session_id, identity) if self._signer.is_session_id(session_id) else None
+        if lease is None:  # a forged id is refused here, before any lookup
+            refused = _error(404, INVALID_REQUEST, "Session not found", request_id)
+            refused.session_id = session_id
+            return None, refused
+        answer = Answer(session_id=session_id)
+        held_user = lease.user.key if lease.user is not None else None
+        answer.on_close.append(lambda: self._directory.finish(session_id, held_user))
+        refused_version = check_header_version(header_version, lease.session.protocol_version)
+        if refused_version is not None:
+            answer.status, answer.body = refused_version.http_status, error_response(None, refused_version)
+            return None, answer
+        return lease, answer
 
     def _initialize(self, message: Message, identity: Identity | None) -> Answer:
         try:

@@ -43,6 +43,7 @@ from vmcp_actors.sessions._live import missing_capability
 from vmcp_actors.sessions._filter import is_advertised
 from vmcp_actors.workflows import (
     CompositeTool,
+    ElicitationUnsupported,
     WorkflowCancelled,
     WorkflowRun,
     composite_annotations,
@@ -81,7 +82,7 @@ def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregatio
             "inputSchema": dict(composite.parameters),
             "annotations": composite_annotations(
                 composite.annotations, [resolved[step.tool].definition.get("annotations")  # type: ignore[index]
-                                        for step in composite.steps]),
+                                        for step in composite.steps if step.tool is not None]),
         }
         if composite.output is not None:
             definition["outputSchema"] = output_schema(composite.output)
@@ -107,14 +108,15 @@ def _resolve(composite: CompositeTool, catalog: Catalog,
                     f"(its {route.original_name!r}); rename one of them")
     resolved: dict[str, InternalTool] = {}
     for step in composite.steps:
-        assert step.tool is not None
+        if step.tool is None:
+            continue  # an elicitation step asks the client, not a backend
         target = catalog.resolve_internal(step.tool)
         if target is None:
             return {}, f"step {step.id!r} calls {step.tool!r}, which this session's backends do not offer"
         resolved[step.tool] = target
     if composite.annotations:
         step_annotations = [(step.id, resolved[step.tool].definition.get("annotations"))  # type: ignore[index]
-                            for step in composite.steps]
+                            for step in composite.steps if step.tool is not None]
         claims = unsafe_claims(composite.annotations, step_annotations)
         if claims:
             return {}, "; ".join(claims)
@@ -153,12 +155,6 @@ class WorkflowMetrics:
             "runs": 0, "completed": 0, "failed": 0, "cancelled": 0,
             "durationSecondsTotal": 0.0, "durationSecondsMax": 0.0, "stepsStarted": 0, "stepsFailed": 0,
         })
-
-
-class ElicitationUnsupported(JsonRpcError):  # TEMP: moves to workflows
-    def __init__(self, step_id: str):
-        super().__init__(INVALID_PARAMS, f"step {step_id!r} needs the client to support elicitation, and it did not "
-                                         "declare it")
 
 
 class _StepCaller:

@@ -15,6 +15,7 @@ from vmcp_actors.workflows._dag import DagProblem, StepSpec, ready_steps, topolo
 from vmcp_actors.workflows._definition import (
     MAX_FOR_EACH_ITERATIONS,
     MAX_RETRY_COUNT,
+    ELICITATION_ACTIONS,
     ON_ERROR_ACTIONS,
     OUTPUT_TYPES,
     STEP_TYPES,
@@ -32,6 +33,7 @@ from vmcp_actors.workflows._definition import (
 from vmcp_actors.workflows._errors import TemplateError, TemplateRenderError, TemplateSyntaxError, UnsafeTemplate
 from vmcp_actors.workflows._run import (
     StepCaller,
+    ElicitationUnsupported,
     WorkflowCancelled,
     WorkflowRun,
     error_result,
@@ -54,6 +56,7 @@ from vmcp_actors.workflows._templates import (
 __all__ = [
     "MAX_FOR_EACH_ITERATIONS",
     "MAX_RETRY_COUNT",
+    "ELICITATION_ACTIONS",
     "ON_ERROR_ACTIONS",
     "OUTPUT_TYPES",
     "STEP_TYPES",
@@ -79,6 +82,7 @@ __all__ = [
     "TemplateRenderError",
     "TemplateSyntaxError",
     "UnsafeTemplate",
+    "ElicitationUnsupported",
     "WorkflowCancelled",
     "WorkflowRun",
     "coerce_arguments",

@@ -22,7 +22,10 @@ from vmcp_actors.workflows._templates import compile_template, free_names, iter_
 ON_ERROR_ACTIONS = ("abort", "continue", "retry")
 MAX_RETRY_COUNT = 10
 MAX_FOR_EACH_ITERATIONS = 1000  # hard cap, whatever maxIterations says
-STEP_TYPES = ("tool", "forEach")
+STEP_TYPES = ("tool", "forEach", "elicitation")
+# What an elicitation step does when the user declines or cancels (ToolHive's actions):
+# fail the run, go on (later steps read the action), or end the run here, successfully.
+ELICITATION_ACTIONS = ("abort", "continue", "skip_remaining")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,9 @@ class ForEach:
 
 @dataclass(frozen=True)
 class Step:
-    """One step. A ``forEach`` step's ``tool`` and ``arguments`` are its inner step's."""
+    """One step. A ``forEach`` step's ``tool`` and ``arguments`` are its inner step's. An
+    ``elicitation`` step has no tool: it asks the calling client ``message`` (a template)
+    for what ``elicitation_schema`` describes; its output is ``{"action", "content"}``."""
 
     id: str
     tool: str | None
@@ -78,6 +83,10 @@ class Step:
     default_results: Any = None
     type: str = "tool"
     for_each: ForEach | None = None
+    message: str | None = None
+    elicitation_schema: Mapping[str, Any] | None = None
+    on_decline: str = "abort"
+    on_cancel: str = "abort"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "depends_on", tuple(self.depends_on))
@@ -85,7 +94,13 @@ class Step:
             raise ValueError(f"step {self.id!r}: type must be one of {', '.join(STEP_TYPES)}, got {self.type!r}")
         if (self.type == "forEach") != (self.for_each is not None):
             raise ValueError(f"step {self.id!r}: a forEach step needs forEach settings, and only it has them")
-        if not self.tool:
+        if self.type == "elicitation":
+            if self.tool or not self.message or not isinstance(self.elicitation_schema, Mapping):
+                raise ValueError(f"step {self.id!r}: an elicitation step needs a message and a schema, and no tool")
+            for action in (self.on_decline, self.on_cancel):
+                if action not in ELICITATION_ACTIONS:
+                    raise ValueError(f"step {self.id!r}: action must be one of {', '.join(ELICITATION_ACTIONS)}")
+        elif not self.tool:
             raise ValueError(f"step {self.id!r}: a tool step needs a tool")
         if self.timeout <= 0:
             raise ValueError(f"step {self.id!r}: timeout must be positive, got {self.timeout}")
@@ -209,6 +224,7 @@ def step_specs(tool: CompositeTool) -> list[StepSpec]:
     specs = []
     for step in tool.steps:
         sources = [source for _, source in iter_templates(step.arguments)]
+        sources += [source for _, source in iter_templates(step.message)]
         if step.condition:
             sources.append(step.condition)
         if step.for_each is not None:
@@ -249,6 +265,7 @@ def composite_problems(tool: CompositeTool) -> list[tuple[str, str]]:
     for index, step in enumerate(tool.steps):
         places = [(f"steps[{index}].arguments" + (f".{where}" if where else ""), source)
                   for where, source in iter_templates(step.arguments)]
+        places += [(f"steps[{index}].message", source) for _, source in iter_templates(step.message)]
         if step.condition is not None:
             places.append((f"steps[{index}].condition", step.condition))
         if step.for_each is not None:

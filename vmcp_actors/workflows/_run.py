@@ -66,12 +66,28 @@ logger = logging.getLogger(__name__)
 class StepCaller(Protocol):
     """What the session layer provides to a run (the composite layer over the routing table)."""
 
+    def elicit(self, step_id: str, message: str, requested_schema: Mapping[str, Any],
+               deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        """Ask the client that called the composite (elicitation/create, form mode), without
+        blocking. The future settles with the client's ElicitResult dict
+        ({"action": "accept" | "decline" | "cancel", "content": {...}}), or fails with a
+        JsonRpcError: the client did not declare elicitation (ElicitationUnsupported), it
+        answered with an error, or it did not answer by ``deadline``."""
+
     def input_schema(self, tool: str) -> Mapping[str, Any] | None:
         """The target tool's input schema, from below the advertising filter."""
 
     def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
         """Start calling ``tool`` without blocking; the future settles with the MCP
         CallToolResult dict, or with ``JsonRpcError`` (or any exception) on failure."""
+
+
+class ElicitationUnsupported(JsonRpcError):
+    """The client that called the composite cannot be asked (it did not declare elicitation)."""
+
+    def __init__(self, step_id: str):
+        super().__init__(INVALID_PARAMS, f"step {step_id!r} needs the client to support elicitation, and it did "
+                                         "not declare it")
 
 
 class WorkflowCancelled(JsonRpcError):
@@ -91,6 +107,14 @@ class _CallDone:
     index: int | None  # the forEach iteration, None for a plain step
     result: Any = None  # the CallToolResult dict, when the call returned
     error: str | None = None  # when it raised
+
+
+@dataclass(frozen=True)
+class _Elicited:
+    step_id: str
+    attempt: int
+    result: Any = None  # the client's ElicitResult dict
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +264,8 @@ class WorkflowRun(pykka.ThreadingActor):
             return  # late answers and timers after the result is settled
         if isinstance(message, _CallDone):
             self._on_call_done(message)
+        elif isinstance(message, _Elicited):
+            self._on_elicited(message)
         elif isinstance(message, _StepTimedOut):
             running = self._running.get(message.step_id)
             if running is not None and running.attempt == message.attempt:
@@ -305,7 +331,9 @@ class WorkflowRun(pykka.ThreadingActor):
             self._timer(delay, _Relaunch(step.id, running.attempt))
             return
         try:
-            if step.for_each is None:
+            if step.type == "elicitation":
+                self._elicit(step, running.attempt)
+            elif step.for_each is None:
                 arguments = self._render_arguments(step, None)
                 self._submit(step, running.attempt, None, arguments)
             else:
@@ -346,7 +374,73 @@ class WorkflowRun(pykka.ThreadingActor):
 
         on_settled(future, report)
 
+    def _elicit(self, step: Step, attempt: int) -> None:
+        try:
+            message = render_value(step.message, self._context())
+        except TemplateError as err:
+            raise _StepFailure(f"message: {err}") from None
+        actor_ref = self.actor_ref
+        deadline = Deadline(min(self._deadline.at, time.monotonic() + step.timeout))
+        try:
+            future = self._caller.elicit(step.id, str(message), step.elicitation_schema or {}, deadline)
+        except Exception as error:  # noqa: BLE001 - a caller that cannot ask: the step fails
+            tell_quietly(actor_ref, _Elicited(step.id, attempt, error=_describe(error)))
+            return
+
+        def report(done: cf.Future[dict[str, Any]]) -> None:
+            error = done.exception()
+            tell_quietly(actor_ref, _Elicited(step.id, attempt, None if error else done.result(),
+                                              None if error is None else _describe(error)))
+
+        on_settled(future, report)
+
     # -- outcomes --------------------------------------------------------------------------
+
+    def _on_elicited(self, message: _Elicited) -> None:
+        running = self._running.get(message.step_id)
+        if running is None or running.attempt != message.attempt:
+            return  # timed out: a late answer changes nothing
+        step = self._steps[message.step_id]
+        if message.error is not None:
+            self._attempt_failed(step, message.error, retryable=False)
+            return
+        result = message.result if isinstance(message.result, Mapping) else {}
+        action, content = result.get("action"), result.get("content")
+        if action not in ("accept", "decline", "cancel"):
+            self._attempt_failed(step, f"the client answered with action {str(action)[:40]!r}", retryable=False)
+            return
+        if action == "accept":
+            problem = _content_problem(content, step.elicitation_schema or {})
+            if problem is not None:
+                self._attempt_failed(step, f"the client's answer does not match the schema: {problem}",
+                                     retryable=False)
+                return
+            self._step_completed(step, {"action": "accept", "content": dict(content or {})})
+            return
+        policy = step.on_decline if action == "decline" else step.on_cancel
+        what = "declined" if action == "decline" else "cancelled"
+        if policy == "abort":
+            self._stop_step(step.id)
+            self._status[step.id] = "failed"
+            self._outcomes[step.id] = StepOutcome("failed", None, f"the user {what}")
+            self._settle(result=error_result(f"composite tool {self._tool.name!r}: step {step.id!r}: the user "
+                                             f"{what} the elicitation"), state="failed")
+            return
+        output = {"action": action, "content": {}}
+        if policy == "continue":
+            self._step_completed(step, output)
+            return
+        # skip_remaining: this step is done, nothing after it runs, the run completes.
+        self._stop_step(step.id)
+        self._status[step.id] = "completed"
+        self._outcomes[step.id] = StepOutcome("completed", output)
+        for other in self._steps:
+            if other not in self._outcomes:
+                self._stop_step(other)
+                self._status[other] = "skipped"
+                self._outcomes[other] = StepOutcome("skipped", copy.deepcopy(self._steps[other].default_results))
+        self._progress(f"step {step.id!r}: the user {what}; skipping the remaining steps")
+        self._settle(result=self._final_result(), state="completed")
 
     def _on_call_done(self, message: _CallDone) -> None:
         running = self._running.get(message.step_id)
@@ -559,6 +653,17 @@ def _typed(value: Any, json_type: str | None) -> Any:
             return None
     value = coerce_arguments({"v": value}, {"type": "object", "properties": {"v": {"type": json_type}}})["v"]
     return value if has_json_type(value, json_type) else None
+
+
+def _content_problem(content: Any, schema: Mapping[str, Any]) -> str | None:
+    """Why accepted elicitation content does not fit the step's schema; None when it does."""
+    if not isinstance(content, dict):
+        return "content must be an object"
+    error = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(content))
+    if error is None:
+        return None
+    where = "/".join(str(part) for part in error.absolute_path)
+    return f"{where + ': ' if where else ''}{error.message}"[:200]
 
 
 def _describe(error: BaseException) -> str:
