@@ -381,18 +381,91 @@ def test_an_elicitation_step_loads_with_toolhive_fields() -> None:
     assert (confirm.on_decline, confirm.on_cancel) == ("skip_remaining", "continue")
     assert confirm.elicitation_schema == CONFIRM_SCHEMA
     defaults = load(composite(steps=[elicitation_step()])).composite_tools[0].steps[0]
-    assert (defaults.on_decline, defaults.on_cancel) == ("abort", "abort")
+    assert (defaults.on_decline, defaults.on_cancel, defaults.timeout) == ("abort", "abort", 300.0)
+
+
+def test_toolhives_elicitation_example_loads() -> None:
+    """The steps of ToolHive's examples/operator/virtual-mcps/composite_tool_with_elicitations.yaml,
+    as its own vMCP config takes them."""
+    loaded = load(composite(steps=[
+        step(id="build_app"),
+        {"id": "confirm_deployment", "type": "elicitation",
+         "message": "Application built successfully. Do you want to proceed with deployment?",
+         "schema": {"type": "object", "properties": {"proceed": {"type": "boolean", "description": "Confirm"}},
+                    "required": ["proceed"]},
+         "dependsOn": ["build_app"], "timeout": "10m",
+         "onDecline": {"action": "skip_remaining"}, "onCancel": {"action": "abort"}},
+        {"id": "select_environment", "type": "elicitation",
+         "message": "Please select the target deployment environment (staging or production)",
+         "schema": {"type": "object", "properties": {"environment": {"type": "string",
+                                                                     "enum": ["staging", "production"]}},
+                    "required": ["environment"]},
+         "dependsOn": ["confirm_deployment"], "timeout": "5m",
+         "onDecline": {"action": "continue"}, "onCancel": {"action": "abort"}},
+        step(id="deploy_app", tool="github.deploy", dependsOn=["select_environment"],
+             arguments={"env": "{{.steps.select_environment.output.content.environment}}"}),
+    ]))
+    steps = loaded.composite_tools[0].steps
+    assert [s.type for s in steps] == ["tool", "elicitation", "elicitation", "tool"]
+    assert (steps[1].on_decline, steps[1].timeout, steps[2].on_decline) == ("skip_remaining", 600.0, "continue")
+    assert config_warnings(loaded) == []
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {}},  # a plain yes/no: the action is the answer
+    {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 40, "title": "Name"},
+        "email": {"type": "string", "format": "email"},
+        "when": {"type": "string", "format": "date-time"},
+        "size": {"type": "string", "enum": ["S", "M"], "default": "S"},
+        "tier": {"type": "string", "oneOf": [{"const": "a", "title": "A"}, {"const": "b", "title": "B"}]},
+        "count": {"type": "integer", "minimum": 1, "maximum": 9},
+        "ratio": {"type": "number"},
+        "ok": {"type": "boolean", "default": False},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["x", "y"]}, "minItems": 1},
+        "picks": {"type": "array", "items": {"anyOf": [{"const": "x", "title": "X"}]}},
+    }, "required": ["name"]},
+])
+def test_every_form_mcp_allows_loads(schema: dict[str, Any]) -> None:
+    loaded = load(composite(steps=[elicitation_step(schema=schema)])).composite_tools[0].steps[0]
+    assert loaded.elicitation_schema == schema
+
+
+def test_a_schema_without_properties_is_sent_with_empty_ones() -> None:
+    loaded = load(composite(steps=[elicitation_step(schema={"type": "object"})])).composite_tools[0].steps[0]
+    assert loaded.elicitation_schema == {"type": "object", "properties": {}}
 
 
 @pytest.mark.parametrize(("fields", "expected"), [
     ({"message": None}, "message: must not be null"),
-    ({"schema": {"type": "string"}}, "schema: must be an object schema (type: object)"),
-    ({"schema": {"type": "object", "properties": {}}}, "schema: properties: must name at least one property"),
-    ({"schema": {"type": "object", "properties": {"who": {"type": "object"}}}},
-     "schema.properties.who: type must be one of string, number, integer, boolean, array (an elicitation form is flat)"),
+    ({"message": "  "}, "message: must not be empty"),
+    ({"schema": {"type": "boolean"}},  # ToolHive's guide shows this form; MCP asks for an object
+     "schema.type: must be object: an elicitation asks for a form, an object of flat properties"),
+    ({"schema": "yes or no"}, "schema: must be a mapping"),
+    ({"schema": {"type": "object", "properties": ["a"]}},
+     "schema.properties: must be a mapping of field name to JSON Schema"),
+    ({"schema": {"type": "object", "properties": {"who": {"type": "object", "properties": {}}}}},
+     "schema.properties.who.type: must be one of string, number, integer, boolean, array: an elicitation form is "
+     "flat (no objects, no nesting)"),
+    ({"schema": {"type": "object", "properties": {"who": {"description": "no type"}}}},
+     "schema.properties.who.type: must be one of string, number, integer, boolean, array: an elicitation form is "
+     "flat (no objects, no nesting)"),
+    ({"schema": {"type": "object", "properties": {"who": "string"}}},
+     "schema.properties.who: must be a mapping (a JSON Schema)"),
+    ({"schema": {"type": "object", "properties": {"at": {"type": "string", "format": "ipv4"}}}},
+     "schema.properties.at.format: must be one of email, uri, date, date-time (the formats MCP allows in a form)"),
+    ({"schema": {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}}}}},
+     "schema.properties.ids.items: an array field is a multi-select of strings: items must be "
+     "{type: string, enum: [...]} or {anyOf: [{const: ..., title: ...}, ...]}"),
     ({"schema": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}},
-     "schema: required: must list properties of the schema"),
+     "schema.required[0]: 'b' is not one of the properties"),
+    ({"schema": {"type": "object", "properties": {"a": {"type": "string", "minLength": "one"}}}},
+     "schema.properties.a.minLength: 'one' is not of type 'integer'"),
+    ({"schema": {"type": "object", "properties": {"a": {"type": "string", "enum": ["x" * 200] * 600}}}},
+     "schema: is 122469 characters of JSON, more than the limit of 102400"),
     ({"onDecline": {"action": "ignore"}}, "onDecline.action: must be one of abort, continue, skip_remaining"),
+    ({"onCancel": {"action": "retry"}}, "onCancel.action: must be one of abort, continue, skip_remaining"),
+    ({"onDecline": "abort"}, "onDecline: must be a mapping"),
     ({"onCancel": {"when": "now"}}, "onCancel.when: unknown field"),
     ({"tool": "github.get_issue"}, "tool: an elicitation step asks the client: it has no tool"),
     ({"arguments": {}}, "arguments: an elicitation step asks the client: it has no arguments"),
@@ -421,7 +494,50 @@ def test_a_toolhive_for_each_inner_step_with_id_and_type_loads() -> None:
     assert loaded.composite_tools[0].steps[0].tool == "github.get_issue"
     assert errors_of(composite(steps=[{"id": "each", "type": "forEach", "collection": "{{ params.items }}",
                                        "step": {"type": "elicitation", "tool": "a"}}])) == (
-        "compositeTools[0].steps[0].step.type: must be one of tool",)
+        "compositeTools[0].steps[0].step.type: must be tool: a forEach step's inner step calls a tool "
+        "(no elicitation or nested forEach)",)
+
+
+@pytest.mark.parametrize(("inner", "expected"), [
+    ({"id": "inner step", "tool": "jira.tag"}, "step.id: must be 1-64 letters, digits, '_' or '-'"),
+    ({"type": "forEach", "tool": "jira.tag"},
+     "step.type: must be tool: a forEach step's inner step calls a tool (no elicitation or nested forEach)"),
+    ({"id": "inner", "type": "tool"}, "step.tool: is required"),
+    ({"id": "inner", "tool": "jira.tag", "message": "hi"},
+     "step.message: unknown field (a forEach step's inner step has id, type, tool and arguments)"),
+])
+def test_bad_for_each_inner_fields_are_reported_at_their_path(inner: dict[str, Any], expected: str) -> None:
+    assert errors_of(composite(steps=[for_each(step=inner)])) == (f"compositeTools[0].steps[0].{expected}",)
+
+
+def test_toolhives_for_each_example_loads_from_yaml(tmp_path: Path) -> None:
+    """ToolHive's forEach as its guide and tests write it: the inner step with id and type."""
+    config = load_config(write(tmp_path, """\
+        name: engineering
+        backends:
+          - {name: deps, url: http://127.0.0.1:8081/mcp}
+          - {name: osv, url: http://127.0.0.1:8082/mcp}
+        compositeTools:
+          - name: check_vulns
+            description: Query every package
+            steps:
+              - {id: get_packages, tool: deps.list}
+              - id: check_vulns
+                type: forEach
+                collection: "{{json .steps.get_packages.output.packages}}"
+                itemVar: pkg
+                maxParallel: 5
+                step:
+                  id: query
+                  type: tool
+                  tool: osv.query_vulnerability
+                  arguments:
+                    package_name: "{{.forEach.pkg.name}}"
+                dependsOn: [get_packages]
+        """))
+    each = config.composite_tools[0].steps[1]
+    assert (each.type, each.tool, each.for_each.item_var) == ("forEach", "osv.query_vulnerability", "pkg")
+    assert each.arguments == {"package_name": "{{.forEach.pkg.name}}"}
 
 
 def test_a_tool_step_needs_an_id_and_a_tool() -> None:
@@ -855,6 +971,15 @@ def test_dot_form_step_tool_of_no_backend_is_a_warning() -> None:
 
 def test_composites_over_known_backends_give_no_warning() -> None:
     assert config_warnings(load(composite(steps=[step(), for_each()]))) == []
+
+
+def test_elicitation_settings_that_do_nothing_are_warnings() -> None:
+    config = load(composite(steps=[elicitation_step(timeout="30m", onError={"action": "retry"})]))
+    assert config_warnings(config) == [
+        "compositeTools[0].steps[0].timeout: an elicitation waits at most 10m for an answer; 1800s is cut to that",
+        "compositeTools[0].steps[0].onError.action: an elicitation is never retried; a failure of this step aborts "
+        "the call, as with abort",
+    ]
 
 
 def test_a_go_template_function_is_refused_at_load_where_jinja_would_read_it_as_a_variable():

@@ -623,29 +623,33 @@ CONFIRM = {"type": "object", "properties": {"confirm": {"type": "boolean"}, "not
 
 
 class AskingCaller(FakeCaller):
-    """A FakeCaller whose client answers elicitations with ``answer`` (a dict, an exception,
-    or None for never)."""
+    """A FakeCaller whose client answers elicitations with ``answer``: a dict, an exception,
+    or None to leave the future for the test to settle (``pending``)."""
 
-    def __init__(self, tools: dict[str, Any], answer: Any):
+    def __init__(self, tools: dict[str, Any], answer: Any = None):
         super().__init__(tools)
         self.answer = answer
         self.asked: list[tuple[str, str, dict[str, Any]]] = []
+        self.deadlines: list[Deadline] = []
         self.pending: list[cf.Future[dict[str, Any]]] = []
+        self.asked_event = threading.Event()
 
     def elicit(self, step_id: str, message: str, requested_schema: Any, deadline: Deadline):
         self.asked.append((step_id, message, dict(requested_schema)))
+        self.deadlines.append(deadline)
         future: cf.Future[dict[str, Any]] = cf.Future()
         if isinstance(self.answer, BaseException):
             future.set_exception(self.answer)
         elif self.answer is not None:
             future.set_result(self.answer)
         self.pending.append(future)
+        self.asked_event.set()
         return future
 
 
 def confirm_step(**fields: Any) -> Step:
-    return Step("confirm", None, type="elicitation", message="Deploy {{ params.app }}?", elicitation_schema=CONFIRM,
-                **fields)
+    fields.setdefault("message", "Deploy {{ params.app }}?")
+    return Step("confirm", None, type="elicitation", elicitation_schema=CONFIRM, **fields)
 
 
 def deploy_step(**fields: Any) -> Step:
@@ -658,12 +662,34 @@ def texts_of(result: dict[str, Any]) -> str:
     return " ".join(block.get("text", "") for block in result.get("content", []))
 
 
+def confirm_output() -> OutputSpec:
+    return OutputSpec({"answer": OutputProperty("{{ steps.confirm.output }}", type="object")})
+
+
 def test_an_accepted_elicitation_feeds_later_steps_through_its_output():
     caller = AskingCaller({"deploy": echo}, {"action": "accept", "content": {"confirm": True, "note": "go"}})
     result = outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"})
     assert caller.asked == [("confirm", "Deploy web?", CONFIRM)]
     assert caller.calls == [("deploy", {"approved": "accept", "note": "go"})]
-    assert not result.get("isError")
+    assert result["structuredContent"] == {"approved": "accept", "note": "go"}
+
+
+def test_the_output_of_each_answer_as_later_steps_read_it():
+    answers = {
+        "accept": ({"action": "accept", "content": {"confirm": False}}, {}),
+        "decline": ({"action": "decline"}, {"on_decline": "continue"}),
+        "cancel": ({"action": "cancel", "content": {"ignored": 1}}, {"on_cancel": "continue"}),
+    }
+    outputs = {}
+    for action, (answer, fields) in answers.items():
+        caller = AskingCaller({}, answer)
+        result = outcome(composite(confirm_step(**fields), output=confirm_output()), caller, {"app": "web"})
+        outputs[action] = result["structuredContent"]["answer"]
+    assert outputs == {
+        "accept": {"action": "accept", "content": {"confirm": False}},
+        "decline": {"action": "decline", "content": {}},
+        "cancel": {"action": "cancel", "content": {}},
+    }
 
 
 @pytest.mark.parametrize("action, policy, ran_deploy, failed", [
@@ -676,14 +702,68 @@ def test_an_accepted_elicitation_feeds_later_steps_through_its_output():
 ])
 def test_decline_and_cancel_follow_their_action(action, policy, ran_deploy, failed):
     caller = AskingCaller({"deploy": echo}, {"action": action})
-    fields = {"on_decline": policy} if action == "decline" else {"on_cancel": policy}
+    other = "on_cancel" if action == "decline" else "on_decline"  # the other action must not matter
+    fields = {"on_decline" if action == "decline" else "on_cancel": policy, other: "continue"}
     result = outcome(composite(confirm_step(**fields), deploy_step()), caller, {"app": "web"})
     assert bool(caller.calls) is ran_deploy
     if ran_deploy:
         assert caller.calls == [("deploy", {"approved": action, "note": "none"})]
     assert bool(result.get("isError")) is failed
     if failed:
-        assert "step 'confirm'" in texts_of(result) and f"{action}" in texts_of(result)
+        on = "onDecline" if action == "decline" else "onCancel"
+        assert texts_of(result) == (f"composite tool 'c': step 'confirm' failed: the user {action}d ({on} is abort)"
+                                    if action == "decline" else
+                                    f"composite tool 'c': step 'confirm' failed: the user cancelled ({on} is abort)")
+
+
+def test_skip_remaining_lets_steps_in_flight_finish_skips_the_rest_and_completes():
+    caller = AskingCaller({"slow": sleeper(0.3), "deploy": echo, "notify": echo}, None)
+    tool = composite(
+        Step("slow", "slow", {"n": 1}),  # independent of the question: already running
+        confirm_step(on_decline="skip_remaining"),
+        deploy_step(default_results={"not": "deployed"}),
+        Step("notify", "notify", {}, depends_on=("deploy",)),
+        output=OutputSpec({
+            "answer": OutputProperty("{{ steps.confirm.output }}", type="object"),
+            "slow": OutputProperty("{{ steps.slow.output.slept }}", type="number"),
+            "deploy": OutputProperty("{{ steps.deploy.output }}", type="object"),
+            "statuses": OutputProperty("{{ steps.deploy.status }} {{ steps.notify.status }} "
+                                       "{{ steps.confirm.status }}"),
+        }),
+    )
+    progress: list[tuple[int, int, str]] = []
+    ref = WorkflowRun.start(tool, {"app": "web"}, caller, run_id="r", on_progress=lambda *e: progress.append(e))
+    assert caller.asked_event.wait(WAIT)
+    caller.pending[0].set_result({"action": "decline"})
+    result = ref.proxy().result().get(timeout=WAIT).result(timeout=WAIT)
+    assert result["structuredContent"] == {
+        "answer": {"action": "decline", "content": {}, "skipped": True},
+        "slow": 0.3,
+        "deploy": {"not": "deployed"},
+        "statuses": "skipped skipped completed",
+    }
+    assert [tool_name for tool_name, _ in caller.calls] == ["slow"]
+    assert progress == [(1, 4, "step 'confirm' completed (decline: skipping the remaining steps)"),
+                        (2, 4, "step 'deploy' skipped"), (3, 4, "step 'notify' skipped"),
+                        (4, 4, "step 'slow' completed")]
+
+
+def test_a_user_who_declines_is_logged_at_info_not_as_a_gateway_problem(caplog):
+    caplog.set_level("INFO", logger="vmcp_actors.workflows._run")
+    outcome(composite(confirm_step(), deploy_step()), AskingCaller({"deploy": echo}, {"action": "decline"}),
+            {"app": "web"})
+    lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows._run"]
+    assert [record.levelname for record in lines] == ["INFO"]
+    assert "step 'confirm' failed: the user declined (onDecline is abort)" in lines[0].getMessage()
+
+
+def test_abort_still_lets_on_error_continue_the_run_as_in_toolhive():
+    caller = AskingCaller({"deploy": echo}, {"action": "decline"})
+    tool = composite(confirm_step(on_error=OnError("continue"), default_results={"action": "none", "content": {}}),
+                     deploy_step())
+    result = outcome(tool, caller, {"app": "web"})
+    assert caller.calls == [("deploy", {"approved": "none", "note": "none"})]
+    assert not result["isError"]
 
 
 def test_a_client_that_cannot_be_asked_fails_the_step_by_name_at_once():
@@ -692,27 +772,149 @@ def test_a_client_that_cannot_be_asked_fails_the_step_by_name_at_once():
     caller = AskingCaller({"deploy": echo}, ElicitationUnsupported("confirm"))
     started = time.monotonic()
     result = outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"})
-    assert result["isError"] and "step 'confirm'" in texts_of(result)
-    assert "did not declare" in texts_of(result) and time.monotonic() - started < 2 and caller.calls == []
+    assert result["isError"] and texts_of(result) == (
+        "composite tool 'c': step 'confirm' needs the client to support elicitation, and it did not declare it")
+    assert time.monotonic() - started < 2 and caller.calls == []
+
+
+def test_a_caller_that_raises_instead_of_answering_fails_the_step():
+    class Raising(AskingCaller):
+        def elicit(self, *args: Any):
+            raise JsonRpcError(INTERNAL_ERROR, "no stream to ask on")
+
+    result = outcome(composite(confirm_step()), Raising({}), {"app": "web"})
+    assert texts_of(result) == ("composite tool 'c': step 'confirm' failed: asking the client failed: "
+                                "no stream to ask on")
+
+
+def test_an_error_answer_fails_the_step_and_is_never_retried():
+    caller = AskingCaller({}, JsonRpcError(INTERNAL_ERROR, "User rejected"))
+    result = outcome(composite(confirm_step(on_error=OnError("retry", retry_count=3, retry_delay=0))), caller,
+                     {"app": "web"})
+    assert texts_of(result) == "composite tool 'c': step 'confirm' failed: asking the client failed: User rejected"
+    assert len(caller.asked) == 1
 
 
 @pytest.mark.parametrize("answer, why", [
-    ({"action": "maybe"}, "action 'maybe'"),
-    ({"action": "accept", "content": "yes"}, "content must be an object"),
-    ({"action": "accept", "content": {"note": "no confirm"}}, "'confirm' is a required property"),
-    ({"action": "accept", "content": {"confirm": "yes"}}, "confirm"),
+    ({"action": "maybe"}, "action 'maybe' is not one of accept, decline, cancel"),
+    ("accept", "the result is str, not an object"),
+    ({"action": "accept", "content": "yes"}, "content must be an object, got string"),
+    ({"action": "accept", "content": {"note": "no confirm"}},
+     "content does not match the schema: missing required property 'confirm'"),
+    ({"action": "accept", "content": {"confirm": "yes"}},
+     "content does not match the schema: confirm must be boolean, got string"),
+    ({"action": "accept", "content": {"confirm": True, "x": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {
+        "h": {"i": {"j": 1}}}}}}}}}}}}, "content is nested deeper than 10 levels"),
 ])
 def test_a_malformed_answer_fails_the_step_by_name(answer, why):
     caller = AskingCaller({"deploy": echo}, answer)
     result = outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"})
-    assert result["isError"] and "step 'confirm'" in texts_of(result) and why in texts_of(result)
+    assert texts_of(result) == f"composite tool 'c': step 'confirm' failed: the client's answer is malformed: {why}"
+    assert caller.calls == []
+
+
+def test_accept_without_content_reads_as_empty_content():
+    optional = {"type": "object", "properties": {"note": {"type": "string"}}}
+    caller = AskingCaller({}, {"action": "accept"})
+    step = Step("confirm", None, type="elicitation", message="Note?", elicitation_schema=optional)
+    result = outcome(composite(step, output=confirm_output()), caller)
+    assert result["structuredContent"] == {"answer": {"action": "accept", "content": {}}}
 
 
 def test_an_unanswered_elicitation_times_out_and_a_late_answer_is_ignored():
     caller = AskingCaller({"deploy": echo}, None)
     started = time.monotonic()
-    result = outcome(composite(confirm_step(timeout=0.3), deploy_step()), caller, {"app": "web"})
-    assert result["isError"] and "timed out" in texts_of(result) and time.monotonic() - started < 3
+    result = outcome(composite(confirm_step(timeout=0.3, on_error=OnError("retry", retry_count=2, retry_delay=0)),
+                               deploy_step()), caller, {"app": "web"})
+    assert texts_of(result) == ("composite tool 'c': step 'confirm' failed: timed out after 0.3 s without an answer "
+                                "(a timeout counts as a cancel; onCancel is abort)")
+    assert time.monotonic() - started < 3 and len(caller.asked) == 1  # a person is not asked twice
     caller.pending[0].set_result({"action": "accept", "content": {"confirm": True}})  # too late: nothing happens
     time.sleep(0.1)
     assert caller.calls == []
+
+
+def test_a_timeout_follows_on_cancel_as_in_toolhive_with_the_action_timeout():
+    caller = AskingCaller({"deploy": echo}, None)
+    result = outcome(composite(confirm_step(timeout=0.2, on_cancel="continue"), deploy_step()), caller,
+                     {"app": "web"})
+    assert caller.calls == [("deploy", {"approved": "timeout", "note": "none"})]
+    caller.pending[0].set_result({"action": "accept", "content": {"confirm": True}})  # late: ignored
+    assert not result["isError"]
+
+
+def test_a_caller_that_gives_up_at_the_deadline_counts_as_a_timeout():
+    class GivingUp(AskingCaller):
+        def elicit(self, step_id, message, requested_schema, deadline):
+            future = super().elicit(step_id, message, requested_schema, deadline)
+            call_later(max(0.0, deadline.remaining()) + 0.01,
+                       lambda: future.set_exception(JsonRpcError(INTERNAL_ERROR, "no answer")))
+            return future
+
+    # the run's timers run late here, so the caller's failure at the deadline comes first
+    caller = GivingUp({"deploy": echo}, None)
+    result = outcome(composite(confirm_step(timeout=0.2, on_cancel="continue"), deploy_step()), caller,
+                     {"app": "web"}, schedule=lambda delay, fn: call_later(delay + 1.0, fn))
+    assert caller.calls == [("deploy", {"approved": "timeout", "note": "none"})] and not result["isError"]
+
+
+def test_the_caller_gets_the_rendered_message_the_schema_and_a_deadline_within_the_step_timeout():
+    caller = AskingCaller({}, {"action": "accept", "content": {"confirm": True}})
+    started = time.monotonic()
+    step = confirm_step(message="{{ params.apps }}", timeout=60)
+    outcome(composite(step), caller, {"apps": ["web", "db"]})
+    assert caller.asked == [("confirm", '["web","db"]', CONFIRM)]  # a whole value is written as JSON text
+    assert started + 59 < caller.deadlines[0].at <= time.monotonic() + 60
+
+
+def test_an_elicitation_waits_at_most_ten_minutes_and_no_longer_than_the_run():
+    caller = AskingCaller({}, {"action": "accept", "content": {"confirm": True}})
+    outcome(composite(confirm_step(timeout=3600)), caller, {"app": "web"})
+    assert caller.deadlines[0].remaining() <= 600
+    caller = AskingCaller({}, {"action": "accept", "content": {"confirm": True}})
+    outcome(composite(confirm_step(timeout=300), timeout=5), caller, {"app": "web"})
+    assert caller.deadlines[0].remaining() <= 5
+
+
+def test_a_message_that_fails_to_render_fails_the_step_without_asking():
+    caller = AskingCaller({}, {"action": "accept", "content": {"confirm": True}})
+    result = outcome(composite(confirm_step(message="Deploy {{ params.app.name }}?")), caller, {"app": "web"})
+    assert texts_of(result).startswith("composite tool 'c': step 'confirm' failed: message: ")
+    assert caller.asked == []
+
+
+def test_a_condition_skips_an_elicitation_like_any_step():
+    caller = AskingCaller({"deploy": echo}, {"action": "accept", "content": {"confirm": True}})
+    tool = composite(confirm_step(condition="{{ params.app == 'prod' }}",
+                                  default_results={"action": "accept", "content": {"note": "auto"}}), deploy_step())
+    outcome(tool, caller, {"app": "web"})
+    assert caller.asked == [] and caller.calls == [("deploy", {"approved": "accept", "note": "auto"})]
+
+
+def test_elicitation_steps_count_in_progress_like_other_steps():
+    caller = AskingCaller({"deploy": echo}, {"action": "accept", "content": {"confirm": True}})
+    progress: list[tuple[int, int, str]] = []
+    outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"},
+            on_progress=lambda *event: progress.append(event))
+    assert progress == [(1, 2, "step 'confirm' completed"), (2, 2, "step 'deploy' completed")]
+
+
+def test_a_toolhive_config_with_a_for_each_inner_id_and_type_loads_and_runs():
+    from vmcp_actors.config import config_from_mapping
+
+    config = config_from_mapping({
+        "name": "t",
+        "backends": [{"name": "osv", "url": "http://127.0.0.1:8081/mcp"}],
+        "compositeTools": [{
+            "name": "check", "description": "Each package",
+            "parameters": {"type": "object", "properties": {"packages": {"type": "array"}}},
+            "steps": [{"id": "each", "type": "forEach", "collection": "{{json .params.packages}}", "itemVar": "pkg",
+                       "step": {"id": "query", "type": "tool", "tool": "osv.query",
+                                "arguments": {"name": "{{.forEach.pkg.name}}", "at": "{{ forEach.index }}"}}}],
+        }],
+    })
+    caller = FakeCaller({"osv.query": echo})
+    result = outcome(config.composite_tools[0], caller, {"packages": [{"name": "a"}, {"name": "b"}]})
+    assert sorted(caller.calls, key=lambda call: call[1]["at"]) == [
+        ("osv.query", {"name": "a", "at": 0}), ("osv.query", {"name": "b", "at": 1})]
+    assert texts_of(result) == '[{"name": "a", "at": 0}, {"name": "b", "at": 1}]'

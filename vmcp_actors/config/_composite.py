@@ -15,6 +15,7 @@ Three layers of checks, each reported as ``path: message``:
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,8 +83,11 @@ DEFAULT_MAX_ITERATIONS = 100
 FOR_EACH_KEYS = ("collection", "itemVar", "maxParallel", "maxIterations", "step")
 INNER_STEP_KEYS = ("tool", "arguments")  # what a forEach step keeps under `step`
 ELICITATION_KEYS = ("message", "schema", "onDecline", "onCancel")
-# The JSON types an elicitation form may ask for (MCP: flat objects of primitives).
+# What MCP lets a server ask in a form (elicitation/create, form mode): an object whose
+# properties are primitives; an array only as a multi-select of strings.
 ELICITATION_PROPERTY_TYPES = ("string", "number", "integer", "boolean", "array")
+ELICITATION_FORMATS = ("email", "uri", "date", "date-time")
+MAX_ELICITATION_SCHEMA = 100 * 1024  # characters of JSON, ToolHive's limit
 RETRY_KEYS = ("retryCount", "retryDelay")
 
 _JSON_VALUE = "must be a JSON value (string, finite number, boolean, null, list, mapping with string keys)"
@@ -288,15 +292,21 @@ class OnErrorSchema(_StrictSchema):
         )
 
 
+def _inner_step_type(value: str) -> None:
+    if value != "tool":
+        raise ValidationError("must be tool: a forEach step's inner step calls a tool (no elicitation or "
+                              "nested forEach)")
+
+
 class ForEachInnerStepSchema(_StrictSchema):
     """A forEach step's ``step``: the tool each iteration calls. ToolHive's own ``id`` and
-    ``type: tool`` are accepted (ToolHive names the inner step but never refers to it;
-    iterations are the outer step's)."""
+    ``type: tool`` are accepted; ToolHive names the inner step only in its logs, and here
+    too it names nothing (iterations are the outer step's)."""
 
     error_messages = {"unknown": "unknown field (a forEach step's inner step has id, type, tool and arguments)"}
 
     id = _String(validate=_step_id)
-    type = _String(validate=_Choice(["tool"]))  # ToolHive's; a forEach step's inner step calls a tool
+    type = _String(validate=_inner_step_type)
     tool = _String(required=True, validate=_tool_name)
     arguments = _JsonArguments(load_default=dict)
 
@@ -307,21 +317,68 @@ class ElicitationActionSchema(_StrictSchema):
     action = _String(load_default="abort", validate=_Choice(ELICITATION_ACTIONS))
 
 
-def _elicitation_schema(value: Mapping[str, Any]) -> None:
-    """What MCP lets a server ask in a form: an object of primitive properties."""
-    if value.get("type") != "object":
-        raise ValidationError("must be an object schema (type: object)")
-    properties = value.get("properties", {})
-    if not isinstance(properties, Mapping) or not properties:
-        raise ValidationError("properties: must name at least one property")
-    problems = {name: [f"type must be one of {', '.join(ELICITATION_PROPERTY_TYPES)} (an elicitation form "
-                       "is flat)"] for name, prop in properties.items()
-                if not isinstance(prop, Mapping) or prop.get("type") not in ELICITATION_PROPERTY_TYPES}
-    if problems:
-        raise ValidationError({"properties": problems})
-    required = value.get("required", [])
-    if not isinstance(required, list) or any(name not in properties for name in required):
-        raise ValidationError("required: must list properties of the schema")
+class _ElicitationSchema(_JsonArguments):
+    """An elicitation step's ``schema``: the form MCP lets a server ask for (an object of
+    flat properties), then the draft's metaschema, then ToolHive's size limit. Loads with
+    ``properties`` filled in (``{}``), which MCP requires of the request."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> dict[str, Any]:
+        schema = super()._deserialize(value, attr, data, **kwargs)
+        errors = _form_problems(schema) or _metaschema_problems(schema)
+        if errors:
+            raise ValidationError(errors)
+        size = len(json.dumps(schema))
+        if size > MAX_ELICITATION_SCHEMA:
+            raise ValidationError(f"is {size} characters of JSON, more than the limit of {MAX_ELICITATION_SCHEMA}")
+        return {**schema, "properties": schema.get("properties", {})}
+
+
+def _form_problems(schema: Mapping[str, Any]) -> dict[str, Any]:
+    errors: dict[str, Any] = {}
+    if schema.get("type") != "object":
+        errors["type"] = ["must be object: an elicitation asks for a form, an object of flat properties"]
+    properties = schema.get("properties", {})
+    if not isinstance(properties, Mapping):
+        errors["properties"] = ["must be a mapping of field name to JSON Schema"]
+        properties = {}
+    per_field = {name: problems for name, prop in properties.items() if (problems := _form_field_problems(prop))}
+    if per_field:
+        errors["properties"] = per_field
+    required = schema.get("required", [])
+    if not isinstance(required, list):
+        errors["required"] = ["must be a list of field names"]
+    else:
+        unknown = {index: [f"{name!r} is not one of the properties"] for index, name in enumerate(required)
+                   if not isinstance(name, str) or name not in properties}
+        if unknown:
+            errors["required"] = unknown
+    return errors
+
+
+def _form_field_problems(prop: Any) -> Any:
+    if not isinstance(prop, Mapping):
+        return ["must be a mapping (a JSON Schema)"]
+    kind = prop.get("type")
+    if kind not in ELICITATION_PROPERTY_TYPES:
+        return {"type": [f"must be one of {', '.join(ELICITATION_PROPERTY_TYPES)}: an elicitation form is flat "
+                         "(no objects, no nesting)"]}
+    errors: dict[str, Any] = {}
+    if kind == "string" and "format" in prop and prop["format"] not in ELICITATION_FORMATS:
+        errors["format"] = [f"must be one of {', '.join(ELICITATION_FORMATS)} (the formats MCP allows in a form)"]
+    if kind == "array" and not _is_multi_select(prop.get("items")):
+        errors["items"] = ["an array field is a multi-select of strings: items must be "
+                           "{type: string, enum: [...]} or {anyOf: [{const: ..., title: ...}, ...]}"]
+    return errors
+
+
+def _is_multi_select(items: Any) -> bool:
+    if not isinstance(items, Mapping):
+        return False
+    if items.get("type") == "string" and isinstance(items.get("enum"), list):
+        return True
+    options = items.get("anyOf")
+    return isinstance(options, list) and bool(options) and all(
+        isinstance(option, Mapping) and isinstance(option.get("const"), str) for option in options)
 
 
 class StepSchema(_StrictSchema):
@@ -349,7 +406,7 @@ class StepSchema(_StrictSchema):
 
     # elicitation only (ToolHive's fields)
     message = _String(validate=_not_blank)
-    elicitation_schema = _JsonArguments(data_key="schema", validate=_elicitation_schema)
+    elicitation_schema = _ElicitationSchema(data_key="schema")
     on_decline = _Nested(ElicitationActionSchema, data_key="onDecline")
     on_cancel = _Nested(ElicitationActionSchema, data_key="onCancel")
 

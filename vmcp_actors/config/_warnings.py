@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from vmcp_actors.config._model import VmcpConfig
+from vmcp_actors.workflows import MAX_ELICITATION_TIMEOUT
 
 
 def config_warnings(config: VmcpConfig) -> list[str]:
@@ -15,6 +16,25 @@ def config_warnings(config: VmcpConfig) -> list[str]:
             f"ignored under {aggregation.conflict_resolution}"
         )
     warnings.extend(_unknown_step_workloads(config))
+    warnings.extend(_elicitation_settings(config))
+    return warnings
+
+
+def _elicitation_settings(config: VmcpConfig) -> list[str]:
+    """What an elicitation step loads but does not do, as in ToolHive: wait past the cap,
+    or retry (a person is not asked twice)."""
+    warnings = []
+    for index, composite in enumerate(config.composite_tools):
+        for position, step in enumerate(composite.steps):
+            if step.type != "elicitation":
+                continue
+            where = f"compositeTools[{index}].steps[{position}]"
+            if step.timeout > MAX_ELICITATION_TIMEOUT:
+                warnings.append(f"{where}.timeout: an elicitation waits at most {MAX_ELICITATION_TIMEOUT / 60:g}m "
+                                f"for an answer; {step.timeout:g}s is cut to that")
+            if step.on_error.action == "retry":
+                warnings.append(f"{where}.onError.action: an elicitation is never retried; a failure of this step "
+                                "aborts the call, as with abort")
     return warnings
 
 

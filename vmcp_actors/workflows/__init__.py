@@ -13,9 +13,10 @@ from vmcp_actors.workflows._annotations import (
 from vmcp_actors.workflows._coercion import coerce_arguments
 from vmcp_actors.workflows._dag import DagProblem, StepSpec, ready_steps, topological_levels, validate_dag
 from vmcp_actors.workflows._definition import (
+    ELICITATION_ACTIONS,
+    MAX_ELICITATION_TIMEOUT,
     MAX_FOR_EACH_ITERATIONS,
     MAX_RETRY_COUNT,
-    ELICITATION_ACTIONS,
     ON_ERROR_ACTIONS,
     OUTPUT_TYPES,
     STEP_TYPES,
@@ -32,8 +33,8 @@ from vmcp_actors.workflows._definition import (
 )
 from vmcp_actors.workflows._errors import TemplateError, TemplateRenderError, TemplateSyntaxError, UnsafeTemplate
 from vmcp_actors.workflows._run import (
-    StepCaller,
     ElicitationUnsupported,
+    StepCaller,
     WorkflowCancelled,
     WorkflowRun,
     error_result,
@@ -54,9 +55,10 @@ from vmcp_actors.workflows._templates import (
 )
 
 __all__ = [
+    "ELICITATION_ACTIONS",
+    "MAX_ELICITATION_TIMEOUT",
     "MAX_FOR_EACH_ITERATIONS",
     "MAX_RETRY_COUNT",
-    "ELICITATION_ACTIONS",
     "ON_ERROR_ACTIONS",
     "OUTPUT_TYPES",
     "STEP_TYPES",

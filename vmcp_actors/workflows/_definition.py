@@ -26,6 +26,9 @@ STEP_TYPES = ("tool", "forEach", "elicitation")
 # What an elicitation step does when the user declines or cancels (ToolHive's actions):
 # fail the run, go on (later steps read the action), or end the run here, successfully.
 ELICITATION_ACTIONS = ("abort", "continue", "skip_remaining")
+# ToolHive caps how long an elicitation waits for a person, whatever its timeout says, so
+# prompts nobody answers do not pile up.
+MAX_ELICITATION_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,9 @@ class ForEach:
 class Step:
     """One step. A ``forEach`` step's ``tool`` and ``arguments`` are its inner step's. An
     ``elicitation`` step has no tool: it asks the calling client ``message`` (a template)
-    for what ``elicitation_schema`` describes; its output is ``{"action", "content"}``."""
+    for what ``elicitation_schema`` describes (a flat object schema, as MCP requires); its
+    output is ``{"action", "content"}``, and ``on_decline`` / ``on_cancel`` (a timeout
+    counts as a cancel, as in ToolHive) say what an answer other than accept does."""
 
     id: str
     tool: str | None
@@ -104,6 +109,14 @@ class Step:
             raise ValueError(f"step {self.id!r}: a tool step needs a tool")
         if self.timeout <= 0:
             raise ValueError(f"step {self.id!r}: timeout must be positive, got {self.timeout}")
+
+    @property
+    def attempt_timeout(self) -> float:
+        """How long one attempt may take: ``timeout``, at most ``MAX_ELICITATION_TIMEOUT``
+        for an elicitation."""
+        if self.type == "elicitation":
+            return min(self.timeout, MAX_ELICITATION_TIMEOUT)
+        return self.timeout
 
 
 OUTPUT_TYPES = ("string", "integer", "number", "boolean", "object", "array")

@@ -1,11 +1,12 @@
 """The WorkflowRun actor: one run of a composite tool.
 
 The actor owns the run's state (which steps are pending, running, done; their outcomes;
-timers) and never waits in its loop: every step call is handed to the StepCaller, which
-returns a future at once (the call runs as pooled work), and its outcome comes back as a
-message (``_CallDone``); timers report with ``_StepTimedOut`` / ``_RunTimedOut`` /
-``_Relaunch``. Templates are rendered and arguments coerced to the target's input
-schema in the actor (CPU only, bounded by the sandbox's budget).
+timers) and never waits in its loop: every step call, and every question to the client
+(an elicitation step), is handed to the StepCaller, which returns a future at once, and
+its outcome comes back as a message (``_CallDone``, ``_Elicited``); timers report with
+``_StepTimedOut`` / ``_RunTimedOut`` / ``_Relaunch``. Templates are rendered and
+arguments coerced to the target's input schema in the actor (CPU only, bounded by the
+sandbox's budget).
 
 Semantics follow ToolHive's vMCP: every step whose dependencies are done starts at once,
 up to ``max_parallel``; ``onError`` decides whether a failure aborts the run, lets its
@@ -51,6 +52,7 @@ from vmcp_actors.workflows._definition import (
     Step,
 )
 from vmcp_actors.workflows._errors import TemplateError
+from vmcp_actors.workflows._sandbox import as_text
 from vmcp_actors.workflows._templates import (
     ForEachItem,
     StepOutcome,
@@ -114,7 +116,8 @@ class _Elicited:
     step_id: str
     attempt: int
     result: Any = None  # the client's ElicitResult dict
-    error: str | None = None
+    error: str | None = None  # when asking failed
+    unsupported: bool = False  # the failure was ElicitationUnsupported: error is its whole message
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,7 @@ class _Running:
     attempt: int
     timer: TimerHandle
     retries: int = 0
+    deadline: Deadline | None = None  # an elicitation's: a failure after it counts as its timeout
     # forEach only: the rendered items, their outputs, and what is left to start
     items: list[Any] | None = None
     outputs: list[Any] | None = None
@@ -193,6 +197,7 @@ class WorkflowRun(pykka.ThreadingActor):
         self._state = "new"  # running, completed, failed, cancelled
         self._scheduling = False
         self._result_taken = False
+        self._ended_by_client = False  # the user declined or cancelled, or the client cannot be asked
         self._started_wall = time.time()
         self._started = clock()
         self._ended: float | None = None
@@ -270,7 +275,10 @@ class WorkflowRun(pykka.ThreadingActor):
             running = self._running.get(message.step_id)
             if running is not None and running.attempt == message.attempt:
                 step = self._steps[message.step_id]
-                self._attempt_failed(step, f"timed out after {step.timeout:g} s")
+                if step.type == "elicitation":
+                    self._not_accepted(step, "timeout")
+                else:
+                    self._attempt_failed(step, f"timed out after {step.timeout:g} s")
         elif isinstance(message, _Relaunch):
             running = self._running.get(message.step_id)
             if running is not None and running.attempt == message.attempt:
@@ -322,7 +330,7 @@ class WorkflowRun(pykka.ThreadingActor):
                 self._outcomes[step.id] = StepOutcome("skipped", copy.deepcopy(step.default_results))
                 self._progress(f"step {step.id!r} skipped")
                 return
-        attempt = _Running(attempt=1, timer=self._timer(step.timeout, _StepTimedOut(step.id, 1)))
+        attempt = _Running(attempt=1, timer=self._timer(step.attempt_timeout, _StepTimedOut(step.id, 1)))
         self._running[step.id] = attempt
         self._launch(step, attempt, delay=0.0)
 
@@ -332,7 +340,7 @@ class WorkflowRun(pykka.ThreadingActor):
             return
         try:
             if step.type == "elicitation":
-                self._elicit(step, running.attempt)
+                self._elicit(step, running)
             elif step.for_each is None:
                 arguments = self._render_arguments(step, None)
                 self._submit(step, running.attempt, None, arguments)
@@ -374,23 +382,25 @@ class WorkflowRun(pykka.ThreadingActor):
 
         on_settled(future, report)
 
-    def _elicit(self, step: Step, attempt: int) -> None:
+    def _elicit(self, step: Step, running: _Running) -> None:
         try:
-            message = render_value(step.message, self._context())
+            message = as_text(render_value(step.message, self._context()))
         except TemplateError as err:
             raise _StepFailure(f"message: {err}") from None
-        actor_ref = self.actor_ref
-        deadline = Deadline(min(self._deadline.at, time.monotonic() + step.timeout))
+        actor_ref, attempt = self.actor_ref, running.attempt
+        running.deadline = Deadline(min(self._deadline.at, time.monotonic() + step.attempt_timeout))
         try:
-            future = self._caller.elicit(step.id, str(message), step.elicitation_schema or {}, deadline)
+            future = self._caller.elicit(step.id, message, step.elicitation_schema or {}, running.deadline)
         except Exception as error:  # noqa: BLE001 - a caller that cannot ask: the step fails
-            tell_quietly(actor_ref, _Elicited(step.id, attempt, error=_describe(error)))
+            tell_quietly(actor_ref, _Elicited(step.id, attempt, error=_describe(error),
+                                              unsupported=isinstance(error, ElicitationUnsupported)))
             return
 
         def report(done: cf.Future[dict[str, Any]]) -> None:
             error = done.exception()
             tell_quietly(actor_ref, _Elicited(step.id, attempt, None if error else done.result(),
-                                              None if error is None else _describe(error)))
+                                              None if error is None else _describe(error),
+                                              isinstance(error, ElicitationUnsupported)))
 
         on_settled(future, report)
 
@@ -399,48 +409,59 @@ class WorkflowRun(pykka.ThreadingActor):
     def _on_elicited(self, message: _Elicited) -> None:
         running = self._running.get(message.step_id)
         if running is None or running.attempt != message.attempt:
-            return  # timed out: a late answer changes nothing
+            return  # timed out (or the run moved on): a late answer changes nothing
         step = self._steps[message.step_id]
-        if message.error is not None:
-            self._attempt_failed(step, message.error, retryable=False)
-            return
-        result = message.result if isinstance(message.result, Mapping) else {}
-        action, content = result.get("action"), result.get("content")
-        if action not in ("accept", "decline", "cancel"):
-            self._attempt_failed(step, f"the client answered with action {str(action)[:40]!r}", retryable=False)
-            return
-        if action == "accept":
-            problem = _content_problem(content, step.elicitation_schema or {})
-            if problem is not None:
-                self._attempt_failed(step, f"the client's answer does not match the schema: {problem}",
-                                     retryable=False)
+        if message.unsupported:  # its message names the step already
+            self._client_failed(step, message.error or "", f"composite tool {self._tool.name!r}: {message.error}")
+        elif message.error is not None:
+            if running.deadline is not None and running.deadline.expired:
+                self._not_accepted(step, "timeout")  # the caller gave up at the deadline
+            else:
+                self._step_failed(step, f"asking the client failed: {message.error}")  # never retried
+        else:
+            try:
+                action, content = _elicit_answer(message.result, step.elicitation_schema or {})
+            except _MalformedAnswer as err:
+                self._step_failed(step, f"the client's answer is malformed: {err}")
                 return
-            self._step_completed(step, {"action": "accept", "content": dict(content or {})})
-            return
+            if action == "accept":
+                self._step_completed(step, {"action": "accept", "content": content})
+            else:
+                self._not_accepted(step, action)
+
+    def _not_accepted(self, step: Step, action: str) -> None:
+        """The user declined, cancelled, or let the step time out (which ToolHive treats as
+        a cancel); ``onDecline`` / ``onCancel`` say what that does to the run."""
         policy = step.on_decline if action == "decline" else step.on_cancel
-        what = "declined" if action == "decline" else "cancelled"
         if policy == "abort":
-            self._stop_step(step.id)
-            self._status[step.id] = "failed"
-            self._outcomes[step.id] = StepOutcome("failed", None, f"the user {what}")
-            self._settle(result=error_result(f"composite tool {self._tool.name!r}: step {step.id!r}: the user "
-                                             f"{what} the elicitation"), state="failed")
+            why = {"decline": "the user declined (onDecline is abort)",
+                   "cancel": "the user cancelled (onCancel is abort)",
+                   "timeout": f"timed out after {step.attempt_timeout:g} s without an answer (a timeout counts "
+                              "as a cancel; onCancel is abort)"}[action]
+            self._client_failed(step, why)  # onError: continue still lets the run go on, as in ToolHive
             return
-        output = {"action": action, "content": {}}
+        output: dict[str, Any] = {"action": action, "content": {}}
         if policy == "continue":
             self._step_completed(step, output)
             return
-        # skip_remaining: this step is done, nothing after it runs, the run completes.
+        # skip_remaining: the step completes, no step starts after it, the steps in flight
+        # finish, and the run completes with its usual result.
+        output["skipped"] = True
         self._stop_step(step.id)
         self._status[step.id] = "completed"
         self._outcomes[step.id] = StepOutcome("completed", output)
-        for other in self._steps:
-            if other not in self._outcomes:
-                self._stop_step(other)
-                self._status[other] = "skipped"
-                self._outcomes[other] = StepOutcome("skipped", copy.deepcopy(self._steps[other].default_results))
-        self._progress(f"step {step.id!r}: the user {what}; skipping the remaining steps")
-        self._settle(result=self._final_result(), state="completed")
+        self._progress(f"step {step.id!r} completed ({action}: skipping the remaining steps)")
+        for other in self._tool.steps:  # in declaration order
+            if other.id not in self._outcomes and other.id not in self._running:
+                self._status[other.id] = "skipped"
+                self._outcomes[other.id] = StepOutcome("skipped", copy.deepcopy(other.default_results))
+                self._progress(f"step {other.id!r} skipped")
+        self._schedule()
+
+    def _client_failed(self, step: Step, error: str, result_text: str | None = None) -> None:
+        """A failure the user or the client chose: the run ends as expected (logged at INFO)."""
+        self._ended_by_client = step.on_error.action != "continue"
+        self._step_failed(step, error, result_text)
 
     def _on_call_done(self, message: _CallDone) -> None:
         running = self._running.get(message.step_id)
@@ -483,7 +504,8 @@ class WorkflowRun(pykka.ThreadingActor):
                 return
         self._step_failed(step, error)
 
-    def _step_failed(self, step: Step, error: str) -> None:
+    def _step_failed(self, step: Step, error: str, result_text: str | None = None) -> None:
+        """``result_text`` replaces the usual error result, "step 'ID' failed: ERROR"."""
         self._stop_step(step.id)
         self.steps_failed += 1
         self._status[step.id] = "failed"
@@ -493,8 +515,8 @@ class WorkflowRun(pykka.ThreadingActor):
             self._progress(f"step {step.id!r} failed; continuing")
             self._schedule()
             return
-        self._settle(result=error_result(f"composite tool {self._tool.name!r}: step {step.id!r} failed: {error}"),
-                     state="failed")
+        self._settle(result=error_result(result_text or f"composite tool {self._tool.name!r}: step {step.id!r} "
+                                                        f"failed: {error}"), state="failed")
 
     def _step_completed(self, step: Step, output: Any) -> None:
         self._stop_step(step.id)
@@ -549,7 +571,8 @@ class WorkflowRun(pykka.ThreadingActor):
         else:
             texts = _texts(result or {})
             why = texts[0] if texts else "no result"
-        expected = self._state == "cancelled" or (isinstance(error, JsonRpcError) and error.code == INVALID_PARAMS)
+        expected = (self._state == "cancelled" or self._ended_by_client
+                    or (isinstance(error, JsonRpcError) and error.code == INVALID_PARAMS))
         level = logging.INFO if expected else logging.WARNING
         logger.log(level, "composite %r run %s %s after %s: %s", self._tool.name, self._run_id, self._state,
                    duration, why[:500])
@@ -655,15 +678,49 @@ def _typed(value: Any, json_type: str | None) -> Any:
     return value if has_json_type(value, json_type) else None
 
 
-def _content_problem(content: Any, schema: Mapping[str, Any]) -> str | None:
-    """Why accepted elicitation content does not fit the step's schema; None when it does."""
+ELICIT_ACTIONS = ("accept", "decline", "cancel")
+# ToolHive's limits on accepted content: it ends up in templates.
+MAX_ELICITED_CONTENT = 1024 * 1024  # characters of JSON
+MAX_ELICITED_DEPTH = 10
+
+
+class _MalformedAnswer(ValueError):
+    """An ElicitResult the run cannot use."""
+
+
+def _elicit_answer(result: Any, schema: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(action, content)`` of the client's ElicitResult; accepted content must match
+    ``schema`` (absent content reads as ``{}``), the rest carry none. Raises
+    :class:`_MalformedAnswer` saying what is wrong."""
+    if not isinstance(result, Mapping):
+        raise _MalformedAnswer(f"the result is {type(result).__name__}, not an object")
+    action = result.get("action")
+    if action not in ELICIT_ACTIONS:
+        raise _MalformedAnswer(f"action {str(action)[:40]!r} is not one of {', '.join(ELICIT_ACTIONS)}")
+    if action != "accept":
+        return action, {}
+    content = result.get("content")
+    content = {} if content is None else content
     if not isinstance(content, dict):
-        return "content must be an object"
+        raise _MalformedAnswer(f"content must be an object, got {_json_type(content)}")
+    if len(json.dumps(content, default=str)) > MAX_ELICITED_CONTENT:
+        raise _MalformedAnswer(f"content is larger than {MAX_ELICITED_CONTENT} characters of JSON")
+    if _depth(content) > MAX_ELICITED_DEPTH:
+        raise _MalformedAnswer(f"content is nested deeper than {MAX_ELICITED_DEPTH} levels")
     error = best_match(_validator(json.dumps(schema, sort_keys=True)).iter_errors(content))
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path)
-    return f"{where + ': ' if where else ''}{error.message}"[:200]
+    if error is not None:
+        raise _MalformedAnswer(f"content does not match the schema: {_problem_text(error)}"[:300])
+    return action, copy.deepcopy(content)
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_ELICITED_DEPTH:
+        return level  # deep enough to refuse; stop before Python's own limit
+    if isinstance(value, dict):
+        return max((_depth(item, level + 1) for item in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(item, level + 1) for item in value), default=level)
+    return level
 
 
 def _describe(error: BaseException) -> str:
