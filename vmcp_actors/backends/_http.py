@@ -276,18 +276,12 @@ class McpHttpClient:
         """Open the backend's standalone stream (GET) and yield each message on it until
         the backend ends it or ``abort`` is called. A backend that offers no stream
         answers 405: BackendHTTPError with that status."""
-        headers = self._headers(session_id, protocol_version, extra_headers)
-        headers["Accept"] = _SSE
         deadline = time.monotonic() + connect_timeout
-        resp = self._send("GET", headers, None, deadline, connect_timeout)
+        resp = self._get_stream(session_id, protocol_version, extra_headers, deadline, connect_timeout)
         try:
-            self._check_status(resp, session_id, deadline, connect_timeout)
             if not abort.attach(resp):
                 return
-            if _media_type(resp) != _SSE:
-                raise BackendProtocolError(self._name, f"backend {self._name!r} answered its stream request "
-                                                       "without an event stream")
-            self._set_read_timeout_none(resp)  # waits for events as long as it is wanted
+            self._set_read_timeout(resp, None)  # waits for events as long as it is wanted
             for event in iter_sse_events(_split_lines(self._iter_stream(resp))):
                 if event.data.strip():
                     msg = self._parse(event.data)
@@ -357,23 +351,31 @@ class McpHttpClient:
         """How to resume a call's event stream after ``last_event_id`` (a GET)."""
 
         def reopen(last_event_id: str) -> requests.Response:
-            headers = self._headers(session_id, protocol_version, extra_headers)
-            headers["Accept"] = _SSE
-            headers["Last-Event-ID"] = last_event_id
-            resp = self._send("GET", headers, None, deadline, timeout)
-            try:
-                self._check_status(resp, session_id, deadline, timeout)
-                if abort is not None and not abort.attach(resp):
-                    raise self._cancelled()
-                if _media_type(resp) != _SSE:
-                    raise BackendProtocolError(self._name, f"backend {self._name!r} resumed a stream without "
-                                                           "an event stream")
-            except BaseException:
-                resp.close()
-                raise
+            resp = self._get_stream(session_id, protocol_version, extra_headers, deadline, timeout, last_event_id)
+            if abort is not None and not abort.attach(resp):
+                raise self._cancelled()
             return resp
 
         return reopen
+
+    def _get_stream(self, session_id: str | None, protocol_version: str | None,
+                    extra_headers: Mapping[str, str] | None, deadline: float, timeout: float,
+                    last_event_id: str | None = None) -> requests.Response:
+        """GET an event stream: the standalone one, or a call's resumed after ``last_event_id``."""
+        headers = self._headers(session_id, protocol_version, extra_headers)
+        headers["Accept"] = _SSE
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        resp = self._send("GET", headers, None, deadline, timeout)
+        try:
+            self._check_status(resp, session_id, deadline, timeout)
+            if _media_type(resp) != _SSE:
+                raise BackendProtocolError(self._name, f"backend {self._name!r} answered a stream request "
+                                                       "without an event stream")
+        except BaseException:
+            resp.close()
+            raise
+        return resp
 
     def _messages(
         self, resp: requests.Response, request_id: Any, deadline: float, timeout: float,
@@ -494,13 +496,14 @@ class McpHttpClient:
     # ------------------------------------------------------------------ bodies
 
     @staticmethod
-    def _set_read_timeout(resp: requests.Response, seconds: float) -> None:
+    def _set_read_timeout(resp: requests.Response, seconds: float | None) -> None:
         # Narrow the socket timeout to what is left of the deadline, so one stalled read
-        # cannot overrun it. urllib3 resets the timeout when it reuses the connection.
+        # cannot overrun it (None: no limit, for a standalone stream). urllib3 resets the
+        # timeout when it reuses the connection.
         sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
         if sock is not None:
             try:
-                sock.settimeout(max(seconds, 0.001))
+                sock.settimeout(None if seconds is None else max(seconds, 0.001))
             except OSError:
                 pass
 
@@ -521,15 +524,6 @@ class McpHttpClient:
                 yield chunk
         except Exception as exc:
             raise self._map_exception(exc, timeout) from None
-
-    @staticmethod
-    def _set_read_timeout_none(resp: requests.Response) -> None:
-        sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
-        if sock is not None:
-            try:
-                sock.settimeout(None)
-            except OSError:
-                pass
 
     def _iter_stream(self, resp: requests.Response) -> Iterator[bytes]:
         """A standalone stream's bytes as they arrive, with no deadline."""

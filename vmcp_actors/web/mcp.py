@@ -213,12 +213,9 @@ def _sse_response(texts: Iterator[str | None]) -> Response:
 
 
 def _standalone_response(messages: Iterator[dict | None]) -> Response:
-    def stream() -> Iterator[str]:
-        yield ": stream open\n\n"  # headers and a first byte now: the client knows it is listening
-        for message in messages:
-            yield encode_sse_event(message) if message is not None else ": keep-alive\n\n"
-
-    return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+    # A comment first: headers and a byte now, so the client knows it is listening.
+    encoded = (encode_sse_event(message) if message is not None else None for message in messages)
+    return _sse_response(itertools.chain([": stream open\n\n"], encoded))
 
 
 def _read_body() -> bytes:
