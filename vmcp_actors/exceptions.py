@@ -57,10 +57,11 @@ class BackendProtocolError(BackendError):
 class BackendRpcError(BackendError):
     """The backend answered with a JSON-RPC error object."""
 
-    def __init__(self, backend: str, code: int, message: str, data: object = None):
+    def __init__(self, backend: str, code: int, message: str, data: object = None, *, status: int = 200):
         self.code = code
         self.rpc_message = message
         self.data = data
+        self.status = status  # the HTTP status it came with (a 2026-07-28 backend answers 4xx with one)
         super().__init__(backend, f"backend {backend!r} answered error {code}: {message}")
 
 

@@ -1,16 +1,31 @@
-"""Values the gateway hands clients and must trust later, signed with one key.
+"""Values the gateway hands clients and must trust later, signed or sealed with one key.
 
 A session id is a random nonce and an HMAC-SHA256 tag over it, so a forged or altered
 id is refused before any lookup, and another process holding the same key (from
 ``operational.signingKeyEnv``) can trust an id this one issued. Without a configured key
 a random one is generated at start: ids then stop verifying when the process restarts.
+
+A ``requestState`` (MCP 2026-07-28 multi round-trip requests) is sealed: AES-256-GCM with
+a key derived from the same one (HKDF, its own purpose), so a client can neither read nor
+alter it and another process with the key can open it. The sealed payload carries its
+purpose and expiry; ``unseal`` refuses anything else before its contents are looked at.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
+import json
 import re
 import secrets
+import time
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 # 16 random bytes and a 16-byte tag, as 64 lowercase hex characters (visible ASCII, as
 # MCP requires of session ids).
@@ -20,11 +35,22 @@ MIN_KEY_BYTES = 16
 _SESSION_ID = re.compile(r"[0-9a-f]{64}")
 
 
+_SEAL_NONCE_BYTES = 12
+MAX_SEALED_CHARS = 64 * 1024  # a sealed value longer than this was not made here
+
+
+class Unsealable(ValueError):
+    """A sealed value that is not one this key made for this purpose, or has expired.
+    The message is for logs only: clients are told no more than that it is invalid."""
+
+
 class Signer:
     def __init__(self, key: bytes):
         if len(key) < MIN_KEY_BYTES:
             raise ValueError(f"a signing key needs at least {MIN_KEY_BYTES} bytes")
         self._key = key
+        sealing_key = HKDF(SHA256(), 32, salt=None, info=b"vmcp-actors sealed values").derive(key)
+        self._aead = AESGCM(sealing_key)
 
     @classmethod
     def generated(cls) -> Signer:
@@ -42,6 +68,30 @@ class Signer:
         if not isinstance(value, str) or not _SESSION_ID.fullmatch(value):
             return False
         return hmac.compare_digest(value[_NONCE_HEX:], self._tag("session", value[:_NONCE_HEX]))
+
+    def seal(self, purpose: str, payload: dict[str, Any], ttl: float) -> str:
+        """``payload`` sealed for ``purpose`` until ``ttl`` seconds from now (URL-safe text)."""
+        plain = json.dumps({"p": purpose, "exp": time.time() + ttl, "v": payload}, separators=(",", ":"))
+        nonce = secrets.token_bytes(_SEAL_NONCE_BYTES)
+        sealed = self._aead.encrypt(nonce, plain.encode(), purpose.encode())
+        return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
+
+    def unseal(self, purpose: str, token: object) -> dict[str, Any]:
+        """The payload sealed for ``purpose``; Unsealable when it was altered, made by
+        another key or for another purpose, or has expired."""
+        if not isinstance(token, str) or not token or len(token) > MAX_SEALED_CHARS:
+            raise Unsealable("not a sealed value")
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            plain = self._aead.decrypt(raw[:_SEAL_NONCE_BYTES], raw[_SEAL_NONCE_BYTES:], purpose.encode())
+            data = json.loads(plain)
+        except (binascii.Error, ValueError, InvalidTag):
+            raise Unsealable("altered, or sealed with another key or for another purpose") from None
+        if not isinstance(data, dict) or data.get("p") != purpose or not isinstance(data.get("v"), dict):
+            raise Unsealable("sealed for another purpose")
+        if not isinstance(data.get("exp"), (int, float)) or data["exp"] < time.time():
+            raise Unsealable("expired")
+        return data["v"]
 
     def _tag(self, purpose: str, text: str) -> str:
         # The purpose keeps a tag made for one kind of value from verifying as another.

@@ -9,7 +9,14 @@ from vmcp_actors.backends._auth import (
     Unauthenticated,
     build_outgoing_auth,
 )
-from vmcp_actors.backends._channel import BackendChannel, BackendRequest, CallOpened, drain
+from vmcp_actors.backends._channel import (
+    BackendChannel,
+    BackendEras,
+    BackendRequest,
+    CallOpened,
+    InputRequired,
+    drain,
+)
 from vmcp_actors.backends._http import Abort, McpHttpClient, PostResult
 from vmcp_actors.backends._models import (
     BackendCapabilities,
@@ -21,7 +28,9 @@ from vmcp_actors.backends._models import (
 
 __all__ = [
     "Abort",
+    "BackendEras",
     "BackendRequest",
+    "InputRequired",
     "CallOpened",
     "BackendCapabilities",
     "BackendChannel",

@@ -106,6 +106,7 @@ class BackendConnection(pykka.ThreadingActor):
         self._on_stream = on_stream
         self._stream_wanted = False
         self._stream_identity: Identity | None = None
+        self._stream_uris: frozenset[str] = frozenset()
         self._listener: _StreamListener | None = None
         self._no_stream_on: str | None = None  # the backend session that answered 405 to GET
         self._relisten_after = RELISTEN_AFTER
@@ -160,12 +161,19 @@ class BackendConnection(pykka.ThreadingActor):
             self._stop_listening()  # it listens again on the new session
         return self.handshake(identity)
 
-    def want_stream(self, wanted: bool, identity: Identity | None) -> None:
+    def want_stream(self, wanted: bool, identity: Identity | None, resource_uris: frozenset[str] = frozenset()) -> None:
         """Keep the backend's standalone stream open while something needs it (a client
-        stream, a subscription), and closed when nothing does."""
+        stream, a subscription), and closed when nothing does. ``resource_uris``: the
+        subscribed resources a 2026-07-28 backend's ``subscriptions/listen`` must name
+        (a change reopens its stream)."""
         self._stream_wanted = wanted
+        changed = resource_uris != self._stream_uris
+        self._stream_uris = resource_uris
         if wanted:
             self._stream_identity = identity
+            handshake = result_or_none(self._handshake)
+            if changed and handshake is not None and handshake.is_modern and self._listener is not None:
+                self._stop_listening()
             self._listen()
         else:
             self._stop_listening()
@@ -243,7 +251,7 @@ class BackendConnection(pykka.ThreadingActor):
             return
         ref = self.actor_ref
         self._listener = _StreamListener(self._name, self._channel, handshake, self._stream_identity,
-                                         self._on_stream, lambda ended: tell_quietly(ref, ended))
+                                         self._on_stream, lambda ended: tell_quietly(ref, ended), self._stream_uris)
         self._listener.start()
 
     def _stop_listening(self) -> None:
@@ -398,8 +406,10 @@ class _StreamListener:
     may stay open for hours: not a pooled job). ``stop`` ends it at once."""
 
     def __init__(self, backend: str, channel: BackendChannel, handshake: Handshake, identity: Identity | None,
-                 deliver: StreamObserver, ended: Callable[[_ListenerEnded], None]):
+                 deliver: StreamObserver, ended: Callable[[_ListenerEnded], None],
+                 resource_uris: frozenset[str] = frozenset()):
         self.backend = backend
+        self._resource_uris = resource_uris
         self.session_id = handshake.session_id
         self._channel = channel
         self._handshake = handshake
@@ -418,7 +428,7 @@ class _StreamListener:
         started = time.monotonic()
         outcome = "ended"
         try:
-            for message in self._channel.listen(self._identity, self._handshake, self._abort):
+            for message in self._channel.listen(self._identity, self._handshake, self._abort, self._resource_uris):
                 self._deliver(self.backend, message)
         except BackendSessionExpired:
             outcome = "expired"

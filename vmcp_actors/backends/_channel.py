@@ -34,6 +34,7 @@ from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, on_settled, run_in_th
 from vmcp_actors.exceptions import (
     BackendCancelled,
     BackendError,
+    BackendHTTPError,
     BackendProtocolError,
     BackendRpcError,
     BackendSessionExpired,
@@ -41,7 +42,20 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.identity import Identity, forwarded_headers_of
-from vmcp_actors.protocol import LATEST_PROTOCOL_VERSION, METHOD_NOT_FOUND, NEGOTIABLE_PROTOCOL_VERSIONS
+from vmcp_actors.protocol import INTERNAL_ERROR, LATEST_PROTOCOL_VERSION, METHOD_NOT_FOUND, NEGOTIABLE_PROTOCOL_VERSIONS
+from vmcp_actors.protocol.mcp import (
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_PREFIX,
+    META_PROTOCOL_VERSION,
+    META_SERVER_INFO,
+    META_SUBSCRIPTION_ID,
+    METHOD_HEADER,
+    MODERN_PROTOCOL_VERSION,
+    NAME_HEADER,
+    NAMED_METHODS,
+    encode_header_value,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +83,54 @@ class CallOpened:
     cancel: Callable[[str | None], None]
 
 
-# Yields CallOpened, then notifications (dicts) and BackendRequests; returns the result.
+@dataclass(frozen=True)
+class InputRequired:
+    """A 2026-07-28 backend answered ``input_required``: it needs ``requests`` (key ->
+    {method, params}) answered before it can finish. ``retry(responses)`` is the same
+    request again with the answers and the backend's ``state`` (a new Exchange). The
+    exchange that yields this returns the backend's interim result if driven on."""
+
+    backend: str
+    method: str
+    params: Mapping[str, Any]  # what the backend was sent (its own names), without the round's input
+    requests: Mapping[str, Any]
+    state: str | None
+    retry: Callable[[Mapping[str, Any]], Generator[Any, None, dict[str, Any]]]
+    deadline: Deadline
+
+
+# Yields CallOpened, then notifications (dicts), BackendRequests and InputRequired; returns the result.
 Exchange = Generator[Any, None, dict[str, Any]]
+
+LEGACY, MODERN = "legacy", "modern"
+# How many input rounds one call may take with a backend before the gateway gives up on it.
+MAX_INPUT_ROUNDS = 16
+
+
+class BackendEras:
+    """Which era each backend speaks, as its first handshake found out (process-wide and
+    thread-safe): later handshakes with it skip the ``server/discover`` probe when it is
+    a legacy backend, and every user's connection starts from what is known."""
+
+    def __init__(self, pinned: Mapping[str, str] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._pinned = dict(pinned or {})  # from config: never probed
+        self._known: dict[str, str] = {}
+
+    def get(self, backend: str) -> str | None:
+        with self._lock:
+            return self._pinned.get(backend) or self._known.get(backend)
+
+    def is_pinned(self, backend: str) -> bool:
+        return backend in self._pinned
+
+    def remember(self, backend: str, era: str) -> None:
+        with self._lock:
+            self._known[backend] = era
+
+    def snapshot(self) -> dict[str, str]:
+        with self._lock:
+            return {**self._known, **self._pinned}
 
 
 class _RequestIds:
@@ -89,9 +149,10 @@ class _RequestIds:
 
 class BackendChannel:
     def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None,
-                 client_capabilities: Mapping[str, Any] | None = None):
+                 client_capabilities: Mapping[str, Any] | None = None, eras: BackendEras | None = None):
         self.name = name
         self.timeout = timeout
+        self._eras = eras if eras is not None else BackendEras()
         # What the gateway declares at initialize: what the user's clients declared.
         self._client_capabilities = dict(client_capabilities or {})
         self._client = client
@@ -109,8 +170,67 @@ class BackendChannel:
         self._handshake = handshake
 
     def perform_handshake(self, identity: Identity | None) -> Handshake:
-        """initialize, then notifications/initialized. A pooled job: it is shared by every
+        """What the backend speaks and offers: ``server/discover`` first (a 2026-07-28
+        backend answers it: no session), else initialize, then notifications/initialized.
+        Which one worked is remembered for the backend. A pooled job: it is shared by every
         request of the user, so it waits the backend's timeout, not one request's deadline."""
+        era = self._eras.get(self.name)
+        if era != LEGACY:
+            discovered = self._discover(identity, probing=era is None)
+            if discovered is not None:
+                self._eras.remember(self.name, MODERN)
+                return discovered
+            self._eras.remember(self.name, LEGACY)
+        return self._initialize(identity)
+
+    def _discover(self, identity: Identity | None, probing: bool) -> Handshake | None:
+        """The backend's ``server/discover`` answer as a handshake; None when it answers
+        as a server of an earlier revision would (a JSON-RPC error or a 4xx)."""
+        message = {"jsonrpc": "2.0", "id": self._ids.next(), "method": "server/discover",
+                   "params": {"_meta": self.modern_meta()}}
+        headers = {**self.headers_for(identity), METHOD_HEADER: "server/discover"}
+        try:
+            reply = self._client.post(message, session_id=None, protocol_version=MODERN_PROTOCOL_VERSION,
+                                      timeout=self.timeout, extra_headers=headers)
+        except BackendRpcError as refused:
+            logger.debug("backend %r refused server/discover (%d): not a %s backend", self.name, refused.code,
+                         MODERN_PROTOCOL_VERSION)
+            if not probing and self._eras.is_pinned(self.name):
+                raise
+            return None
+        except BackendHTTPError as refused:
+            if refused.status in (400, 404, 405, 406, 415) and not (not probing and self._eras.is_pinned(self.name)):
+                return None
+            raise
+        answer = reply.message
+        if not isinstance(answer, dict) or "error" in answer or not isinstance(answer.get("result"), dict):
+            if self._eras.is_pinned(self.name):
+                raise BackendProtocolError(self.name, f"backend {self.name!r} does not answer server/discover")
+            return None
+        result = answer["result"]
+        versions = result.get("supportedVersions")
+        if not isinstance(versions, list) or MODERN_PROTOCOL_VERSION not in versions:
+            return None
+        capabilities = result.get("capabilities")
+        meta = result.get("_meta")
+        server_info = meta.get(META_SERVER_INFO) if isinstance(meta, dict) else None
+        return Handshake(
+            session_id=None,
+            protocol_version=MODERN_PROTOCOL_VERSION,
+            capabilities=MappingProxyType(dict(capabilities) if isinstance(capabilities, dict) else {}),
+            server_info=MappingProxyType(dict(server_info) if isinstance(server_info, dict) else {}),
+        )
+
+    def modern_meta(self, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A 2026-07-28 request's ``_meta``: the caller's own keys (a progress token, the
+        log level it asked for) with the gateway's revision, capabilities and identity."""
+        merged = dict(meta or {})
+        merged[META_PROTOCOL_VERSION] = MODERN_PROTOCOL_VERSION
+        merged[META_CLIENT_CAPABILITIES] = dict(self._client_capabilities)
+        merged[META_CLIENT_INFO] = CLIENT_INFO
+        return merged
+
+    def _initialize(self, identity: Identity | None) -> Handshake:
         params = {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": self._client_capabilities,
                   "clientInfo": CLIENT_INFO}
         message = {"jsonrpc": "2.0", "id": self._ids.next(), "method": "initialize", "params": params}
@@ -178,7 +298,10 @@ class BackendChannel:
         try:
             handshake = self._await(self._handshake_future(identity), deadline)
             try:
-                return (yield from self.exchange_with(identity, handshake, method, params, deadline))
+                result = yield from self.exchange_with(identity, handshake, method, params, deadline)
+                if handshake.is_modern and result.get("resultType") == "input_required":
+                    yield self._input_required(identity, method, params, result, deadline)
+                return result
             except BackendSessionExpired:
                 # The backend restarted: re-initialize once, transparently, and retry.
                 # (A 404 comes before any streamed event, so nothing was relayed twice.)
@@ -189,6 +312,26 @@ class BackendChannel:
         except BackendError as exc:
             self._tell_connection("exchange_failed", str(exc))
             raise
+
+    def _input_required(self, identity: Identity | None, method: str, params: dict[str, Any] | None,
+                        result: dict[str, Any], deadline: Deadline) -> InputRequired:
+        base = {key: value for key, value in (params or {}).items() if key not in ("inputResponses", "requestState")}
+        requests = result.get("inputRequests")
+        state = result.get("requestState")
+        if not isinstance(requests, dict) or not all(isinstance(r, dict) for r in requests.values()):
+            requests = {}
+        if not requests and not isinstance(state, str):
+            raise BackendProtocolError(self.name, f"backend {self.name!r} answered input_required with neither "
+                                                  "inputRequests nor requestState")
+
+        def retry(responses: Mapping[str, Any]) -> Exchange:
+            again: dict[str, Any] = {**base, "inputResponses": dict(responses)}
+            if isinstance(state, str):
+                again["requestState"] = state
+            return self.request(identity, method, again, deadline)
+
+        return InputRequired(self.name, method, MappingProxyType(base), MappingProxyType(requests),
+                             state if isinstance(state, str) else None, retry, deadline)
 
     # -- pooled work ---------------------------------------------------------------------
 
@@ -242,12 +385,15 @@ class BackendChannel:
         headers = self.headers_for(identity)  # per request: a refreshed caller token is used at once
         request_id = self._ids.next()
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        params = self._params_for(handshake, method, params, headers)
         if params is not None:
             message["params"] = params
         abort = Abort()
 
         def cancel(reason: str | None) -> None:
             abort.abort()
+            if handshake.is_modern:
+                return  # closing the stream is the cancellation in 2026-07-28
             cancelled: dict[str, Any] = {"requestId": request_id}
             if reason:
                 cancelled["reason"] = reason
@@ -273,13 +419,31 @@ class BackendChannel:
         finally:
             exchange.close()
 
-    def listen(self, identity: Identity | None, handshake: Handshake, abort: Abort) -> Iterator[Any]:
+    def listen(self, identity: Identity | None, handshake: Handshake, abort: Abort,
+               resource_uris: frozenset[str] = frozenset()) -> Iterator[Any]:
         """The backend's standalone stream: notifications (dicts) and BackendRequests,
-        until the backend ends it or ``abort`` is called."""
+        until the backend ends it or ``abort`` is called. A 2026-07-28 backend's is its
+        answer to ``subscriptions/listen`` for every list change and ``resource_uris``."""
         headers = self.headers_for(identity)
+        request = None
+        if handshake.is_modern:
+            request = {"jsonrpc": "2.0", "id": self._ids.next(), "method": "subscriptions/listen",
+                       "params": self._params_for(handshake, "subscriptions/listen",
+                                                  {"notifications": _listen_filter(resource_uris)}, headers)}
         for message in self._client.listen(session_id=handshake.session_id, protocol_version=handshake.protocol_version,
-                                           extra_headers=headers, abort=abort, connect_timeout=self.timeout):
+                                           extra_headers=headers, abort=abort, connect_timeout=self.timeout,
+                                           request=request):
+            if handshake.is_modern:
+                message = _without_subscription_id(message)
+                if message.get("method") == "notifications/subscriptions/acknowledged":
+                    continue
             yield self._incoming(message, handshake, headers)
+
+    def speaks_modern(self) -> bool:
+        """Whether the backend's current handshake is of the 2026-07-28 era."""
+        published = self._handshake
+        return bool(published is not None and published.done() and published.exception() is None
+                    and published.result().is_modern)
 
     def notify_if_open(self, identity: Identity | None, method: str, params: dict[str, Any] | None = None) -> None:
         """``notify`` on the current backend session, if there is one (a backend not yet
@@ -291,6 +455,8 @@ class BackendChannel:
     def notify(self, identity: Identity | None, handshake: Handshake, method: str,
                params: dict[str, Any] | None = None) -> None:
         """Send the backend a notification (a client's roots change, say), in the background."""
+        if handshake.is_modern:
+            return  # 2026-07-28 has no client notifications over HTTP: each request says what it needs
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
@@ -307,6 +473,27 @@ class BackendChannel:
         return drain(self.exchange_with(identity, handshake, method, params, deadline))
 
     # -- internals -----------------------------------------------------------------------
+
+    def _params_for(self, handshake: Handshake, method: str, params: dict[str, Any] | None,
+                    headers: dict[str, str]) -> dict[str, Any] | None:
+        """A request's params in the backend's revision. To a 2026-07-28 backend every
+        request carries the revision, capabilities and client info in ``_meta`` and mirrors
+        its method (and name) in headers (added to ``headers``); to an earlier one the
+        2026-07-28 keys of ``_meta`` are not sent."""
+        meta = params.get("_meta") if params else None
+        if handshake.is_modern:
+            params = {**(params or {}), "_meta": self.modern_meta(meta if isinstance(meta, dict) else None)}
+            headers[METHOD_HEADER] = method
+            named = NAMED_METHODS.get(method)
+            if named is not None and isinstance(params.get(named), str):
+                headers[NAME_HEADER] = encode_header_value(params[named])
+            return params
+        if isinstance(meta, dict) and any(key.startswith(META_PREFIX) for key in meta):
+            kept = {key: value for key, value in meta.items() if not key.startswith(META_PREFIX)}
+            params = {key: value for key, value in params.items() if key != "_meta"}
+            if kept:
+                params["_meta"] = kept
+        return params
 
     def _incoming(self, message: dict[str, Any], handshake: Handshake, headers: dict[str, str]) -> Any:
         """A streamed message as it goes up: a notification as it is, a request with a way to answer it."""
@@ -382,6 +569,27 @@ class BackendChannel:
             pass
 
 
+def _listen_filter(resource_uris: frozenset[str]) -> dict[str, Any]:
+    wanted: dict[str, Any] = {"toolsListChanged": True, "promptsListChanged": True, "resourcesListChanged": True}
+    if resource_uris:
+        wanted["resourceSubscriptions"] = sorted(resource_uris)
+    return wanted
+
+
+def _without_subscription_id(message: dict[str, Any]) -> dict[str, Any]:
+    """A listen stream's notification as the gateway's clients get it (their own
+    subscriptions tag it again)."""
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or META_SUBSCRIPTION_ID not in meta:
+        return message
+    rest = {key: value for key, value in meta.items() if key != META_SUBSCRIPTION_ID}
+    params = {key: value for key, value in params.items() if key != "_meta"}
+    if rest:
+        params["_meta"] = rest
+    return {**message, "params": params}
+
+
 def drain(exchange: Exchange) -> dict[str, Any]:
     """Run an exchange to its end, dropping its notifications; its result. There is no
     client to ask on the gateway's own calls, so a backend's request is refused at once."""
@@ -392,6 +600,11 @@ def drain(exchange: Exchange) -> dict[str, Any]:
                 event.reply({"error": {"code": METHOD_NOT_FOUND,
                                        "message": f"{event.method} is not available: no client takes part in "
                                                   "this call (a composite step or the gateway's own request)"}})
+            elif isinstance(event, InputRequired):
+                asked = ", ".join(sorted({str(r.get("method")) for r in event.requests.values()})) or "input"
+                raise BackendRpcError(event.backend, INTERNAL_ERROR,
+                                      f"backend {event.backend!r} asked for {asked}, which no client can give here "
+                                      "(a composite step or the gateway's own request)")
     except StopIteration as answered:
         return answered.value
     finally:

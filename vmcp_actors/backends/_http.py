@@ -32,6 +32,7 @@ from vmcp_actors.exceptions import (
     BackendError,
     BackendHTTPError,
     BackendProtocolError,
+    BackendRpcError,
     BackendSessionExpired,
     BackendTimeout,
     BackendUnavailable,
@@ -61,6 +62,7 @@ MAX_EMPTY_RESUMES = 3
 MAX_RETRY_WAIT = 5.0
 # Body prefix read for the DEBUG log of an unexpected HTTP status.
 _ERROR_BODY_PREFIX = 200
+_ERROR_BODY_LIMIT = 64 * 1024  # a JSON-RPC error body bigger than this is not read
 
 
 class Abort:
@@ -272,12 +274,23 @@ class McpHttpClient:
         extra_headers: Mapping[str, str] | None = None,
         abort: Abort,
         connect_timeout: float,
+        request: dict | None = None,
     ) -> Iterator[dict]:
-        """Open the backend's standalone stream (GET) and yield each message on it until
-        the backend ends it or ``abort`` is called. A backend that offers no stream
-        answers 405: BackendHTTPError with that status."""
+        """Open the backend's standalone stream (GET), or with ``request`` its answer to
+        that POST (``subscriptions/listen`` on a 2026-07-28 backend), and yield each
+        message on it until the backend ends it or ``abort`` is called. A backend that
+        offers no stream answers 405: BackendHTTPError with that status."""
         deadline = time.monotonic() + connect_timeout
-        resp = self._get_stream(session_id, protocol_version, extra_headers, deadline, connect_timeout)
+        if request is None:
+            resp = self._get_stream(session_id, protocol_version, extra_headers, deadline, connect_timeout)
+        else:
+            resp = self._open(request, session_id, protocol_version, extra_headers, deadline, connect_timeout)
+            if _media_type(resp) != _SSE:
+                answer = self._read_json(resp, request.get("id"), deadline, connect_timeout)
+                resp.close()
+                if "error" in answer:  # refused: as if it offered no stream
+                    raise BackendHTTPError(self._name, f"backend {self._name!r} refused to open a stream", status=405)
+                return  # answered at once: the subscription ended
         try:
             if not abort.attach(resp):
                 return
@@ -467,6 +480,18 @@ class McpHttpClient:
         status = resp.status_code
         if 200 <= status < 300:
             return
+        if status == 404 and session_id is not None:
+            raise BackendSessionExpired(
+                self._name, f"backend {self._name!r} no longer knows our session (HTTP 404)", status=404
+            )
+        if 400 <= status < 500 and status not in (401, 403) and _media_type(resp) == _JSON:
+            # A 2026-07-28 backend answers refused requests with a status and a JSON-RPC
+            # error (unknown method 404, bad params 400, unsupported revision 400).
+            error = self._error_body(resp, deadline)
+            if error is not None:
+                code = error.get("code")
+                raise BackendRpcError(self._name, code if isinstance(code, int) else -32603,
+                                      str(error.get("message", ""))[:500], error.get("data"), status=status)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "backend %r answered HTTP %d; body starts %r",
@@ -474,11 +499,20 @@ class McpHttpClient:
                 status,
                 self._body_prefix(resp, deadline),
             )
-        if status == 404 and session_id is not None:
-            raise BackendSessionExpired(
-                self._name, f"backend {self._name!r} no longer knows our session (HTTP 404)", status=404
-            )
         raise BackendHTTPError(self._name, f"backend {self._name!r} answered HTTP {status}", status=status)
+
+    def _error_body(self, resp: requests.Response, deadline: float) -> dict | None:
+        """The JSON-RPC error object of a small JSON error body, or None."""
+        try:
+            self._set_read_timeout(resp, max(0.05, min(deadline - time.monotonic(), 2.0)))
+            body = resp.raw.read(_ERROR_BODY_LIMIT + 1, decode_content=True) or b""
+            if len(body) > _ERROR_BODY_LIMIT:
+                return None
+            message = json.loads(body)
+        except Exception:  # noqa: BLE001 - not an error body we can read: the status says it
+            return None
+        error = message.get("error") if isinstance(message, dict) else None
+        return error if isinstance(error, dict) else None
 
     def _body_prefix(self, resp: requests.Response, deadline: float) -> bytes:
         try:

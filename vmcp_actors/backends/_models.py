@@ -27,6 +27,11 @@ class Handshake:
     capabilities: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     server_info: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
+    @property
+    def is_modern(self) -> bool:
+        """A 2026-07-28 backend: no session, every request carries its own metadata."""
+        return self.protocol_version >= "2026-07-28"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "sessionId": self.session_id,

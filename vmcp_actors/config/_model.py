@@ -34,6 +34,9 @@ class BackendConfig:
     name: str
     url: str
     transport: str = DEFAULT_TRANSPORT
+    # "auto": a server/discover probe decides (remembered); "modern" (2026-07-28) or
+    # "legacy" (initialize, 2025-xx) pin it.
+    protocol: str = "auto"
 
 
 @dataclass(frozen=True)

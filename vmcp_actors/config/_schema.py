@@ -315,6 +315,8 @@ class BackendSchema(_StrictSchema):
         load_default=DEFAULT_TRANSPORT,
         validate=_Choice([DEFAULT_TRANSPORT], ["sse", "stdio"], hint=f" (only {DEFAULT_TRANSPORT})"),
     )
+    # Which MCP era the backend speaks: probed with server/discover (auto), or pinned.
+    protocol = _String(load_default="auto", validate=_Choice(["auto", "modern", "legacy"], []))
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> BackendConfig:

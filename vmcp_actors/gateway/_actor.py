@@ -87,6 +87,13 @@ class Gateway(pykka.ThreadingActor):
         self._session_gone(record)
         return True
 
+    def serve_user(self, key: UserKey, identity: Identity | None, client_capabilities: dict[str, Any]) -> UserHandle:
+        """The user a 2026-07-28 request is served by (no session): started, or revived
+        from its record. It ends once idle for ``operational.sessionTTL`` with no session."""
+        user = self._live_user(key, identity, client_capabilities)
+        self._directory.seen_sessionless(key)
+        return user
+
     def revive_user(self, key: UserKey, identity: Identity | None) -> UserHandle:
         """The user's live actors, revived from the user record if they were released."""
         return self._live_user(key, identity)
@@ -97,6 +104,10 @@ class Gateway(pykka.ThreadingActor):
         for record in reaped:
             logger.info("session %s reaped after %gs idle", short_id(record.session_id), operational.session_ttl)
             self._session_gone(record)
+        for key in self._directory.idle_sessionless_users(operational.session_ttl):
+            logger.info("user %s ended after %gs without a request (no session of its own)", key.label,
+                        operational.session_ttl)
+            self._end_user(key)
         for user in self._directory.release_idle_users(operational.user_idle_timeout):
             logger.info("user %s released after %gs idle (its record stays)", user.key.label,
                         operational.user_idle_timeout)

@@ -55,6 +55,8 @@ class Directory:
         self._users: dict[UserKey, UserHandle] = {}  # users whose actors are live
         self._user_activity: dict[UserKey, _Activity] = {}
         self._sessions_of: Counter[UserKey] = Counter()
+        # Users that serve 2026-07-28 requests (no session): when each was last asked.
+        self._sessionless_seen: dict[UserKey, float] = {}
 
     # -- web threads ---------------------------------------------------------------------
 
@@ -91,6 +93,8 @@ class Directory:
     def finish(self, session_id: str, user: UserKey | None) -> None:
         """A request is answered: the idle clocks start now, and the record says so."""
         with self._lock:
+            if user is not None and user in self._sessionless_seen:
+                self._sessionless_seen[user] = self._clock()
             activity = self._sessions.get(session_id)
             if activity is not None:
                 self._touch(activity, -1)
@@ -147,12 +151,31 @@ class Directory:
             self._users[user.key] = user
             self._user_activity[user.key] = _Activity(self._clock())
 
+    def seen_sessionless(self, key: UserKey) -> None:
+        """A 2026-07-28 request is served by this user: it lives by its own last use."""
+        with self._lock:
+            self._sessionless_seen[key] = self._clock()
+
+    def idle_sessionless_users(self, ttl: float) -> list[UserKey]:
+        """Users that served 2026-07-28 requests, have no session and no request in flight,
+        and were last asked ``ttl`` ago: the Gateway ends them (live or released)."""
+        now = self._clock()
+        with self._lock:
+            idle = [key for key, seen in self._sessionless_seen.items()
+                    if now - seen >= ttl and self._sessions_of[key] <= 0
+                    and (key not in self._user_activity or self._user_activity[key].in_flight == 0)]
+            for key in idle:
+                del self._sessionless_seen[key]
+                self._sessions_of.pop(key, None)
+            return idle
+
     def has_sessions(self, key: UserKey) -> bool:
         with self._lock:
             return self._sessions_of[key] > 0
 
     def remove_user(self, key: UserKey) -> UserHandle | None:
         with self._lock:
+            self._sessionless_seen.pop(key, None)
             self._user_activity.pop(key, None)
             return self._users.pop(key, None)
 

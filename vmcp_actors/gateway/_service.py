@@ -10,6 +10,7 @@ log messages filtered to the session's own level.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,7 +30,8 @@ from vmcp_actors.protocol import (
     error_response,
     result_response,
 )
-from vmcp_actors.protocol.mcp import SESSION_HEADER
+from vmcp_actors.protocol import ACCEPTED_PROTOCOL_HEADER_VERSIONS, INVALID_PARAMS, METHOD_NOT_FOUND
+from vmcp_actors.protocol.mcp import META_LOG_LEVEL, NAMED_METHODS, SESSION_HEADER
 from vmcp_actors.sessions import (
     LIST_CHANGED,
     Call,
@@ -41,11 +43,26 @@ from vmcp_actors.sessions import (
     ServerRequest,
     SessionRecord,
     RequestDeadlines,
+    Relay,
     RelayEvent,
     UserHandle,
+    REMOVED_METHODS,
+    CacheHints,
+    ListenStream,
+    ModernCall,
+    ModernRequest,
+    ParkedCalls,
+    StateSeal,
+    UserKey,
     check_header_version,
-    discover_error,
+    complete,
+    discover_result,
     error_event,
+    is_modern_request,
+    modern_error,
+    principal_of,
+    read_modern,
+    relayed_capabilities,
     initialize,
     is_logged_at,
 )
@@ -85,6 +102,13 @@ def _error(status: int, code: int, message: str, request_id: Any = None) -> Answ
     return Answer(status, error_response(request_id, JsonRpcError(code, message)))
 
 
+def _not_in_modern(method: str) -> Answer:
+    answer = _error(405, INVALID_REQUEST, f"Method Not Allowed: {method} has no meaning in MCP 2026-07-28 "
+                                          "(streams come from subscriptions/listen; there are no sessions)")
+    answer.headers["Allow"] = "POST"
+    return answer
+
+
 # Call answers are resumable (event ids, a priming event) from this revision on.
 RESUMABLE_SINCE = "2025-11-25"
 _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
@@ -92,18 +116,22 @@ _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
 
 class McpService:
     def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer,
-                 live: LiveSessions | None = None):
+                 live: LiveSessions | None = None, parked: ParkedCalls | None = None):
         self._config = config
         self._live = live if live is not None else LiveSessions()
         self._gateway = gateway  # ActorProxy[Gateway]
         self._directory = directory
         self._signer = signer
         self._deadlines = RequestDeadlines(config)
+        self._seal = StateSeal(signer)
+        self._parked = parked if parked is not None else ParkedCalls()
+        self._cache_hints = cache_hints_for(config)
 
     def post(self, message: Message, identity: Identity | None, session_id: str | None,
-             header_version: str | None) -> Answer:
-        if message.is_request and message.method == "server/discover":
-            return Answer(body=error_response(message.id, discover_error()))
+             header_version: str | None, method_header: str | None = None, name_header: str | None = None) -> Answer:
+        if message.method == "server/discover" or is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS):
+            return self._post_modern(message, identity,
+                                     {"version": header_version, "method": method_header, "name": name_header})
         if message.is_request and message.method == "initialize":
             refused = check_header_version(header_version, None)
             if refused is not None:
@@ -150,6 +178,8 @@ class McpService:
         """``GET /mcp``: the session's standalone stream, held open until the client leaves
         (a newer stream of the same session replaces it); with ``Last-Event-ID``, the rest
         of a call's answer whose connection dropped."""
+        if is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS):
+            return _not_in_modern("GET")
         lease, answer = self._begin(session_id, identity, header_version)
         if lease is None:
             return answer
@@ -190,7 +220,9 @@ class McpService:
         answer.stream = stream.messages()
         return answer
 
-    def delete(self, session_id: str | None, identity: Identity | None) -> Answer:
+    def delete(self, session_id: str | None, identity: Identity | None, header_version: str | None = None) -> Answer:
+        if is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS):
+            return _not_in_modern("DELETE")
         if not session_id:
             return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")
         if not self._signer.is_session_id(session_id):
@@ -200,6 +232,174 @@ class McpService:
         except Unavailable:
             return _error(503, INTERNAL_ERROR, _UNAVAILABLE)
         return Answer(200) if ended else _error(404, INVALID_REQUEST, "Session not found")
+
+    # -- 2026-07-28: no session, the caller's user actor serves each request ---------------
+
+    def _post_modern(self, message: Message, identity: Identity | None, headers: dict[str, str | None]) -> Answer:
+        if message.kind == "response":
+            return _error(400, INVALID_REQUEST, "Bad Request: a 2026-07-28 client sends no responses (input goes "
+                                                "in inputResponses on a retry)")
+        try:
+            request = read_modern(message, headers)
+        except JsonRpcError as refused:
+            return Answer(refused.http_status, error_response(message.id, refused))
+        if not message.is_request:
+            return Answer(202)  # 2026-07-28 defines no client notifications over HTTP: nothing to do
+        if message.method == "server/discover":
+            return Answer(body=result_response(message.id, discover_result(self._config.name)))
+        if message.method in REMOVED_METHODS:
+            refused = JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {message.method} (not part of "
+                                                     f"{request.version})", http_status=404)
+            return Answer(404, error_response(message.id, refused))
+        key = UserKey.of(identity, request.client_capabilities)
+        answer = Answer()
+        try:
+            user = self._hold_user(key, identity, request, answer)
+        except Unavailable:
+            answer.status, answer.body = 503, error_response(message.id, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
+            return answer
+        if message.method == "subscriptions/listen":
+            return self._listen(message, request, identity, user, answer)
+        params = message.params if isinstance(message.params, dict) else {}
+        named = NAMED_METHODS.get(message.method or "")
+        name = params.get(named) if named else None
+        deadline = self._deadlines.for_request(message)
+        method = message.method or ""
+
+        def shape(result: dict[str, Any]) -> dict[str, Any]:
+            return complete(result, method, self._config.name, self._cache_hints)
+
+        def heard(notification: Notification) -> None:
+            try:
+                if notification.method == RESOURCE_UPDATED:
+                    user.proxy.resource_updated(notification.message, None)
+                else:
+                    user.proxy.backend_changed(notification.origin)
+            except pykka.ActorDeadError:
+                pass
+
+        call = ModernCall(message.id, method, name, request, principal_of(key), self._seal, self._parked, shape,
+                          heard, deadline)
+        try:
+            if request.request_state is not None:
+                answer.events = self._continue(call, message, request, identity, user, key, name, deadline)
+                return answer
+            dispatched = replace(message, params=request.params_for_dispatch(message.params))
+            relay = user.dispatcher.handle(identity, dispatched, deadline)
+        except JsonRpcError as error:
+            shaped = modern_error(error)
+            answer.status, answer.body = shaped.http_status, error_response(message.id, shaped)
+            return answer
+        except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
+            logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
+            answer.status, answer.body = 500, error_response(message.id, JsonRpcError(INTERNAL_ERROR, "Internal error"))
+            return answer
+        answer.events = call.events(relay)
+        return answer
+
+    def _continue(self, call: ModernCall, message: Message, request: ModernRequest, identity: Identity | None,
+                  user: UserHandle, key: UserKey, name: Any, deadline: Deadline) -> Iterator[RelayEvent]:
+        """A retry carrying the gateway's requestState: the parked call it names goes on,
+        or the backend it names is asked again with the client's input."""
+        assert request.request_state is not None and message.method is not None
+        state = self._seal.open(request.request_state, principal_of(key), message.method, name)
+        if state["k"] == "c":
+            parked = self._parked.take(state.get("c"))
+            if parked is None:
+                elsewhere = state.get("w") != self._seal.worker
+                raise JsonRpcError(INVALID_PARAMS, "Invalid requestState: the call it continues "
+                                   + ("is held by another gateway process (a legacy backend's or a composite "
+                                      "tool's call waits where it started); retry the original request without it"
+                                      if elsewhere else "is no longer waiting (it was answered, or its deadline "
+                                      "passed); retry the original request without it"))
+            return call.resume(parked)
+        params = message.params if isinstance(message.params, dict) else {}
+        target = state.get("t")
+        backend_params: dict[str, Any] = {"uri": target} if message.method == "resources/read" else \
+            {"name": target, "arguments": params.get("arguments") or {}}
+        if request.meta:
+            backend_params["_meta"] = dict(request.meta)
+        if request.log_level is not None:
+            backend_params.setdefault("_meta", {})[META_LOG_LEVEL] = request.log_level
+        backend_params["inputResponses"] = dict(request.input_responses or {})
+        if isinstance(state.get("s"), str):
+            backend_params["requestState"] = state["s"]
+        exchange = user.backends.resume(identity, str(state.get("b")), message.method, backend_params, deadline)
+        return call.events(Relay.streaming(message.id, exchange))
+
+    def _listen(self, message: Message, request: ModernRequest, identity: Identity | None, user: UserHandle,
+                answer: Answer) -> Answer:
+        """``subscriptions/listen``: the list changes and resource updates the client opted
+        in to, on this request's stream until the client closes it."""
+        params = message.params if isinstance(message.params, dict) else {}
+        wanted = params.get("notifications", {})
+        uris = wanted.get("resourceSubscriptions", []) if isinstance(wanted, dict) else None
+        if not isinstance(wanted, dict) or not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
+            refused = modern_error(JsonRpcError(INVALID_PARAMS, "notifications must be an object; "
+                                                                "resourceSubscriptions a list of URIs"))
+            answer.status, answer.body = refused.http_status, error_response(message.id, refused)
+            return answer
+        listen_id = f"listen:{secrets.token_hex(12)}"
+        deadline = Deadline.after(ASK_TIMEOUT)
+        subscribed = []
+        for uri in dict.fromkeys(uris):
+            try:
+                user.capabilities.subscribe_resource(identity, listen_id, uri, deadline)
+                subscribed.append(uri)
+            except JsonRpcError as error:
+                logger.debug("listen: not subscribing to a resource: %s", error.message)
+        agreed: dict[str, Any] = {flag: True for flag in ("toolsListChanged", "promptsListChanged",
+                                                          "resourcesListChanged") if wanted.get(flag) is True}
+        if subscribed:
+            agreed["resourceSubscriptions"] = subscribed
+        stream = self._live.open_stream(listen_id, ListenStream(listen_id, message.id, agreed))
+        if stream is None:
+            self._unsubscribe_all(user, identity, listen_id, subscribed)
+            answer.status, answer.body = 503, error_response(message.id, JsonRpcError(
+                INTERNAL_ERROR, "Service Unavailable: this process holds as many streams as it can"))
+            return answer
+        try:
+            self._ask(user.proxy.stream_opened(listen_id, identity))
+        except Unavailable:
+            self._live.close_stream(stream)
+            answer.status, answer.body = 503, error_response(message.id, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
+            return answer
+
+        def closed() -> None:
+            assert isinstance(stream, ListenStream)
+            stream.client_left()
+            self._live.close_stream(stream)
+            try:
+                user.proxy.stream_closed(listen_id)
+            except pykka.ActorDeadError:
+                pass
+            self._unsubscribe_all(user, identity, listen_id, subscribed)
+
+        answer.on_close.insert(0, closed)
+        answer.stream = stream.messages()
+        return answer
+
+    @staticmethod
+    def _unsubscribe_all(user: UserHandle, identity: Identity | None, subscriber: str, uris: list[str]) -> None:
+        deadline = Deadline.after(ASK_TIMEOUT)
+        for uri in uris:
+            try:
+                user.capabilities.unsubscribe_resource(identity, subscriber, uri, deadline)
+            except JsonRpcError:
+                pass
+
+    def _hold_user(self, key: UserKey, identity: Identity | None, request: ModernRequest,
+                   answer: Answer) -> UserHandle:
+        """The caller's user actor (started or revived when it is not live), held until
+        the answer is done."""
+        user = self._directory.hold_user(key)
+        for _ in range(2):  # released again between the start and the hold: once more
+            if user is not None:
+                answer.on_close.append(lambda: self._directory.finish("", key))
+                return user
+            self._ask(self._gateway.serve_user(key, identity, relayed_capabilities(request.client_capabilities)))
+            user = self._directory.hold_user(key)
+        raise Unavailable()
 
     # -- internals -----------------------------------------------------------------------
 
@@ -270,6 +470,16 @@ class McpService:
             return future.get(timeout=ASK_TIMEOUT)
         except (pykka.ActorDeadError, pykka.Timeout):
             raise Unavailable() from None
+
+
+def cache_hints_for(config: VmcpConfig) -> CacheHints:
+    """Lists stay fresh as long as the discovery cache keeps a catalog; answers are
+    ``private`` whenever who asks can change them (incoming authentication, per-user
+    outgoing credentials, passthrough headers)."""
+    outgoing = config.outgoing_auth
+    per_caller = (config.incoming_auth.type != "anonymous" or bool(outgoing.passthrough_headers)
+                  or any(auth.type == "token_exchange" for auth in (outgoing.default, *outgoing.backends.values())))
+    return CacheHints(int(config.operational.discovery_cache_ttl * 1000), "private" if per_caller else "public")
 
 
 class _ClientCall:

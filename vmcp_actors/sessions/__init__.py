@@ -13,7 +13,21 @@ from vmcp_actors.sessions._capabilities import (
 from vmcp_actors.sessions._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.sessions._dispatch import LOGGING_LEVELS, McpDispatcher
 from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, ServerRequest, to_jsonrpc_error
-from vmcp_actors.sessions._live import RESUME_RETRY_MS, Call, CallStream, LiveSessions, StandaloneStream
+from vmcp_actors.sessions._live import RESUME_RETRY_MS, Call, CallStream, ListenStream, LiveSessions, StandaloneStream
+from vmcp_actors.sessions._modern import (
+    REMOVED_METHODS,
+    CacheHints,
+    ModernCall,
+    ModernRequest,
+    ParkedCalls,
+    StateSeal,
+    complete,
+    discover_result,
+    is_modern_request,
+    modern_error,
+    principal_of,
+    read_modern,
+)
 from vmcp_actors.sessions._filter import AdvertisingFilter, is_advertised
 from vmcp_actors.sessions._lifecycle import (
     SERVER_CAPABILITIES,
@@ -42,6 +56,19 @@ from vmcp_actors.sessions._user import (
 __all__ = [
     "Call",
     "CallStream",
+    "CacheHints",
+    "ListenStream",
+    "ModernCall",
+    "ModernRequest",
+    "ParkedCalls",
+    "REMOVED_METHODS",
+    "StateSeal",
+    "complete",
+    "discover_result",
+    "is_modern_request",
+    "modern_error",
+    "principal_of",
+    "read_modern",
     "RESUME_RETRY_MS",
     "CallCancelled",
     "ClientSide",

@@ -258,7 +258,7 @@ class AggregatedBackends:
     def set_logging_level(self, identity, level, deadline) -> dict[str, Any]:
         """Forwarded to every backend that has logging, in the background: the answer waits for none."""
         for backend, found in self.catalog(identity, deadline).backends.items():
-            if found.supports("logging"):
+            if found.supports("logging") and not self._channels[backend].speaks_modern():
                 self._channels[backend].submit(identity, "logging/setLevel", {"level": level}, deadline)
         return {}
 
@@ -266,16 +266,26 @@ class AggregatedBackends:
         """Subscribe at the backend that owns ``uri`` and note ``subscriber`` (a client
         session) as one to tell of its updates."""
         backend = self._subscribable(identity, uri, deadline)
-        self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
+        if not self._channels[backend].speaks_modern():  # a 2026-07-28 backend hears it in subscriptions/listen
+            self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
         self._ask_user("subscribed", subscriber, uri, deadline=deadline)
         return {}
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
         """The backend is told only when no other session of the user still listens."""
         backend = self._subscribable(identity, uri, deadline)
-        if self._ask_user("unsubscribed", subscriber, uri, deadline=deadline):
+        if self._ask_user("unsubscribed", subscriber, uri, deadline=deadline) \
+                and not self._channels[backend].speaks_modern():
             self._call(identity, backend, "resources/unsubscribe", {"uri": uri}, deadline)
         return {}
+
+    def resume(self, identity: Identity | None, backend: str, method: str, params: dict[str, Any],
+               deadline: Deadline) -> Exchange:
+        """A 2026-07-28 client's retry of a call its backend answered ``input_required``:
+        straight to that backend (the sealed state named it and what it was asked)."""
+        if backend not in self._channels:
+            raise JsonRpcError(INVALID_PARAMS, "Invalid requestState: its backend is not configured here")
+        return self._request(identity, backend, method, params, deadline)
 
     def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:
         """A client notification every backend session of the user should hear (roots changed)."""

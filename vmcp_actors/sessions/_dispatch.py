@@ -12,12 +12,11 @@ from typing import Any
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
+from vmcp_actors.protocol.mcp import LOGGING_LEVELS
 from vmcp_actors.sessions._capabilities import Capabilities
 from vmcp_actors.sessions._pagination import paginate
 from vmcp_actors.sessions._relay import Relay
 
-# RFC 5424 severities as MCP names them, least severe first.
-LOGGING_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 class McpDispatcher:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vmcp_actors.backends import BackendRequest, CallOpened
+from vmcp_actors.backends import BackendRequest, CallOpened, InputRequired
 from vmcp_actors.exceptions import BackendCancelled, BackendError, BackendRpcError, BackendTimeout
 from vmcp_actors.protocol import INTERNAL_ERROR, REQUEST_TIMEOUT, JsonRpcError
 
@@ -45,6 +45,16 @@ class ServerRequest:
     origin: str = ""  # the backend (or composite step) asking, for logs and errors
 
 
+@dataclass(frozen=True)
+class RelayEvent:
+    """One thing to write for a request: a message before the answer, or the answer."""
+
+    message: dict[str, Any] | None  # None: nothing to write (a cancelled call ends its stream)
+    final: bool = False
+    http_status: int = 200
+    event: Notification | None = None  # what the exchange yielded, for events before the answer
+
+
 class CallCancelled(JsonRpcError):
     """The client cancelled the call: nothing more is written for it."""
 
@@ -53,7 +63,7 @@ class CallCancelled(JsonRpcError):
 
 
 # Yields events, returns the result object; raises JsonRpcError.
-Exchange = Generator[Notification | ServerRequest | CallOpened, None, dict[str, Any]]
+Exchange = Generator[Notification | ServerRequest | CallOpened | InputRequired, None, dict[str, Any]]
 
 
 def to_jsonrpc_error(error: BaseException) -> JsonRpcError:
@@ -75,7 +85,7 @@ def as_event(streamed: Any, origin: str) -> Notification | ServerRequest | CallO
     """What a backend channel yields, as an event of the client edge."""
     if isinstance(streamed, BackendRequest):
         return ServerRequest(streamed.method, streamed.params, streamed.reply, streamed.backend)
-    if isinstance(streamed, CallOpened):
+    if isinstance(streamed, (CallOpened, InputRequired)):
         return streamed
     return Notification(streamed, origin)
 

@@ -22,8 +22,7 @@ from vmcp_actors.protocol import (
     Message,
     negotiate_protocol_version,
 )
-from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER
-from vmcp_actors.sessions._dispatch import LOGGING_LEVELS
+from vmcp_actors.protocol.mcp import LOGGING_LEVELS, PROTOCOL_VERSION_HEADER
 
 # What the gateway implements towards clients, whatever the backends turn out to have.
 SERVER_CAPABILITIES = MappingProxyType({

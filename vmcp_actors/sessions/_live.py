@@ -28,6 +28,7 @@ from typing import Any
 
 from vmcp_actors.concurrency import Deadline, TimerHandle, call_later
 from vmcp_actors.protocol import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT, JsonRpcError, Message
+from vmcp_actors.protocol.mcp import META_SUBSCRIPTION_ID
 from vmcp_actors.sessions._exchange import ServerRequest
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,55 @@ class StandaloneStream:
             yield message
 
 
+class ListenStream(StandaloneStream):
+    """A 2026-07-28 client's ``subscriptions/listen`` answer: only the kinds of
+    notification it opted in to, each tagged with its subscription id (the JSON-RPC id
+    of the listen request); the acknowledgment first, and when the gateway ends it (at
+    shutdown) the response to the listen request, so the client knows it ended cleanly."""
+
+    LIST_CHANGES = {
+        "notifications/tools/list_changed": "toolsListChanged",
+        "notifications/prompts/list_changed": "promptsListChanged",
+        "notifications/resources/list_changed": "resourcesListChanged",
+    }
+
+    def __init__(self, stream_id: str, subscription_id: Any, wanted: Mapping[str, Any]):
+        super().__init__(stream_id)
+        self.subscription_id = subscription_id
+        self.wanted = dict(wanted)
+        self._uris = frozenset(wanted.get("resourceSubscriptions", ()))
+        self._ended_by_client = False
+
+    def push(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        flag = self.LIST_CHANGES.get(method or "")
+        if flag is not None and not self.wanted.get(flag):
+            return
+        if flag is None:
+            params = message.get("params")
+            if method != "notifications/resources/updated" or not isinstance(params, dict) \
+                    or params.get("uri") not in self._uris:
+                return  # nothing else belongs on a listen stream
+        super().push(self._tagged(message))
+
+    def client_left(self) -> None:
+        self._ended_by_client = True
+        self.close()
+
+    def messages(self, keepalive: float | None = None) -> Iterator[dict[str, Any] | None]:
+        yield self._tagged({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+                            "params": {"notifications": self.wanted}})
+        yield from super().messages(keepalive)
+        if not self._ended_by_client:
+            yield {"jsonrpc": "2.0", "id": self.subscription_id,
+                   "result": {"resultType": "complete", "_meta": {META_SUBSCRIPTION_ID: self.subscription_id}}}
+
+    def _tagged(self, message: dict[str, Any]) -> dict[str, Any]:
+        params = dict(message.get("params") or {})
+        params["_meta"] = {**(params.get("_meta") or {}), META_SUBSCRIPTION_ID: self.subscription_id}
+        return {**message, "params": params}
+
+
 class CallStream:
     """A call's SSE answer as written (2025-11-25 sessions): event ids ``<stream>-<n>``, the
     priming event being n = 0. When the client's connection drops before the answer, the
@@ -211,11 +261,12 @@ class LiveSessions:
 
     # -- the standalone stream -----------------------------------------------------------
 
-    def open_stream(self, session_id: str) -> StandaloneStream | None:
-        """The session's standalone stream; a newer one replaces (and ends) an older one,
-        so a client that reconnects is never refused by a stream it lost. None when the
-        process holds STANDALONE_STREAM_LIMIT streams already."""
-        stream = StandaloneStream(session_id)
+    def open_stream(self, session_id: str, stream: StandaloneStream | None = None) -> StandaloneStream | None:
+        """The session's standalone stream (or ``stream``, a listen stream under its own
+        id); a newer one replaces (and ends) an older one, so a client that reconnects is
+        never refused by a stream it lost. None when the process holds
+        STANDALONE_STREAM_LIMIT streams already."""
+        stream = stream if stream is not None else StandaloneStream(session_id)
         with self._lock:
             session = self._sessions.get(session_id)
             if (session is None or session.stream is None) and self._open_streams() >= STANDALONE_STREAM_LIMIT:

@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vmcp_actors.backends import CallOpened
+from vmcp_actors.backends import CallOpened, InputRequired
 from vmcp_actors.protocol import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, error_response, result_response
-from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, ServerRequest
+from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, RelayEvent, ServerRequest
+from vmcp_actors.sessions._modern import MAX_INPUT_ROUNDS, gather_input
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RelayEvent:
-    message: dict[str, Any] | None  # None: nothing to write (a cancelled call ends its stream)
-    final: bool = False
-    http_status: int = 200
-    event: Notification | None = None  # what the exchange yielded, for events before the answer
 
 
 class ClientSide(Protocol):
@@ -81,6 +73,14 @@ class Relay:
     def streaming(cls, request_id: Any, exchange: Exchange) -> Relay:
         return cls(request_id, exchange=exchange)
 
+    @property
+    def exchange(self) -> Exchange | None:
+        return self._exchange
+
+    @property
+    def final(self) -> RelayEvent | None:
+        return self._final
+
     def events(self, client: ClientSide | None = None) -> Iterator[RelayEvent]:
         """Events in arrival order, then exactly one final event."""
         client = client if client is not None else NoClient()
@@ -88,6 +88,7 @@ class Relay:
             client.finished()
             yield self._final
             return
+        rounds = 0
         try:
             while True:
                 event = next(self._exchange)
@@ -100,6 +101,19 @@ class Relay:
                         yield RelayEvent(message)
                 elif isinstance(event, CallOpened):
                     client.opened(event)
+                elif isinstance(event, InputRequired):
+                    # A 2026-07-28 backend needs input: this client is asked on the call's
+                    # stream, and the backend asked again with its answers.
+                    rounds += 1
+                    if rounds > MAX_INPUT_ROUNDS:
+                        raise JsonRpcError(INTERNAL_ERROR, f"backend {event.backend!r} asked for input more than "
+                                                           f"{MAX_INPUT_ROUNDS} times in one call")
+                    for item in gather_input(event, client.ask):
+                        if isinstance(item, RelayEvent):
+                            yield item
+                        else:
+                            self._exchange.close()
+                            self._exchange = item
         except StopIteration as answered:
             yield RelayEvent(result_response(self._request_id, answered.value), final=True)
         except CallCancelled:

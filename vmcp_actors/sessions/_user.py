@@ -36,6 +36,7 @@ import pykka
 from vmcp_actors.backends import (
     BackendCapabilities,
     BackendChannel,
+    BackendEras,
     BackendConnection,
     Handshake,
     McpHttpClient,
@@ -92,6 +93,13 @@ class SessionServices:
     workflow_metrics: WorkflowMetrics = field(default_factory=WorkflowMetrics)
     store: RecordStore = field(default_factory=MemoryRecordStore)
     live: LiveSessions = field(default_factory=LiveSessions)
+    eras: BackendEras = field(default_factory=BackendEras)  # which era each backend speaks (probed once)
+
+    @classmethod
+    def for_config(cls, config: VmcpConfig, **kwargs: Any) -> SessionServices:
+        """Services whose backend eras start from the config's pins."""
+        pinned = {backend.name: backend.protocol for backend in config.backends if backend.protocol != "auto"}
+        return cls(eras=BackendEras(pinned), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServic
              client_capabilities: Mapping[str, Any] | None = None) -> BackendChannel:
     return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url),
                           config.operational.timeouts.for_backend(backend.name),
-                          services.outgoing_auth.get(backend.name), client_capabilities)
+                          services.outgoing_auth.get(backend.name), client_capabilities, services.eras)
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,7 @@ class UserActor(pykka.ThreadingActor):
                 for uri in session.subscriptions:
                     self._subscribers.setdefault(uri, set()).add(session.session_id)
         self._stream_wanted = False
+        self._stream_uris: dict[str, set[str]] = {}
         self._changed: set[str] = set()  # backends whose lists changed, refreshed together
         self._refresh_timer: TimerHandle | None = None
         ref = self.actor_ref
@@ -397,11 +406,17 @@ class UserActor(pykka.ThreadingActor):
     def _update_streams(self) -> None:
         """Backend streams open exactly while a client stream or a subscription needs them."""
         wanted = bool(self._streams or self._subscribers)
-        if wanted == self._stream_wanted:
+        catalog = result_or_none(self._catalog)
+        uris: dict[str, set[str]] = {}  # per backend: the subscribed resources it owns (2026-07-28 listens name them)
+        for uri in self._subscribers:
+            owner = catalog.route_resource(uri) if catalog is not None else None
+            if owner is not None:
+                uris.setdefault(owner, set()).add(uri)
+        if wanted == self._stream_wanted and uris == self._stream_uris:
             return
-        self._stream_wanted = wanted
-        for connection in self._connections.values():
-            connection.want_stream(wanted, self._identity)
+        self._stream_wanted, self._stream_uris = wanted, uris
+        for name, connection in self._connections.items():
+            connection.want_stream(wanted, self._identity, frozenset(uris.get(name, ())))
 
     def _unsubscribe(self, session_id: str, uri: str) -> bool:
         sessions = self._subscribers.get(uri)

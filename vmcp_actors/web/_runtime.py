@@ -58,7 +58,9 @@ def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
     signer = _signer(config)
     store = MemoryRecordStore()
     directory = Directory(store, time.monotonic)
-    services = SessionServices(outgoing_auth, DiscoveryCache(config.operational.discovery_cache_ttl), store=store)
+    services = SessionServices.for_config(config, outgoing_auth=outgoing_auth,
+                                          discovery_cache=DiscoveryCache(config.operational.discovery_cache_ttl),
+                                          store=store)
     gateway = Gateway.start(config, directory, services, signer).proxy()
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
     service = McpService(config, gateway, directory, signer, services.live)

@@ -28,7 +28,7 @@ from vmcp_actors.protocol import (
     error_response,
     parse_message,
 )
-from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from vmcp_actors.protocol.mcp import METHOD_HEADER, NAME_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from vmcp_actors.sessions import RESUME_RETRY_MS, CallStream, RelayEvent
 from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, www_authenticate
 from vmcp_actors.web._responses import json_response, rpc_error
@@ -89,7 +89,8 @@ def open_stream() -> Response:
 
 @bp.delete("/mcp")
 def end_session() -> Response:
-    answer = current_runtime().service.delete(request.headers.get(SESSION_HEADER), _identity())
+    answer = current_runtime().service.delete(request.headers.get(SESSION_HEADER), _identity(),
+                                              request.headers.get(PROTOCOL_VERSION_HEADER))
     return _write(answer, "DELETE", time.monotonic())
 
 
@@ -106,7 +107,8 @@ def post_message() -> Response:
     except JsonRpcError as error:
         return _write(Answer(400, error_response(None, error)), "-", started)
     answer = current_runtime().service.post(
-        message, _identity(), request.headers.get(SESSION_HEADER), request.headers.get(PROTOCOL_VERSION_HEADER)
+        message, _identity(), request.headers.get(SESSION_HEADER), request.headers.get(PROTOCOL_VERSION_HEADER),
+        request.headers.get(METHOD_HEADER), request.headers.get(NAME_HEADER),
     )
     return _write(answer, message.method or message.kind, started)
 
