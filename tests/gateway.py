@@ -16,9 +16,13 @@ from vmcp_actors.web import create_app, stop_app
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
-def backend_entry(name: str, served: Any) -> dict[str, str]:
-    """A config `backends` entry for a served test backend."""
-    return {"name": name, "url": served.url + "/mcp"}
+def backend_entry(name: str, served: Any, protocol: str | None = None) -> dict[str, str]:
+    """A config `backends` entry for a served test backend; ``protocol`` pins its era
+    (``modern`` or ``legacy``; by default the gateway probes it)."""
+    entry = {"name": name, "url": served.url + "/mcp"}
+    if protocol is not None:
+        entry["protocol"] = protocol
+    return entry
 
 
 class GatewayServer:

@@ -247,6 +247,23 @@ def complete(result: Mapping[str, Any], method: str, name: str, hints: CacheHint
     return shaped
 
 
+def legacy_result(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A 2026-07-28 backend's result as a 2025 client gets it: without the fields of the
+    newer revision (``resultType``, cache hints, the backend's ``io.modelcontextprotocol/``
+    metadata such as its identity)."""
+    if not any(key in result for key in ("resultType", "ttlMs", "cacheScope", "_meta")):
+        return result
+    shaped = {key: value for key, value in result.items() if key not in ("resultType", "ttlMs", "cacheScope")}
+    meta = shaped.get("_meta")
+    if isinstance(meta, dict) and any(key.startswith(META_PREFIX) for key in meta):
+        kept = {key: value for key, value in meta.items() if not key.startswith(META_PREFIX)}
+        if kept:
+            shaped["_meta"] = kept
+        else:
+            del shaped["_meta"]
+    return shaped
+
+
 # -- sealed requestState ----------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from vmcp_actors.backends import CallOpened, InputRequired
 from vmcp_actors.protocol import INTERNAL_ERROR, METHOD_NOT_FOUND, JsonRpcError, error_response, result_response
 from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, RelayEvent, ServerRequest
-from vmcp_actors.sessions._modern import MAX_INPUT_ROUNDS, gather_input
+from vmcp_actors.sessions._modern import MAX_INPUT_ROUNDS, gather_input, legacy_result
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Relay:
                             self._exchange.close()
                             self._exchange = item
         except StopIteration as answered:
-            yield RelayEvent(result_response(self._request_id, answered.value), final=True)
+            yield RelayEvent(result_response(self._request_id, legacy_result(answered.value)), final=True)
         except CallCancelled:
             # The client cancelled: it expects no answer (MCP says none is sent).
             yield RelayEvent(None, final=True)
