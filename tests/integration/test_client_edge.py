@@ -50,7 +50,8 @@ def paged():
 
 
 def config_for(*backends: tuple[str, Any], **operational: Any) -> dict:
-    config: dict[str, Any] = {"name": "edge", "backends": [backend_entry(name, b) for name, b in backends]}
+    # Spoken to as 2025-11-25 backends: they advertise no resource subscriptions then.
+    config: dict[str, Any] = {"name": "edge", "backends": [backend_entry(name, b, "legacy") for name, b in backends]}
     if operational:
         config["operational"] = operational
     return config

@@ -29,7 +29,9 @@ def quick_keepalive(monkeypatch):
 
 
 def _config(*backends: tuple[str, Any], **aggregation: Any) -> dict:
-    config: dict[str, Any] = {"name": "t", "backends": [backend_entry(name, served) for name, served in backends]}
+    # The asking backend sends its requests mid-call, as a 2025 backend does: spoken to as one.
+    config: dict[str, Any] = {"name": "t", "backends": [backend_entry(name, served, "legacy")
+                                                         for name, served in backends]}
     config["aggregation"] = {"conflictResolution": "prefix", **aggregation} if aggregation else \
         {"conflictResolution": "prefix", "conflictResolutionConfig": {"prefixFormat": "{workload}_"}}
     return config
@@ -79,12 +81,17 @@ def test_sampling_elicitation_and_roots_reach_the_client_and_its_answers_the_bac
             answers = [_text(await client.call_tool("asking_ask_llm", {"prompt": "hello"})),
                        _text(await client.call_tool("asking_ask_user", {"question": "Who?"})),
                        _text(await client.call_tool("asking_ask_url", {}))]
-            answers.append(_text(await asyncio.wait_for(client.call_tool("asking_roots", {}), 20)))
+            if mode == "legacy":
+                # The SDK sends roots/list on its standalone stream, outside the call: a
+                # 2025 session takes it on its own stream; a 2026-07-28 client has none
+                # (docs/architecture.md, "Translation between eras", what is left).
+                answers.append(_text(await asyncio.wait_for(client.call_tool("asking_roots", {}), 20)))
             return answers
 
         answers = _run(work, server=gateway.url, mode=mode, sampling_callback=_sampling,
                        elicitation_callback=_elicitation({"name": "Ada", "count": 3}), list_roots_callback=_roots)
-        assert answers == ["model test-model said: HELLO", "accepted: Ada x3", "url: accept", "file:///work/project"]
+        expected = ["model test-model said: HELLO", "accepted: Ada x3", "url: accept"]
+        assert answers == expected + (["file:///work/project"] if mode == "legacy" else [])
 
 
 def test_a_client_without_the_capability_gets_the_backend_an_error_at_once(start_gateway):
