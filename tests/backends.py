@@ -111,7 +111,7 @@ def build_sdk_server(name: str, tools: Iterable[str] | None = None, extra_tools:
     """The ``MCPServer`` behind :func:`sdk_backend` (usable in-process, too)."""
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
-    from mcp.types import Completion, PromptReference
+    from mcp.types import Completion
 
     from vmcp_actors.demo.servers import log_to_client
 
@@ -180,7 +180,8 @@ def build_sdk_server(name: str, tools: Iterable[str] | None = None, extra_tools:
 
     @srv.completion()
     async def complete(ref: Any, argument: Any, context: Any) -> Any:
-        if isinstance(ref, PromptReference) and ref.name == "greet" and argument.name == "who":
+        # By shape, not class: the SDK hands 2026-07-28 requests their own revision's types.
+        if getattr(ref, "type", None) == "ref/prompt" and ref.name == "greet" and argument.name == "who":
             values = [w for w in GREET_CANDIDATES if w.startswith(argument.value)]
             return Completion(values=values, total=len(values), has_more=False)
         return None

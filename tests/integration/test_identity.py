@@ -613,7 +613,8 @@ def test_end_user_jwt_does_not_open_admin(start_gateway, idp, servers, monkeypat
 # -- 5. per-user discovery -------------------------------------------------------------------------
 
 
-def _sdk_view(url: str, token: str, own_tool: str, foreign_tool: str) -> tuple[list[str], str, int | None]:
+def _sdk_view(url: str, token: str, own_tool: str, foreign_tool: str,
+              mode: str = "legacy") -> tuple[list[str], str, int | None]:
     """The official SDK client with a bearer header: (tools, own tool's text, foreign call's error code)."""
     import httpx2
     import mcp
@@ -622,7 +623,7 @@ def _sdk_view(url: str, token: str, own_tool: str, foreign_tool: str) -> tuple[l
 
     async def main():
         async with httpx2.AsyncClient(headers=bearer(token), timeout=30) as http:
-            async with mcp.Client(streamable_http_client(url, http_client=http), mode="legacy") as client:
+            async with mcp.Client(streamable_http_client(url, http_client=http), mode=mode) as client:
                 names = sorted(tool.name for tool in (await client.list_tools()).tools)
                 own = (await client.call_tool(own_tool, {})).content[0].text
                 try:
@@ -635,14 +636,15 @@ def _sdk_view(url: str, token: str, own_tool: str, foreign_tool: str) -> tuple[l
     return asyncio.run(main())
 
 
-def test_two_users_see_their_own_tools_with_the_sdk_client(start_gateway, idp, servers):
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # auto: MCP 2026-07-28, no session
+def test_two_users_see_their_own_tools_with_the_sdk_client(start_gateway, idp, servers, mode):
     jira = servers(authed_backend("jira", idp, "jira-api",
                                   {"alice": ["issues", "admin_panel"], "bob": ["issues", "reports"]}))
     plain = servers(header_backend("plain"))
     gateway = start_gateway(gateway_config(
         {"jira": jira, "plain": plain}, incoming=oidc(idp), outgoing={"backends": {"jira": exchange(idp, "jira-api")}}))
-    alice = _sdk_view(gateway.url, idp.issue_token("alice", AUD), "jira_admin_panel", "jira_reports")
-    bob = _sdk_view(gateway.url, idp.issue_token("bob", AUD), "jira_reports", "jira_admin_panel")
+    alice = _sdk_view(gateway.url, idp.issue_token("alice", AUD), "jira_admin_panel", "jira_reports", mode)
+    bob = _sdk_view(gateway.url, idp.issue_token("bob", AUD), "jira_reports", "jira_admin_panel", mode)
     assert alice == (["jira_admin_panel", "jira_issues", "plain_echo", "plain_whoami"], "jira:admin_panel:alice", INVALID_PARAMS)
     assert bob == (["jira_issues", "jira_reports", "plain_echo", "plain_whoami"], "jira:reports:bob", INVALID_PARAMS)
     # The backend never served a tool to the wrong person.

@@ -55,6 +55,7 @@ class Gateway(pykka.ThreadingActor):
         if self._reaper is not None:
             self._reaper.cancel()
         self._services.live.end_all()  # streams end now, not at their next keep-alive
+        self._services.parked.end_all()  # calls waiting for a retry end, their backends told
         # In-memory records end with this process: end the backend sessions with them.
         for user in self._directory.remove_all_users():
             self._stop_user(user, end=isinstance(self._services.store, MemoryRecordStore))
@@ -125,7 +126,8 @@ class Gateway(pykka.ThreadingActor):
             "discoveryCache": self._services.discovery_cache.stats(),
             "workflows": self._services.workflow_metrics.snapshot(),
             "workers": pool_stats(),
-            "clients": self._services.live.counts(),
+            "clients": {**self._services.live.counts(), "parkedCalls": self._services.parked.count()},
+            "backendEras": self._services.eras.snapshot(),
             **self._directory.overview(),
         }
 

@@ -127,9 +127,14 @@ class McpService:
         self._parked = parked if parked is not None else ParkedCalls()
         self._cache_hints = cache_hints_for(config)
 
+    @property
+    def parked(self) -> ParkedCalls:
+        return self._parked
+
     def post(self, message: Message, identity: Identity | None, session_id: str | None,
              header_version: str | None, method_header: str | None = None, name_header: str | None = None) -> Answer:
-        if message.method == "server/discover" or is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS):
+        if message.method == "server/discover" or is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS,
+                                                                     session_id):
             return self._post_modern(message, identity,
                                      {"version": header_version, "method": method_header, "name": name_header})
         if message.is_request and message.method == "initialize":
@@ -178,7 +183,7 @@ class McpService:
         """``GET /mcp``: the session's standalone stream, held open until the client leaves
         (a newer stream of the same session replaces it); with ``Last-Event-ID``, the rest
         of a call's answer whose connection dropped."""
-        if is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS):
+        if is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS, session_id):
             return _not_in_modern("GET")
         lease, answer = self._begin(session_id, identity, header_version)
         if lease is None:
@@ -221,7 +226,7 @@ class McpService:
         return answer
 
     def delete(self, session_id: str | None, identity: Identity | None, header_version: str | None = None) -> Answer:
-        if is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS):
+        if is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS, session_id):
             return _not_in_modern("DELETE")
         if not session_id:
             return _error(400, INVALID_REQUEST, f"Bad Request: missing {SESSION_HEADER} header")

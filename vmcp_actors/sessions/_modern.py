@@ -134,10 +134,14 @@ class ModernRequest:
         return cleaned
 
 
-def is_modern_request(header_version: str | None, legacy_versions: frozenset[str]) -> bool:
+def is_modern_request(header_version: str | None, legacy_versions: frozenset[str], session_id: str | None) -> bool:
     """A request of the stateless era: its MCP-Protocol-Version header names no 2025
-    revision (a session id it may carry is ignored, as the specification says)."""
-    return header_version is not None and header_version not in legacy_versions
+    revision. A session id it carries is ignored, as the specification says, when the
+    header names 2026-07-28 or later; with an older unknown revision it is a 2025
+    session's request with a bad header."""
+    if header_version is None or header_version in legacy_versions:
+        return False
+    return not session_id or header_version >= MODERN_PROTOCOL_VERSIONS[-1]
 
 
 def read_modern(message: Message, headers: Mapping[str, str | None]) -> ModernRequest:

@@ -67,6 +67,7 @@ from vmcp_actors.sessions._exchange import ServerRequest
 from vmcp_actors.sessions._filter import AdvertisingFilter
 from vmcp_actors.sessions._lifecycle import is_logged_at
 from vmcp_actors.sessions._live import LiveSessions
+from vmcp_actors.sessions._modern import ParkedCalls
 from vmcp_actors.sessions._records import UserKey, UserRecord
 from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore
 
@@ -94,6 +95,7 @@ class SessionServices:
     store: RecordStore = field(default_factory=MemoryRecordStore)
     live: LiveSessions = field(default_factory=LiveSessions)
     eras: BackendEras = field(default_factory=BackendEras)  # which era each backend speaks (probed once)
+    parked: ParkedCalls = field(default_factory=ParkedCalls)  # calls waiting for a 2026-07-28 client's retry
 
     @classmethod
     def for_config(cls, config: VmcpConfig, **kwargs: Any) -> SessionServices:

@@ -63,7 +63,7 @@ def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
                                           store=store)
     gateway = Gateway.start(config, directory, services, signer).proxy()
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
-    service = McpService(config, gateway, directory, signer, services.live)
+    service = McpService(config, gateway, directory, signer, services.live, services.parked)
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts)
 
