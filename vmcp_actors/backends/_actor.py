@@ -311,7 +311,8 @@ class BackendConnection(pykka.ThreadingActor):
         if errors:
             self._settle_discovery(error=errors[0])
             return
-        results = {method: future.result() for method, future in message.lists.items()}
+        results = {method: future.result()[0] for method, future in message.lists.items()}
+        hints = [future.result()[1] for future in message.lists.values() if future.result()[1] is not None]
         self._settle_discovery(found=BackendCapabilities(
             backend=self._name,
             capabilities=message.handshake.capabilities,
@@ -319,6 +320,7 @@ class BackendConnection(pykka.ThreadingActor):
             resources=results.get("resources/list", ()),
             resource_templates=results.get("resources/templates/list", ()),
             prompts=results.get("prompts/list", ()),
+            ttl_ms=min(hints) if hints else None,
         ))
 
     def _settle_discovery(self, *, found: BackendCapabilities | None = None, error: BaseException | None = None) -> None:
@@ -350,7 +352,8 @@ class BackendConnection(pykka.ThreadingActor):
     # -- list calls, on pooled threads ---------------------------------------------------
 
     def _list_all(self, identity: Identity | None, handshake: Handshake, method: str,
-                  key: str) -> tuple[dict[str, Any], ...]:
+                  key: str) -> tuple[tuple[dict[str, Any], ...], int | None]:
+        """Every item of a list, and the shortest ttlMs its pages carried."""
         try:
             return self._follow_pages(identity, handshake, method, key)
         except BackendRpcError as exc:
@@ -361,23 +364,27 @@ class BackendConnection(pykka.ThreadingActor):
                     self._url,
                     method,
                 )
-                return ()
+                return (), None
             raise
 
     def _follow_pages(self, identity: Identity | None, handshake: Handshake, method: str,
-                      key: str) -> tuple[dict[str, Any], ...]:
+                      key: str) -> tuple[tuple[dict[str, Any], ...], int | None]:
         items: list[dict[str, Any]] = []
         cursor: str | None = None
         seen: set[str] = set()
+        ttl_ms: int | None = None
         for _ in range(MAX_PAGES):
             result = self._channel.call_with(identity, handshake, method, {"cursor": cursor} if cursor else None)
+            hint = result.get("ttlMs")
+            if isinstance(hint, int) and not isinstance(hint, bool):
+                ttl_ms = max(0, hint) if ttl_ms is None else min(ttl_ms, max(0, hint))
             page = result.get(key, [])
             if not isinstance(page, list):
                 raise BackendProtocolError(self._name, f"backend {self._name!r} answered {method} without a {key} list")
             items.extend(item for item in page if isinstance(item, dict))
             cursor = result.get("nextCursor")
             if not cursor:
-                return tuple(items)
+                return tuple(items), ttl_ms
             if not isinstance(cursor, str) or cursor in seen:
                 raise BackendProtocolError(self._name, f"backend {self._name!r} sent a bad or repeated {method} cursor")
             seen.add(cursor)

@@ -74,6 +74,7 @@ class BackendCapabilities:
     resources: tuple[dict[str, Any], ...] = ()
     resource_templates: tuple[dict[str, Any], ...] = ()
     prompts: tuple[dict[str, Any], ...] = ()
+    ttl_ms: int | None = None  # the shortest ttlMs a 2026-07-28 backend gave its lists (None: no hint)
 
     def supports(self, capability: str) -> bool:
         return capability in self.capabilities

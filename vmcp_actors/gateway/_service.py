@@ -272,7 +272,11 @@ class McpService:
         method = message.method or ""
 
         def shape(result: dict[str, Any]) -> dict[str, Any]:
-            return complete(result, method, self._config.name, self._cache_hints)
+            hints = self._cache_hints
+            fresh_for = user.backends.freshness_ms()
+            if fresh_for is not None and fresh_for < hints.list_ttl_ms:  # a backend's own hint bounds ours
+                hints = replace(hints, list_ttl_ms=fresh_for)
+            return complete(result, method, self._config.name, hints)
 
         def heard(notification: Notification) -> None:
             try:

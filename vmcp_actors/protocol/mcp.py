@@ -92,6 +92,8 @@ def decode_header_value(value: str) -> str | None:
     """The value an Mcp-Name / Mcp-Param header carries; None when it is malformed."""
     found = _BASE64_SENTINEL.fullmatch(value)
     if found is None:
+        if value.startswith("=?base64?") and value.endswith("?="):
+            return None  # the sentinel form with something else than base64 inside
         return value if all(c == "\t" or 0x20 <= ord(c) <= 0x7E for c in value) else None
     try:
         return base64.b64decode(found.group(1), validate=True).decode("utf-8")

@@ -180,6 +180,14 @@ class AggregatedBackends:
             raise ConflictingNames(catalog.errors)
         return catalog
 
+    def freshness_ms(self) -> int | None:
+        """The shortest ttlMs the user's 2026-07-28 backends gave their lists (None: no hint)."""
+        published = self._board.current
+        if published is None or not published.done() or published.exception() is not None:
+            return None
+        hints = [found.ttl_ms for found in published.result().backends.values() if found.ttl_ms is not None]
+        return min(hints) if hints else None
+
     def lookup_internal(self, identity: Identity | None, name: str, deadline: Deadline) -> InternalTool | None:
         """For composite steps: any tool, advertised or hidden, by advertised name or ``workload.tool``."""
         return self.catalog(identity, deadline).resolve_internal(name)

@@ -51,8 +51,14 @@ class DiscoveryCache:
     def put(self, key: Hashable, catalog: Catalog) -> None:
         if not self.enabled or catalog.failures or catalog.errors or not catalog.has_backends:
             return  # errors are never cached
+        ttl = self._ttl
+        hints = [found.ttl_ms for found in catalog.backends.values() if found.ttl_ms is not None]
+        if hints:  # a 2026-07-28 backend's own freshness hint bounds how long its lists are kept
+            ttl = min(ttl, min(hints) / 1000)
+            if ttl <= 0:
+                return
         with self._lock:
-            self._entries[key] = (catalog, self._clock() + self._ttl)
+            self._entries[key] = (catalog, self._clock() + ttl)
             self._entries.move_to_end(key)
             while len(self._entries) > self._max:
                 self._entries.popitem(last=False)

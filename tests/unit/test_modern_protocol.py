@@ -1,0 +1,296 @@
+"""MCP 2026-07-28 pieces in isolation: the envelope checks and their order, header value
+encoding, sealed values, result shaping both ways, listen streams, the discovery cache
+bounded by backends' hints, and the backend era probe (``responses`` for its HTTP answers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import responses
+
+from vmcp_actors.backends import BackendCapabilities, BackendChannel, BackendEras, Handshake, McpHttpClient
+from vmcp_actors.exceptions import BackendHTTPError
+from vmcp_actors.protocol import Message
+from vmcp_actors.protocol.mcp import (
+    ACCEPTED_PROTOCOL_HEADER_VERSIONS,
+    decode_header_value,
+    encode_header_value,
+)
+from vmcp_actors.sessions import (
+    CacheHints,
+    Catalog,
+    DiscoveryCache,
+    ListenStream,
+    build_catalog,
+    complete,
+    is_modern_request,
+    read_modern,
+)
+from vmcp_actors.sessions._modern import legacy_result
+from vmcp_actors.config import config_from_mapping
+from vmcp_actors.signing import Signer, Unsealable
+from vmcp_actors.protocol import JsonRpcError
+
+MODERN = "2026-07-28"
+META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
+URL = "http://backend.test/mcp"
+
+
+def request(method: str = "tools/call", params: dict | None = None, meta: dict | None = None) -> Message:
+    body = {"name": "echo", "arguments": {}} if params is None else dict(params)
+    body["_meta"] = META if meta is None else meta
+    return Message("request", method, 1, body)
+
+
+def headers(**changed: str | None) -> dict[str, str | None]:
+    return {"version": MODERN, "method": "tools/call", "name": "echo", **changed}
+
+
+# -- the envelope ---------------------------------------------------------------------------
+
+
+def test_a_good_request_reads_its_metadata_and_keeps_its_own_meta():
+    meta = {**META, "io.modelcontextprotocol/logLevel": "info", "progressToken": "p",
+            "io.modelcontextprotocol/clientInfo": {"name": "c"}}
+    read = read_modern(request(meta=meta), headers())
+    assert read.version == MODERN and read.log_level == "info" and read.client_info == {"name": "c"}
+    assert read.meta == {"progressToken": "p"}
+    dispatched = read.params_for_dispatch({"name": "echo", "_meta": meta, "requestState": "s"})
+    assert dispatched == {"name": "echo", "_meta": {"progressToken": "p", "io.modelcontextprotocol/logLevel": "info"}}
+
+
+@pytest.mark.parametrize("message, sent, code", [
+    (request(meta={}), headers(), -32602),  # missing envelope comes first
+    (request(meta={"io.modelcontextprotocol/protocolVersion": MODERN}), headers(), -32602),
+    (request(), headers(version=None), -32020),
+    (request(), headers(version="2025-11-25"), -32020),
+    (request(), headers(method="tools/list"), -32020),
+    (request(), headers(name="other"), -32020),
+    (request(), headers(name=None), -32020),
+    (request(meta={**META, "io.modelcontextprotocol/protocolVersion": "2099-01-01"}),
+     headers(version="2099-01-01"), -32022),
+    (request(meta={**META, "io.modelcontextprotocol/clientCapabilities": []}), headers(), -32602),
+    (request(params={"name": "echo", "inputResponses": []}), headers(), -32602),
+    (request("tools/list", params={"requestState": "x"}), headers(method="tools/list", name=None), -32602),
+])
+def test_bad_envelopes_get_the_specifications_codes_in_its_order(message, sent, code):
+    with pytest.raises(JsonRpcError) as refused:
+        read_modern(message, sent)
+    assert refused.value.code == code
+    assert refused.value.http_status == 400
+
+
+def test_unsupported_version_lists_what_is_supported():
+    with pytest.raises(JsonRpcError) as refused:
+        read_modern(request(meta={**META, "io.modelcontextprotocol/protocolVersion": "1999-01-01"}),
+                    headers(version="1999-01-01"))
+    assert refused.value.data == {"supported": [MODERN, "2025-11-25", "2025-06-18"], "requested": "1999-01-01"}
+
+
+@pytest.mark.parametrize("value", ["echo", "Hello, 世界", " padded ", "line1\nline2", "=?base64?literal?="])
+def test_header_values_round_trip_and_unsafe_ones_are_base64(value):
+    encoded = encode_header_value(value)
+    assert all(0x20 <= ord(c) <= 0x7E for c in encoded)
+    assert decode_header_value(encoded) == value
+    assert (encoded == value) == (value == "echo")
+
+
+def test_malformed_base64_header_is_refused():
+    assert decode_header_value("=?base64?***?=") is None
+
+
+def test_which_requests_are_modern():
+    legacy = ACCEPTED_PROTOCOL_HEADER_VERSIONS
+    assert is_modern_request(MODERN, legacy, None)
+    assert is_modern_request(MODERN, legacy, "a-session")  # the session id is ignored
+    assert not is_modern_request("2025-11-25", legacy, None)
+    assert not is_modern_request(None, legacy, None)
+    assert is_modern_request("1999-01-01", legacy, None)  # the modern ladder refuses it
+    assert not is_modern_request("1999-01-01", legacy, "a-session")  # a 2025 session's bad header
+
+
+# -- sealed values --------------------------------------------------------------------------
+
+
+def test_sealed_values_open_only_with_the_key_purpose_and_in_time():
+    signer, other = Signer(b"k" * 32), Signer(b"o" * 32)
+    token = signer.seal("requestState", {"b": "alpha", "s": "secret"}, 60)
+    assert "alpha" not in token and "secret" not in token
+    assert signer.unseal("requestState", token) == {"b": "alpha", "s": "secret"}
+    assert Signer(b"k" * 32).unseal("requestState", token)  # another process with the key
+    flipped = token[:10] + ("A" if token[10] != "A" else "B") + token[11:]
+    for bad, who in ((token, other), (flipped, signer), ("", signer), ("x" * 70_000, signer), (5, signer)):
+        with pytest.raises(Unsealable):
+            who.unseal("requestState", bad)
+    with pytest.raises(Unsealable):
+        signer.unseal("session", token)
+    with pytest.raises(Unsealable, match="expired"):
+        signer.unseal("requestState", signer.seal("requestState", {}, -1))
+
+
+# -- results both ways ------------------------------------------------------------------------
+
+
+def test_results_for_modern_clients_carry_result_type_identity_and_cache_hints():
+    hints = CacheHints(30_000, "private")
+    listed = complete({"tools": []}, "tools/list", "gw", hints)
+    assert listed == {"tools": [], "resultType": "complete", "ttlMs": 30_000, "cacheScope": "private",
+                      "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "gw", "version": listed["_meta"][
+                          "io.modelcontextprotocol/serverInfo"]["version"]}}}
+    read = complete({"contents": [], "ttlMs": 5000, "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "b"}}},
+                    "resources/read", "gw", hints)
+    assert read["ttlMs"] == 5000 and read["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "gw"
+    called = complete({"content": []}, "tools/call", "gw", hints)
+    assert "ttlMs" not in called and called["resultType"] == "complete"
+    interim = complete({"resultType": "input_required", "requestState": "s"}, "tools/call", "gw", hints)
+    assert "ttlMs" not in interim
+
+
+def test_results_for_legacy_clients_lose_the_2026_fields():
+    result = {"content": [], "resultType": "complete", "ttlMs": 1, "cacheScope": "public",
+              "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "b"}, "trace": "t"}}
+    assert legacy_result(result) == {"content": [], "_meta": {"trace": "t"}}
+    plain = {"content": []}
+    assert legacy_result(plain) is plain
+
+
+# -- listen streams -----------------------------------------------------------------------------
+
+
+def test_a_listen_stream_acknowledges_filters_tags_and_ends_gracefully():
+    stream = ListenStream("listen:1", 7, {"toolsListChanged": True, "resourceSubscriptions": ["a://x"]})
+    stream.push({"jsonrpc": "2.0", "method": "notifications/prompts/list_changed"})  # not asked for
+    stream.push({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    stream.push({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "a://y"}})
+    stream.push({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "a://x"}})
+    stream.push({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info"}})
+    written = stream.messages(keepalive=0.01)
+    messages = [next(written) for _ in range(3)]
+    stream.close()  # the gateway ends it
+    messages += [m for m in written if m is not None]
+    assert [m.get("method", "response") for m in messages] == [
+        "notifications/subscriptions/acknowledged", "notifications/tools/list_changed",
+        "notifications/resources/updated", "response"]
+    assert all(m.get("params", m.get("result", {}))["_meta"]["io.modelcontextprotocol/subscriptionId"] == 7
+               for m in messages)
+    assert messages[-1] == {"jsonrpc": "2.0", "id": 7, "result": {
+        "resultType": "complete", "_meta": {"io.modelcontextprotocol/subscriptionId": 7}}}
+
+
+def test_a_listen_stream_the_client_left_sends_no_closing_response():
+    stream = ListenStream("listen:2", "s", {})
+    stream.client_left()
+    assert [m for m in stream.messages(keepalive=0.01) if m is not None][-1]["method"].endswith("acknowledged")
+
+
+# -- the discovery cache and backends' hints ---------------------------------------------------
+
+
+def _catalog(ttl_ms: int | None) -> Catalog:
+    config = config_from_mapping({"name": "t", "backends": [{"name": "a", "url": URL}]})
+    found = BackendCapabilities("a", {"tools": {}}, tools=({"name": "echo", "inputSchema": {"type": "object"}},),
+                                ttl_ms=ttl_ms)
+    return build_catalog({"a": found}, {}, config.aggregation)
+
+
+def test_a_backends_ttl_hint_bounds_how_long_its_catalog_is_cached():
+    now = [0.0]
+    cache = DiscoveryCache(60, clock=lambda: now[0])
+    cache.put("long", _catalog(None))
+    cache.put("short", _catalog(2000))
+    cache.put("never", _catalog(0))
+    now[0] = 3.0
+    assert cache.get("long") is not None
+    assert cache.get("short") is None
+    assert cache.get("never") is None
+
+
+# -- the backend era probe ---------------------------------------------------------------------
+
+
+def _channel(eras: BackendEras | None = None) -> BackendChannel:
+    return BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"sampling": {}}, eras=eras)
+
+
+def _initialize_answers(rsps: responses.RequestsMock) -> None:
+    def initialized(request):
+        message = json.loads(request.body)
+        return 200, {"Mcp-Session-Id": "s1", "Content-Type": "application/json"}, json.dumps({
+            "jsonrpc": "2.0", "id": message["id"], "result": {
+                "protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "old"}}})
+
+    rsps.add_callback(responses.POST, URL, callback=initialized)
+    rsps.add(responses.POST, URL, status=202)
+
+
+def test_a_modern_backend_answers_discover_and_gets_no_session():
+    eras = BackendEras()
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.POST, URL, json={"jsonrpc": "2.0", "id": 1, "result": {
+            "resultType": "complete", "supportedVersions": [MODERN], "capabilities": {"tools": {}},
+            "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "new"}}}})
+        handshake = _channel(eras).perform_handshake(None)
+        sent = rsps.calls[0].request
+        body = json.loads(sent.body)
+    assert handshake.session_id is None and handshake.is_modern and handshake.server_info == {"name": "new"}
+    assert sent.headers["MCP-Protocol-Version"] == MODERN and sent.headers["Mcp-Method"] == "server/discover"
+    assert body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] == {"sampling": {}}
+    assert eras.get("b") == "modern"
+
+
+@pytest.mark.parametrize("refusal", [
+    {"status": 400, "json": {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Bad Request"}}},
+    {"status": 404, "json": {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no"}}},
+    {"status": 200, "json": {"jsonrpc": "2.0", "id": 1, "error": {"code": -32601, "message": "no"}}},
+    {"status": 400, "body": "Bad Request: Missing session ID"},
+    {"status": 405, "body": ""},
+])
+def test_a_legacy_backend_refusing_discover_is_initialized_and_remembered(refusal):
+    eras = BackendEras()
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.POST, URL, **refusal)
+        _initialize_answers(rsps)
+        handshake = _channel(eras).perform_handshake(None)
+        methods = [json.loads(call.request.body).get("method") for call in rsps.calls]
+    assert handshake.session_id == "s1" and not handshake.is_modern
+    assert methods == ["server/discover", "initialize", "notifications/initialized"]
+    assert eras.get("b") == "legacy"
+    with responses.RequestsMock() as rsps:  # remembered: no probe the next time
+        _initialize_answers(rsps)
+        _channel(eras).perform_handshake(None)
+        assert [json.loads(call.request.body).get("method") for call in rsps.calls] == [
+            "initialize", "notifications/initialized"]
+
+
+def test_a_failing_backend_is_not_taken_for_a_legacy_one():
+    eras = BackendEras()
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.POST, URL, status=503)
+        with pytest.raises(BackendHTTPError):
+            _channel(eras).perform_handshake(None)
+    assert eras.get("b") is None
+
+
+def test_a_pinned_era_is_never_probed():
+    with responses.RequestsMock() as rsps:
+        _initialize_answers(rsps)
+        _channel(BackendEras({"b": "legacy"})).perform_handshake(None)
+        assert json.loads(rsps.calls[0].request.body)["method"] == "initialize"
+
+
+def test_requests_to_a_modern_backend_carry_metadata_and_headers_and_a_legacy_one_gets_none_of_it():
+    channel = _channel()
+    modern = Handshake(None, MODERN)
+    legacy = Handshake("s1", "2025-11-25")
+    sent: dict[str, str] = {}
+    params = channel._params_for(modern, "tools/call", {"name": "é x", "_meta": {"progressToken": 1}}, sent)
+    assert params["_meta"]["progressToken"] == 1
+    assert params["_meta"]["io.modelcontextprotocol/protocolVersion"] == MODERN
+    assert sent == {"Mcp-Method": "tools/call", "Mcp-Name": encode_header_value("é x")}
+    sent = {}
+    old = channel._params_for(legacy, "tools/call", {"name": "x", "_meta": {
+        "io.modelcontextprotocol/logLevel": "info", "progressToken": 1}}, sent)
+    assert old == {"name": "x", "_meta": {"progressToken": 1}} and sent == {}
+
+
