@@ -521,12 +521,16 @@ def test_allowed_origins_are_allowed(start_gateway, sdk_pair):
 # ----------------------------------------------------------------------------------
 
 
-def test_server_discover_is_jsonrpc_error_without_session(gateway):
-    response = gateway.post(request("server/discover", {}, request_id="d-1"), headers={"MCP-Protocol-Version": "2026-07-28"})
-    assert response.status_code == 200
+def test_server_discover_answers_without_a_session_and_refuses_a_bad_envelope(gateway):
+    headers = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "server/discover"}
+    response = gateway.post(request("server/discover", {}, request_id="d-1"), headers=headers)
+    assert response.status_code == 400  # no _meta envelope: -32602, as 2026-07-28 says
+    assert answer_of(response)["error"]["code"] == INVALID_PARAMS
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}
+    response = gateway.post(request("server/discover", {"_meta": meta}, request_id="d-2"), headers=headers)
     answer = answer_of(response)
-    assert answer["id"] == "d-1"
-    assert "error" in answer and "result" not in answer
+    assert response.status_code == 200 and answer["id"] == "d-2"
+    assert answer["result"]["supportedVersions"][0] == "2026-07-28"
     assert "Mcp-Session-Id" not in response.headers
 
 
@@ -538,8 +542,8 @@ def test_sdk_client_connects_lists_and_calls(gateway, mode):
         return [t.name for t in tools.tools], called, client.protocol_version, client.server_info
 
     names, called, version, server_info = run_client(gateway.url, work, mode=mode)
-    # Auto mode probed server/discover, got the error and fell back to initialize.
-    assert version in ("2025-06-18", "2025-11-25")
+    # Auto mode probes server/discover and speaks 2026-07-28; legacy mode initializes.
+    assert version == ("2026-07-28" if mode == "auto" else "2025-11-25")
     assert server_info is not None and server_info.name == "edge"
     assert {"alpha_echo", "beta_echo"} <= set(names)
     assert called.content[0].text == f"beta:{mode}"
