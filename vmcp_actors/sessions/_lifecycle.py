@@ -1,6 +1,5 @@
-"""The MCP semantics of the client edge that are not a method call: initialize and the
-revision it negotiates, the server's capabilities, ``server/discover``, the
-``MCP-Protocol-Version`` checks, a request's deadline, and which log messages a session
+"""The MCP semantics of the 2025 client edge that are not a method call: initialize and
+the revision it negotiates, the server's capabilities, the ``MCP-Protocol-Version`` checks, a request's deadline, and which log messages a session
 asked for. Pure functions: the web layer only carries their answers over HTTP."""
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from vmcp_actors.protocol import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
     INVALID_PARAMS,
     INVALID_REQUEST,
-    METHOD_NOT_FOUND,
     JsonRpcError,
     Message,
     negotiate_protocol_version,
@@ -63,12 +61,6 @@ def initialize(params: Any) -> InitializeOutcome:
         client_capabilities=params.get("capabilities", {}),
         client_info=params.get("clientInfo", {}),
     )
-
-
-def discover_error() -> JsonRpcError:
-    # The stateless revision (2026-07-28) is not served yet: SDK clients in auto mode
-    # take this error as the cue to fall back to initialize.
-    return JsonRpcError(METHOD_NOT_FOUND, "Method not found: server/discover")
 
 
 def check_header_version(header: str | None, session_version: str | None) -> JsonRpcError | None:
