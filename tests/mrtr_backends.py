@@ -87,3 +87,22 @@ def build_mrtr_server(name: str = "asker") -> Any:
 
 def mrtr_backend(name: str = "asker") -> SdkBackend:
     return SdkBackend(name, build_mrtr_server(name)).start()
+
+
+def build_header_server(name: str = "hdr") -> Any:
+    """Tools whose inputSchema marks arguments with ``x-mcp-header`` (2026-07-28 clients
+    mirror them in ``Mcp-Param-*`` headers): ``query(region, sql)`` with ``Region``."""
+    from pydantic import Field
+
+    srv = MCPServer(name, version="0.0.1", log_level="WARNING")
+
+    def query(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], sql: str) -> str:
+        """Run a query in a region."""
+        return f"{region}: {sql}"
+
+    srv.add_tool(query)
+    return srv
+
+
+def header_backend(name: str = "hdr") -> SdkBackend:
+    return SdkBackend(name, build_header_server(name)).start()

@@ -20,7 +20,7 @@ from mcp import types
 from tests.asking_backends import WATCHED_URI, asking_backend
 from tests.backends import sdk_backend
 from tests.gateway import MCP_HEADERS, backend_entry, sse_messages, wait_until
-from tests.mrtr_backends import mrtr_backend
+from tests.mrtr_backends import header_backend, mrtr_backend
 from vmcp_actors.protocol.sse import iter_sse_events
 
 MODERN = "2026-07-28"
@@ -157,12 +157,15 @@ def test_discover_lists_every_revision_and_lists_carry_cache_hints(start_gateway
                             ("resources/templates/list", "resourceTemplates")):
             result = answer(modern_post(gateway.url, method))["result"]
             assert result["resultType"] == "complete", method
-            assert result["ttlMs"] == 30_000 and result["cacheScope"] == "public", method
+            # alpha (spoken to in 2026-07-28) says its lists are fresh for 0 ms: that bounds ours
+            assert result["ttlMs"] == 0 and result["cacheScope"] == "public", method
             firsts.append([item.get("name", item.get("uri")) for item in result[key]])
         again = answer(modern_post(gateway.url, "tools/list"))["result"]["tools"]
         assert [tool["name"] for tool in again] == firsts[0]  # deterministic order
         read = answer(modern_post(gateway.url, "resources/read", {"uri": "test://beta/static"}))["result"]
         assert read["resultType"] == "complete" and read["ttlMs"] == 0 and read["cacheScope"] == "public"
+        only_legacy = start_gateway({**_config(("beta", beta, "legacy")), "operational": {"discoveryCacheTTL": "30s"}})
+        assert answer(modern_post(only_legacy.url, "tools/list"))["result"]["ttlMs"] == 30_000
 
 
 def test_a_legacy_client_gets_no_2026_fields_from_a_modern_backend(start_gateway):
@@ -450,3 +453,25 @@ def test_a_listen_stream_gets_only_what_it_asked_for(start_gateway):
                 listener.next(timeout=1.0)
         finally:
             listener.close()
+
+
+# -- 7. Mcp-Param headers (x-mcp-header) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("era", ["modern", "legacy"])
+def test_mirrored_arguments_are_checked_and_mirrored_to_a_modern_backend(start_gateway, era):
+    with header_backend("hdr") as backend:
+        gateway = start_gateway(_config(("hdr", backend, era)))
+        names = [tool["name"] for tool in answer(modern_post(gateway.url, "tools/list"))["result"]["tools"]]
+        assert names == ["hdr_query"]
+        call = {"name": "hdr_query", "arguments": {"region": "eu-west", "sql": "select 1"}}
+        missing = modern_post(gateway.url, "tools/call", call)
+        assert missing.status_code == 400 and missing.json()["error"]["code"] == -32020
+        wrong = modern_post(gateway.url, "tools/call", call, headers={"Mcp-Param-Region": "us-east"})
+        assert wrong.status_code == 400 and wrong.json()["error"]["code"] == -32020
+        # The modern backend checks its own Mcp-Param-Region: the gateway mirrored it.
+        right = modern_post(gateway.url, "tools/call", call, headers={"mcp-param-region": "eu-west"})
+        assert answer(right)["result"]["content"][0]["text"] == "eu-west: select 1"
+        encoded = modern_post(gateway.url, "tools/call", {"name": "hdr_query", "arguments": {
+            "region": "é", "sql": "x"}}, headers={"Mcp-Param-Region": "=?base64?w6k=?="})
+        assert answer(encoded)["result"]["content"][0]["text"] == "é: x"

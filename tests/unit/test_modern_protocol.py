@@ -294,3 +294,31 @@ def test_requests_to_a_modern_backend_carry_metadata_and_headers_and_a_legacy_on
     assert old == {"name": "x", "_meta": {"progressToken": 1}} and sent == {}
 
 
+
+
+# -- x-mcp-header marks --------------------------------------------------------------------------
+
+
+def _schema(**properties: dict) -> dict:
+    return {"type": "object", "properties": properties}
+
+
+def test_header_marks_are_found_through_properties_only_and_checked():
+    from vmcp_actors.protocol.mcp import param_header_mismatch, param_headers_for, valid_header_params
+
+    schema = _schema(region={"type": "string", "x-mcp-header": "Region"},
+                     nested={"type": "object", "properties": {"n": {"type": "integer", "x-mcp-header": "N"}}},
+                     flag={"type": "boolean", "x-mcp-header": "Flag"})
+    assert valid_header_params(schema)
+    arguments = {"region": "é", "nested": {"n": 42}, "flag": False}
+    headers = param_headers_for(schema, arguments)
+    assert headers == {"Mcp-Param-region": "=?base64?w6k=?=", "Mcp-Param-n": "42", "Mcp-Param-flag": "false"}
+    received = {"region": "=?base64?w6k=?=", "n": "42.0", "flag": "false"}
+    assert param_header_mismatch(schema, arguments, received) is None  # integers compare as numbers
+    assert "missing" in param_header_mismatch(schema, arguments, {"n": "42", "flag": "false"})
+    assert "does not match" in param_header_mismatch(schema, arguments, {**received, "flag": "true"})
+    assert param_header_mismatch(schema, {"nested": {}}, {}) is None  # no value, no header expected
+    for bad in (_schema(x={"type": "number", "x-mcp-header": "X"}),
+                _schema(x={"type": "string", "x-mcp-header": "bad name"}),
+                _schema(x={"type": "string", "x-mcp-header": "A"}, y={"type": "string", "x-mcp-header": "a"})):
+        assert not valid_header_params(bad)

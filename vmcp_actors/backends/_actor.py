@@ -49,6 +49,7 @@ from vmcp_actors.exceptions import (
 )
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import METHOD_NOT_FOUND
+from vmcp_actors.protocol.mcp import valid_header_params
 
 logger = logging.getLogger(__name__)
 
@@ -312,6 +313,8 @@ class BackendConnection(pykka.ThreadingActor):
             self._settle_discovery(error=errors[0])
             return
         results = {method: future.result()[0] for method, future in message.lists.items()}
+        if "tools/list" in results:
+            results["tools/list"] = self._usable_tools(results["tools/list"])
         hints = [future.result()[1] for future in message.lists.values() if future.result()[1] is not None]
         self._settle_discovery(found=BackendCapabilities(
             backend=self._name,
@@ -322,6 +325,18 @@ class BackendConnection(pykka.ThreadingActor):
             prompts=results.get("prompts/list", ()),
             ttl_ms=min(hints) if hints else None,
         ))
+
+    def _usable_tools(self, tools: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        """Tools whose ``x-mcp-header`` marks break the specification's rules are left out
+        (as a client must), each with a warning; the others stay usable."""
+        usable = []
+        for tool in tools:
+            if valid_header_params(tool.get("inputSchema")):
+                usable.append(tool)
+            else:
+                logger.warning("backend %r: tool %r left out: its inputSchema has an invalid x-mcp-header mark",
+                               self._name, str(tool.get("name"))[:128])
+        return tuple(usable)
 
     def _settle_discovery(self, *, found: BackendCapabilities | None = None, error: BaseException | None = None) -> None:
         discovery = self._discovery

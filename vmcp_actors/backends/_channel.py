@@ -289,7 +289,7 @@ class BackendChannel:
     # -- web threads ---------------------------------------------------------------------
 
     def request(self, identity: Identity | None, method: str, params: dict[str, Any] | None,
-                deadline: Deadline) -> Exchange:
+                deadline: Deadline, headers: Mapping[str, str] | None = None) -> Exchange:
         """Yield the notifications the backend streams, return its result.
 
         Raises BackendRpcError when the backend answers with a JSON-RPC error, and another
@@ -298,15 +298,15 @@ class BackendChannel:
         try:
             handshake = self._await(self._handshake_future(identity), deadline)
             try:
-                result = yield from self.exchange_with(identity, handshake, method, params, deadline)
+                result = yield from self.exchange_with(identity, handshake, method, params, deadline, headers)
                 if handshake.is_modern and result.get("resultType") == "input_required":
-                    yield self._input_required(identity, method, params, result, deadline)
+                    yield self._input_required(identity, method, params, result, deadline, headers)
                 return result
             except BackendSessionExpired:
                 # The backend restarted: re-initialize once, transparently, and retry.
                 # (A 404 comes before any streamed event, so nothing was relayed twice.)
                 renewed = self._await(self._ask_connection("renew_handshake", identity, handshake.session_id), deadline)
-                return (yield from self.exchange_with(identity, renewed, method, params, deadline))
+                return (yield from self.exchange_with(identity, renewed, method, params, deadline, headers))
         except (BackendRpcError, BackendCancelled):
             raise  # the backend answered, or the client cancelled: the connection itself is fine
         except BackendError as exc:
@@ -314,7 +314,8 @@ class BackendChannel:
             raise
 
     def _input_required(self, identity: Identity | None, method: str, params: dict[str, Any] | None,
-                        result: dict[str, Any], deadline: Deadline) -> InputRequired:
+                        result: dict[str, Any], deadline: Deadline,
+                        headers: Mapping[str, str] | None) -> InputRequired:
         base = {key: value for key, value in (params or {}).items() if key not in ("inputResponses", "requestState")}
         requests = result.get("inputRequests")
         state = result.get("requestState")
@@ -328,7 +329,7 @@ class BackendChannel:
             again: dict[str, Any] = {**base, "inputResponses": dict(responses)}
             if isinstance(state, str):
                 again["requestState"] = state
-            return self.request(identity, method, again, deadline)
+            return self.request(identity, method, again, deadline, headers)
 
         return InputRequired(self.name, method, MappingProxyType(base), MappingProxyType(requests),
                              state if isinstance(state, str) else None, retry, deadline)
@@ -336,7 +337,7 @@ class BackendChannel:
     # -- pooled work ---------------------------------------------------------------------
 
     def submit(self, identity: Identity | None, method: str, params: dict[str, Any] | None,
-               deadline: Deadline) -> cf.Future[dict[str, Any]]:
+               deadline: Deadline, headers: Mapping[str, str] | None = None) -> cf.Future[dict[str, Any]]:
         """``request`` for pooled work: the result lands in the returned future. The
         exchange runs as one pooled job once the handshake is there (a renewal after a 404
         likewise), chained by callbacks: no pooled thread waits for another job."""
@@ -348,7 +349,7 @@ class BackendChannel:
                 self._fail(outcome, error)
                 return
             handshake = handshake_future.result()
-            job = run_in_thread(self.call_with, identity, handshake, method, params, deadline)
+            job = run_in_thread(self.call_with, identity, handshake, method, params, deadline, headers)
 
             def finished(done: cf.Future[dict[str, Any]]) -> None:
                 failure = done.exception()
@@ -376,13 +377,17 @@ class BackendChannel:
         return outcome
 
     def exchange_with(self, identity: Identity | None, handshake: Handshake, method: str,
-                      params: dict[str, Any] | None, deadline: Deadline | None = None) -> Exchange:
-        """One exchange on the backend session ``handshake`` names (no renewal here)."""
+                      params: dict[str, Any] | None, deadline: Deadline | None = None,
+                      extra_headers: Mapping[str, str] | None = None) -> Exchange:
+        """One exchange on the backend session ``handshake`` names (no renewal here).
+        ``extra_headers``: a 2026-07-28 call's ``Mcp-Param-*`` headers."""
         timeout = self.timeout if deadline is None else deadline.cap(self.timeout)
         if timeout <= 0:
             raise BackendTimeout(self.name, f"backend {self.name!r}: the request's deadline passed before the "
                                             f"exchange could start")
         headers = self.headers_for(identity)  # per request: a refreshed caller token is used at once
+        if extra_headers and handshake.is_modern:
+            headers.update(extra_headers)
         request_id = self._ids.next()
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
         params = self._params_for(handshake, method, params, headers)
@@ -468,9 +473,10 @@ class BackendChannel:
         self._send_later(handshake, headers, message)
 
     def call_with(self, identity: Identity | None, handshake: Handshake, method: str,
-                  params: dict[str, Any] | None, deadline: Deadline | None = None) -> dict[str, Any]:
+                  params: dict[str, Any] | None, deadline: Deadline | None = None,
+                  extra_headers: Mapping[str, str] | None = None) -> dict[str, Any]:
         """``exchange_with`` for the gateway's own use: notifications dropped, result returned."""
-        return drain(self.exchange_with(identity, handshake, method, params, deadline))
+        return drain(self.exchange_with(identity, handshake, method, params, deadline, extra_headers))
 
     # -- internals -----------------------------------------------------------------------
 

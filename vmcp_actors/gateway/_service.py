@@ -31,7 +31,7 @@ from vmcp_actors.protocol import (
     result_response,
 )
 from vmcp_actors.protocol import ACCEPTED_PROTOCOL_HEADER_VERSIONS, INVALID_PARAMS, METHOD_NOT_FOUND
-from vmcp_actors.protocol.mcp import META_LOG_LEVEL, NAMED_METHODS, SESSION_HEADER
+from vmcp_actors.protocol.mcp import HEADER_MISMATCH, META_LOG_LEVEL, NAMED_METHODS, SESSION_HEADER, param_header_mismatch
 from vmcp_actors.sessions import (
     LIST_CHANGED,
     Call,
@@ -132,11 +132,13 @@ class McpService:
         return self._parked
 
     def post(self, message: Message, identity: Identity | None, session_id: str | None,
-             header_version: str | None, method_header: str | None = None, name_header: str | None = None) -> Answer:
+             header_version: str | None, method_header: str | None = None, name_header: str | None = None,
+             param_headers: dict[str, str] | None = None) -> Answer:
         if message.method == "server/discover" or is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS,
                                                                      session_id):
             return self._post_modern(message, identity,
-                                     {"version": header_version, "method": method_header, "name": name_header})
+                                     {"version": header_version, "method": method_header, "name": name_header},
+                                     param_headers or {})
         if message.is_request and message.method == "initialize":
             refused = check_header_version(header_version, None)
             if refused is not None:
@@ -240,7 +242,8 @@ class McpService:
 
     # -- 2026-07-28: no session, the caller's user actor serves each request ---------------
 
-    def _post_modern(self, message: Message, identity: Identity | None, headers: dict[str, str | None]) -> Answer:
+    def _post_modern(self, message: Message, identity: Identity | None, headers: dict[str, str | None],
+                     param_headers: dict[str, str]) -> Answer:
         if message.kind == "response":
             return _error(400, INVALID_REQUEST, "Bad Request: a 2026-07-28 client sends no responses (input goes "
                                                 "in inputResponses on a retry)")
@@ -293,6 +296,8 @@ class McpService:
             if request.request_state is not None:
                 answer.events = self._continue(call, message, request, identity, user, key, name, deadline)
                 return answer
+            if method == "tools/call" and isinstance(name, str):
+                self._check_param_headers(user, identity, name, params.get("arguments"), param_headers, deadline)
             dispatched = replace(message, params=request.params_for_dispatch(message.params))
             relay = user.dispatcher.handle(identity, dispatched, deadline)
         except JsonRpcError as error:
@@ -305,6 +310,18 @@ class McpService:
             return answer
         answer.events = call.events(relay)
         return answer
+
+    @staticmethod
+    def _check_param_headers(user: UserHandle, identity: Identity | None, name: str, arguments: Any,
+                             received: dict[str, str], deadline: Deadline) -> None:
+        """A tool whose inputSchema marks arguments with ``x-mcp-header``: each such
+        argument must come mirrored, and equal, in its ``Mcp-Param-*`` header (-32020)."""
+        tool = next((t for t in user.capabilities.list_tools(identity, deadline) if t.get("name") == name), None)
+        if tool is None:
+            return  # the dispatcher answers an unknown tool
+        problem = param_header_mismatch(tool.get("inputSchema"), arguments, received)
+        if problem is not None:
+            raise JsonRpcError(HEADER_MISMATCH, f"Header mismatch: {problem}", http_status=400)
 
     def _continue(self, call: ModernCall, message: Message, request: ModernRequest, identity: Identity | None,
                   user: UserHandle, key: UserKey, name: Any, deadline: Deadline) -> Iterator[RelayEvent]:

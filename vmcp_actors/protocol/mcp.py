@@ -99,3 +99,108 @@ def decode_header_value(value: str) -> str | None:
         return base64.b64decode(found.group(1), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return None
+
+
+# -- Mcp-Param-{Name} headers: tool arguments a tool's inputSchema marks with x-mcp-header --
+
+PARAM_HEADER_PREFIX = "Mcp-Param-"
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def header_params(input_schema: object) -> dict[str, tuple[tuple[str, ...], str]]:
+    """The ``x-mcp-header`` marks of a tool's inputSchema: lower-cased header name ->
+    (property path, declared type). Only marks reachable through ``properties`` chains
+    count; a schema whose marks break the specification's rules yields ``{}`` with
+    ``valid_header_params`` False."""
+    found: dict[str, tuple[tuple[str, ...], str]] = {}
+
+    def walk(schema: object, path: tuple[str, ...]) -> None:
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict):
+            return
+        for key, child in properties.items():
+            if not isinstance(child, dict):
+                continue
+            mark = child.get("x-mcp-header")
+            if isinstance(mark, str):
+                found.setdefault(mark.lower(), (path + (key,), str(child.get("type", ""))))
+            walk(child, path + (key,))
+
+    walk(input_schema, ())
+    return found
+
+
+def valid_header_params(input_schema: object) -> bool:
+    """Whether every ``x-mcp-header`` mark is one the specification allows: a token,
+    unique (case-insensitively), on a string, integer or boolean property."""
+    marks: list[tuple[str, str]] = []
+
+    def walk(schema: object) -> None:
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict):
+            return
+        for child in properties.values():
+            if isinstance(child, dict):
+                if "x-mcp-header" in child:
+                    marks.append((child["x-mcp-header"], child.get("type")))
+                walk(child)
+
+    walk(input_schema)
+    names = [mark.lower() for mark, _ in marks if isinstance(mark, str)]
+    return (all(isinstance(mark, str) and _TOKEN.fullmatch(mark) and kind in ("string", "integer", "boolean")
+                for mark, kind in marks) and len(names) == len(set(names)))
+
+
+def _rendered(value: object) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def _at(arguments: object, path: tuple[str, ...]) -> object:
+    for key in path:
+        if not isinstance(arguments, dict):
+            return None
+        arguments = arguments.get(key)
+    return arguments
+
+
+def param_headers_for(input_schema: object, arguments: object) -> dict[str, str]:
+    """The ``Mcp-Param-*`` headers a call with ``arguments`` must carry."""
+    headers = {}
+    for name, (path, _) in header_params(input_schema).items():
+        rendered = _rendered(_at(arguments, path))
+        if rendered is not None:
+            headers[PARAM_HEADER_PREFIX + name] = encode_header_value(rendered)
+    return headers
+
+
+def param_header_mismatch(input_schema: object, arguments: object, received: dict[str, str]) -> str | None:
+    """Why the ``Mcp-Param-*`` headers received (lower-cased names without the prefix ->
+    value) do not match the body; None when they do."""
+    for name, (path, kind) in header_params(input_schema).items():
+        value = _at(arguments, path)
+        sent = received.get(name)
+        if value is None:
+            continue  # no value, no header expected
+        if sent is None:
+            return f"the Mcp-Param-{name} header is missing"
+        decoded = decode_header_value(sent)
+        if decoded is None:
+            return f"the Mcp-Param-{name} header is malformed"
+        if kind == "integer" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                matches = float(decoded) == float(value)
+            except ValueError:
+                matches = False
+        else:
+            matches = decoded == _rendered(value)
+        if not matches:
+            return f"the Mcp-Param-{name} header does not match the body's argument"
+    return None

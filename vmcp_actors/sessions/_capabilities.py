@@ -28,6 +28,7 @@ from vmcp_actors.protocol import (
     RESOURCE_NOT_FOUND,
     JsonRpcError,
 )
+from vmcp_actors.protocol.mcp import param_headers_for
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
 from vmcp_actors.sessions._exchange import Exchange, from_backend, to_jsonrpc_error
 
@@ -225,14 +226,17 @@ class AggregatedBackends:
                    meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
         """Call the backend tool ``route`` leads to, on this thread."""
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
-        return self._request(identity, route.backend, "tools/call", params, deadline)
+        headers = self._param_headers(identity, route, arguments, deadline)
+        return from_backend(self._channels[route.backend].request(identity, "tools/call", params, deadline, headers),
+                            route.backend)
 
     def submit_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
                      deadline: Deadline) -> cf.Future[dict[str, Any]]:
         """``call_route`` as pooled work (composite steps, hidden tools too): the result
         lands in the future; nothing blocks on the way."""
         params = {"name": route.original_name, "arguments": arguments or {}}
-        return self._channels[route.backend].submit(identity, "tools/call", params, deadline)
+        headers = self._param_headers(identity, route, arguments, deadline)
+        return self._channels[route.backend].submit(identity, "tools/call", params, deadline, headers)
 
     def read_resource(self, identity, uri, meta, deadline) -> Exchange:
         backend = self.lookup_resource(identity, uri, deadline)
@@ -302,6 +306,15 @@ class AggregatedBackends:
 
     def close(self) -> None:
         """Nothing to release here: the UserActor owns the connections."""
+
+    def _param_headers(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
+                       deadline: Deadline) -> dict[str, str] | None:
+        """The ``Mcp-Param-*`` headers a 2026-07-28 backend's tool asks its arguments mirrored in."""
+        if not self._channels[route.backend].speaks_modern():
+            return None
+        found = self.catalog(identity, deadline).backends.get(route.backend)
+        tool = next((t for t in found.tools if t.get("name") == route.original_name), None) if found else None
+        return param_headers_for(tool.get("inputSchema"), arguments or {}) if tool else None
 
     def _subscribable(self, identity: Identity | None, uri: str, deadline: Deadline) -> str:
         catalog = self.catalog(identity, deadline)

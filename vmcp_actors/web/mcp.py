@@ -28,7 +28,13 @@ from vmcp_actors.protocol import (
     error_response,
     parse_message,
 )
-from vmcp_actors.protocol.mcp import METHOD_HEADER, NAME_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from vmcp_actors.protocol.mcp import (
+    METHOD_HEADER,
+    NAME_HEADER,
+    PARAM_HEADER_PREFIX,
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+)
 from vmcp_actors.sessions import RESUME_RETRY_MS, CallStream, RelayEvent
 from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, www_authenticate
 from vmcp_actors.web._responses import json_response, rpc_error
@@ -109,6 +115,8 @@ def post_message() -> Response:
     answer = current_runtime().service.post(
         message, _identity(), request.headers.get(SESSION_HEADER), request.headers.get(PROTOCOL_VERSION_HEADER),
         request.headers.get(METHOD_HEADER), request.headers.get(NAME_HEADER),
+        {name[len(PARAM_HEADER_PREFIX):].lower(): value for name, value in request.headers.items()
+         if name.lower().startswith(PARAM_HEADER_PREFIX.lower())},
     )
     return _write(answer, message.method or message.kind, started)
 
