@@ -19,7 +19,7 @@ from mcp import types
 
 from tests.asking_backends import WATCHED_URI, asking_backend
 from tests.backends import sdk_backend
-from tests.gateway import MCP_HEADERS, backend_entry, sse_messages, wait_until
+from tests.gateway import MCP_HEADERS, admin_get, backend_entry, sse_messages, wait_until
 from tests.mrtr_backends import header_backend, mrtr_backend
 from vmcp_actors.protocol.sse import iter_sse_events
 
@@ -475,3 +475,48 @@ def test_mirrored_arguments_are_checked_and_mirrored_to_a_modern_backend(start_g
         encoded = modern_post(gateway.url, "tools/call", {"name": "hdr_query", "arguments": {
             "region": "é", "sql": "x"}}, headers={"Mcp-Param-Region": "=?base64?w6k=?="})
         assert answer(encoded)["result"]["content"][0]["text"] == "é: x"
+
+
+# -- 8. operators and lifecycle ------------------------------------------------------------------------
+
+
+def test_admin_state_shows_backend_eras_and_sessionless_users_and_the_reaper_ends_them(start_gateway, monkeypatch):
+    monkeypatch.setenv("VMCP_ADMIN_TOKEN", "adm1n-t0ken")
+    with sdk_backend("alpha", ["echo"]) as alpha, sdk_backend("beta", ["echo"]) as beta:
+        gateway = start_gateway({**_config(("alpha", alpha, None), ("beta", beta, "legacy")),
+                                 "admin": {"tokenEnv": "VMCP_ADMIN_TOKEN"},
+                                 "operational": {"sessionTTL": "1s", "userIdleTimeout": "1s"}})
+        assert answer(modern_post(gateway.url, "tools/call", {"name": "alpha_echo", "arguments": {"text": "x"}}))
+        state = admin_get(gateway, token="adm1n-t0ken").json()
+        assert state["backendEras"] == {"alpha": "modern", "beta": "legacy"}
+        assert state["clients"]["sessionlessUsers"] == 1 and state["clients"]["parkedCalls"] == 0
+        assert state["sessions"] == [] and len(state["users"]) == 1
+        # No session ends it: after sessionTTL without a request the reaper does.
+        wait_until(lambda: admin_get(gateway, token="adm1n-t0ken").json()["clients"]["sessionlessUsers"] == 0,
+                   timeout=10)
+        assert admin_get(gateway, token="adm1n-t0ken").json()["users"] == []
+        # and the next request simply starts it again
+        assert answer(modern_post(gateway.url, "tools/call", {"name": "beta_echo", "arguments": {"text": "y"}}))[
+            "result"]["content"][0]["text"] == "beta:y"
+
+
+def test_a_legacy_sessions_log_level_reaches_a_modern_backend_per_request(start_gateway):
+    with sdk_backend("alpha", ["progress"]) as alpha:
+        gateway = start_gateway(_config(("alpha", alpha, "modern")))
+        session_id = gateway.initialize()
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "alpha_progress", "arguments": {"steps": 1}}}
+        # No level set: everything the backend logs, as a 2025 backend would send it.
+        loud = [m.get("method") for m in sse_or_json(gateway.post(call, session_id))]
+        assert "notifications/message" in loud
+        assert "error" not in gateway.rpc(session_id, "logging/setLevel", {"level": "emergency"})
+        quiet = [m.get("method") for m in sse_or_json(gateway.post(call, session_id))]
+        assert "notifications/message" not in quiet
+        assert "error" not in gateway.rpc(session_id, "logging/setLevel", {"level": "info"})
+        assert "notifications/message" in [m.get("method") for m in sse_or_json(gateway.post(call, session_id))]
+
+
+def sse_or_json(response: requests.Response) -> list[dict]:
+    if "event-stream" in response.headers.get("Content-Type", ""):
+        return sse_messages(response)
+    return [response.json()]

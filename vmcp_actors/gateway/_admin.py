@@ -52,7 +52,8 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
         "discoveryCache": overview["discoveryCache"],
         "workflows": overview["workflows"],
         "workers": overview["workers"],
-        "clients": overview["clients"],
+        "clients": {**overview["clients"], "sessionlessUsers": overview["sessionlessUsers"]},
+        "backendEras": overview["backendEras"],
         "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}
                   for user in users.values()],
         "sessions": sessions,

@@ -208,7 +208,9 @@ class Directory:
             record = self.store.session(session_id)
             if record is not None:
                 rows.append((record, {"idleSeconds": round(now - last_used, 3), "inFlight": in_flight}))
-        return {"sessions": rows, "users": users}
+        with self._lock:
+            sessionless = len(self._sessionless_seen)
+        return {"sessions": rows, "users": users, "sessionlessUsers": sessionless}
 
     def session_count(self) -> int:
         return len(self._sessions)

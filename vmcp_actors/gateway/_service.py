@@ -31,7 +31,14 @@ from vmcp_actors.protocol import (
     result_response,
 )
 from vmcp_actors.protocol import ACCEPTED_PROTOCOL_HEADER_VERSIONS, INVALID_PARAMS, METHOD_NOT_FOUND
-from vmcp_actors.protocol.mcp import HEADER_MISMATCH, META_LOG_LEVEL, NAMED_METHODS, SESSION_HEADER, param_header_mismatch
+from vmcp_actors.protocol.mcp import (
+    HEADER_MISMATCH,
+    INPUT_REQUIRED_METHODS,
+    META_LOG_LEVEL,
+    NAMED_METHODS,
+    SESSION_HEADER,
+    param_header_mismatch,
+)
 from vmcp_actors.sessions import (
     LIST_CHANGED,
     Call,
@@ -482,6 +489,13 @@ class McpService:
             # level any of its sessions asked for, and each session gets only its own.
             forwarded = self._directory.set_log_level(record.session_id, message.params["level"])
             message = replace(message, params={**message.params, "level": forwarded})
+        elif message.method in INPUT_REQUIRED_METHODS and isinstance(message.params, dict) \
+                and isinstance(message.params.get("_meta", {}), dict):
+            # A 2026-07-28 backend hears a level per request, not from logging/setLevel (a
+            # 2025 backend is not sent the key). A session that set none gets everything, as
+            # from a 2025 backend; the Relay filters to the session's level either way.
+            meta = {**message.params.get("_meta", {}), META_LOG_LEVEL: record.log_level or LOGGING_LEVELS[0]}
+            message = replace(message, params={**message.params, "_meta": meta})
         call = self._live.begin_call(record.session_id, message.id)
         try:
             relay = user.dispatcher.handle(identity, message, deadline, record.session_id)
