@@ -113,9 +113,9 @@ def post_message() -> Response:
     except JsonRpcError as error:
         return _write(Answer(400, error_response(None, error)), "-", started)
     answer = current_runtime().service.post(
-        message, _identity(), request.headers.get(SESSION_HEADER), request.headers.get(PROTOCOL_VERSION_HEADER),
-        request.headers.get(METHOD_HEADER), request.headers.get(NAME_HEADER),
-        {name[len(PARAM_HEADER_PREFIX):].lower(): value for name, value in request.headers.items()
+        message, _identity(), request.headers.get(SESSION_HEADER), _field(PROTOCOL_VERSION_HEADER),
+        _field(METHOD_HEADER), _field(NAME_HEADER),
+        {name[len(PARAM_HEADER_PREFIX):].lower(): _ows(value) for name, value in request.headers.items()
          if name.lower().startswith(PARAM_HEADER_PREFIX.lower())},
     )
     return _write(answer, message.method or message.kind, started)
@@ -244,6 +244,15 @@ def _read_body() -> bytes:
     if request.stream.read(1):  # data beyond the limit that the stream held back
         raise RequestEntityTooLarge()
     return b"".join(chunks)
+
+
+def _ows(value: str) -> str:
+    return value.strip(" \t")  # RFC 9110 5.5: a field value excludes the whitespace around it
+
+
+def _field(name: str) -> str | None:
+    value = request.headers.get(name)
+    return _ows(value) if value is not None else None
 
 
 def _identity() -> Identity | None:
