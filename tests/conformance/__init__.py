@@ -1,8 +1,10 @@
 """The official MCP conformance suite (``@modelcontextprotocol/conformance``), run from pytest.
 
-``scripts/install-conformance`` installs the suite and a Node 22 into :func:`conformance_home`;
-this module finds them there (same directory logic as the script) and runs the suite's
-``server`` command against a URL. See docs/conformance.md.
+``scripts/install-conformance`` installs the suites and a Node 22 into :func:`conformance_home`
+(one directory per suite version); this module finds them there (same directory logic as
+the script) and runs a suite's ``server`` command against a URL. Two suites: 0.1.16 for the
+2025 revisions (``--suite all --spec-version X``) and 0.2.0-alpha.12 for 2026-07-28
+(``--requirements 2026-07-28``). See docs/conformance.md.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-SUITE_VERSION = "0.1.16"
+SUITE_VERSION = "0.1.16"  # the 2025 revisions
+MODERN_SUITE_VERSION = "0.2.0-alpha.12"  # the 2026-07-28 requirement set
+MODERN_REQUIREMENTS = "2026-07-28"
 SPEC_VERSIONS = ("2025-11-25", "2025-06-18")
 INSTALL_SCRIPT = "scripts/install-conformance"
 SUITE_TIMEOUT = 300.0  # seconds for one whole suite run; a run takes about 10 s
@@ -22,13 +26,14 @@ HERE = Path(__file__).resolve().parent
 EXPECTED_FAILURES = HERE / "expected-failures.yml"
 
 
-def conformance_home() -> Path:
-    """``$VMCP_CONFORMANCE_HOME``, else ``${XDG_CACHE_HOME:-$HOME/.cache}/vmcp-actors/conformance-<version>``."""
+def conformance_home(version: str = SUITE_VERSION) -> Path:
+    """``$VMCP_CONFORMANCE_HOME/<version>`` when set, else
+    ``${XDG_CACHE_HOME:-$HOME/.cache}/vmcp-actors/conformance-<version>``."""
     explicit = os.environ.get("VMCP_CONFORMANCE_HOME")
     if explicit:
-        return Path(explicit)
+        return Path(explicit) / version
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "vmcp-actors" / f"conformance-{SUITE_VERSION}"
+    return Path(cache) / "vmcp-actors" / f"conformance-{version}"
 
 
 @dataclass(frozen=True)
@@ -37,16 +42,18 @@ class Suite:
     entry: Path  # the suite's dist/index.js
 
     def command(self, url: str, spec_version: str, output_dir: Path, expected_failures: Path | None) -> list[str]:
-        command = [str(self.node), str(self.entry), "server", "--url", url, "--suite", "all",
-                   "--spec-version", spec_version, "--output-dir", str(output_dir)]
+        """``spec_version`` 2026-07-28 runs that revision's requirement set (the alpha suite)."""
+        selection = ["--requirements", spec_version] if spec_version == MODERN_REQUIREMENTS else \
+            ["--suite", "all", "--spec-version", spec_version]
+        command = [str(self.node), str(self.entry), "server", "--url", url, *selection, "--output-dir", str(output_dir)]
         if expected_failures is not None:
             command += ["--expected-failures", str(expected_failures)]
         return command
 
 
-def find_suite(home: Path | None = None) -> Suite | None:
-    """The installed suite, or None when ``scripts/install-conformance`` has not run."""
-    home = conformance_home() if home is None else home
+def find_suite(home: Path | None = None, version: str = SUITE_VERSION) -> Suite | None:
+    """The installed suite of ``version``, or None when ``scripts/install-conformance`` has not run."""
+    home = conformance_home(version) if home is None else home
     node = home / "node_modules" / ".bin" / "node"
     entry = home / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
     if node.is_file() and os.access(node, os.X_OK) and entry.is_file():
@@ -74,6 +81,14 @@ class SuiteRun:
     returncode: int
     output: str
     checks: list[Check]
+
+    def scenarios(self) -> dict[str, str]:
+        """Each scenario and how it went: ``passed``, or ``failed`` when any check failed."""
+        outcome: dict[str, str] = {}
+        for check in self.checks:
+            failed = check.status == "FAILURE"
+            outcome[check.scenario] = "failed" if failed or outcome.get(check.scenario) == "failed" else "passed"
+        return outcome
 
     def count(self, status: str) -> int:
         return sum(1 for check in self.checks if check.status == status)

@@ -60,11 +60,23 @@ JSON_SCHEMA_2020_12 = {
     "type": "object",
     "$defs": {
         "address": {
+            "$anchor": "addressDef",
             "type": "object",
             "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
         }
     },
-    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"$ref": "#/$defs/address"},
+        "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+        "phone": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    # SEP-2106 (2026-07-28): composition and conditional keywords are kept as they are.
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
     "additionalProperties": False,
 }
 
@@ -496,6 +508,9 @@ def build_fixture_server(name: str = NAME, state: FixtureState | None = None) ->
     lowlevel.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
     lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
+    from tests.conformance.modern_scenarios import add_modern_scenarios
+
+    add_modern_scenarios(srv)  # what the 2026-07-28 requirement set calls
     return srv
 
 
@@ -509,7 +524,10 @@ class ConformanceBackend(SdkBackend):
         self.state = FixtureState()
         super().__init__(name, build_fixture_server(name, self.state))
 
-    def start(self, *, json_response: bool = False, stateless: bool = False, port: int = 0) -> "ConformanceBackend":
+    def start(self, *, json_response: bool = False, stateless: bool = False, port: int = 0,
+              era: str | None = None) -> "ConformanceBackend":
+        """``era``: ``modern`` or ``legacy`` serves one era only (tests/eras.py); None both."""
+        from tests.eras import ERAS
         from vmcp_actors.demo._serve import serve_asgi_in_thread
 
         app = self.server.streamable_http_app(
@@ -518,13 +536,17 @@ class ConformanceBackend(SdkBackend):
             event_store=event_store(),
             retry_interval=RETRY_MS,
         )
-        self._served = serve_asgi_in_thread(NegotiatedVersionHeader(app), port=port, name=self.name)
+        served = NegotiatedVersionHeader(app)
+        if era is not None:
+            served = ERAS[era](served)
+        self._served = serve_asgi_in_thread(served, port=port, name=self.name)
         return self
 
 
-def conformance_backend(name: str = NAME) -> ConformanceBackend:
-    """A started fixture backend on a loopback port (``.mcp_url``; ``.stop()``)."""
-    return ConformanceBackend(name).start()
+def conformance_backend(name: str = NAME, era: str | None = None) -> ConformanceBackend:
+    """A started fixture backend on a loopback port (``.mcp_url``; ``.stop()``); ``era``
+    ``modern`` or ``legacy`` makes it a backend of that era only."""
+    return ConformanceBackend(name).start(era=era)
 
 
 def main(argv: list[str] | None = None) -> None:

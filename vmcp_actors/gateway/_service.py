@@ -305,6 +305,13 @@ class McpService:
                 return answer
             if method == "tools/call" and isinstance(name, str):
                 self._check_param_headers(user, identity, name, params.get("arguments"), param_headers, deadline)
+            if request.input_responses is not None:
+                # Answers without a state of ours (the backend asked without one, or the client
+                # offers them up front) go to the backend that serves the name, if it is modern.
+                exchange = self._unsolicited_input(user, identity, message, request, name, deadline)
+                if exchange is not None:
+                    answer.events = call.events(Relay.streaming(message.id, exchange))
+                    return answer
             dispatched = replace(message, params=request.params_for_dispatch(message.params))
             relay = user.dispatcher.handle(identity, dispatched, deadline)
         except JsonRpcError as error:
@@ -317,6 +324,35 @@ class McpService:
             return answer
         answer.events = call.events(relay)
         return answer
+
+    @staticmethod
+    def _unsolicited_input(user: UserHandle, identity: Identity | None, message: Message, request: ModernRequest,
+                           name: Any, deadline: Deadline) -> Any:
+        """The exchange that hands ``inputResponses`` sent without a requestState to the
+        2026-07-28 backend serving the tool, prompt or resource; None when there is none
+        (the answers are then ignored, as the specification lets a server do)."""
+        if not isinstance(name, str):
+            return None
+        capabilities = user.capabilities
+        params = message.params if isinstance(message.params, dict) else {}
+        if message.method == "resources/read":
+            backend = capabilities.lookup_resource(identity, name, deadline)
+            forwarded: dict[str, Any] = {"uri": name}
+        else:
+            lookup = capabilities.lookup_tool if message.method == "tools/call" else capabilities.lookup_prompt
+            route = lookup(identity, name, deadline)
+            backend = route.backend if route is not None else None
+            forwarded = {"name": route.original_name if route is not None else name,
+                         "arguments": params.get("arguments") or {}}
+        if backend is None or not user.backends.speaks_modern(backend):
+            return None
+        meta = dict(request.meta or {})
+        if request.log_level is not None:
+            meta[META_LOG_LEVEL] = request.log_level
+        if meta:
+            forwarded["_meta"] = meta
+        forwarded["inputResponses"] = dict(request.input_responses or {})
+        return user.backends.resume(identity, backend, message.method or "", forwarded, deadline)
 
     @staticmethod
     def _check_param_headers(user: UserHandle, identity: Identity | None, name: str, arguments: Any,

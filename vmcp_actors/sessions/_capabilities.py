@@ -291,6 +291,10 @@ class AggregatedBackends:
             self._call(identity, backend, "resources/unsubscribe", {"uri": uri}, deadline)
         return {}
 
+    def speaks_modern(self, backend: str) -> bool:
+        channel = self._channels.get(backend)
+        return channel is not None and channel.speaks_modern()
+
     def resume(self, identity: Identity | None, backend: str, method: str, params: dict[str, Any],
                deadline: Deadline) -> Exchange:
         """A 2026-07-28 client's retry of a call its backend answered ``input_required``:
