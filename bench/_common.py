@@ -231,6 +231,23 @@ class RpcFailure(Exception):
     pass
 
 
+MODERN_VERSION = "2026-07-28"
+MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+               "io.modelcontextprotocol/clientCapabilities": {},
+               "io.modelcontextprotocol/clientInfo": {"name": "vmcp-bench", "version": "1"}}
+
+
+def _modern(message: dict[str, Any], headers: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A message as a 2026-07-28 client sends it: metadata in ``_meta``, mirrored in headers."""
+    params = dict(message.get("params") or {})
+    params["_meta"] = {**params.get("_meta", {}), **MODERN_META}
+    headers = {**headers, "MCP-Protocol-Version": MODERN_VERSION, "Mcp-Method": message["method"]}
+    name = params.get("name", params.get("uri"))
+    if isinstance(name, str) and message["method"] in ("tools/call", "prompts/get", "resources/read"):
+        headers["Mcp-Name"] = name
+    return {**message, "params": params}, headers
+
+
 class McpClient:
     """One MCP session over one ``requests.Session`` (one keep-alive connection).
 
@@ -241,7 +258,8 @@ class McpClient:
 
     def __init__(self, url: str, *, timeout: float = 30.0, session_id: str | None = None,
                  ids: Iterator[int] | None = None, headers: Mapping[str, str] | None = None,
-                 http: requests.Session | None = None):
+                 http: requests.Session | None = None, modern: bool = False):
+        self.modern = modern  # MCP 2026-07-28: no initialize, no session, metadata on every request
         self.url = url
         self.timeout = timeout
         self.session_id = session_id
@@ -252,7 +270,7 @@ class McpClient:
     def fork(self) -> McpClient:
         """Another client on the same MCP session, with its own HTTP connection."""
         return McpClient(self.url, timeout=self.timeout, session_id=self.session_id, ids=self._ids,
-                         headers=self.extra_headers)
+                         headers=self.extra_headers, modern=self.modern)
 
     def _headers(self) -> dict[str, str]:
         headers = {**MCP_HEADERS, **self.extra_headers}
@@ -262,19 +280,25 @@ class McpClient:
         return headers
 
     def post(self, message: dict[str, Any], timeout: float | None = None) -> requests.Response:
+        headers = self._headers()
+        if self.modern:
+            message, headers = _modern(message, headers)
         body = json.dumps(message, separators=(",", ":"))
         try:
-            return self.http.post(self.url, data=body, headers=self._headers(), timeout=timeout or self.timeout)
+            return self.http.post(self.url, data=body, headers=headers, timeout=timeout or self.timeout)
         except requests.ConnectionError as exc:
             if not _stale_keepalive(exc):
                 raise
             # The server closed this kept-alive connection as we reused it (gunicorn's
             # keepalive timeout): nothing reached the application. Retry once, fresh.
             STALE_RETRIES.append(time.monotonic())
-            return self.http.post(self.url, data=body, headers=self._headers(), timeout=timeout or self.timeout)
+            return self.http.post(self.url, data=body, headers=headers, timeout=timeout or self.timeout)
 
     def initialize(self) -> str | None:
-        """initialize + notifications/initialized; returns the session id (None if stateless)."""
+        """initialize + notifications/initialized; returns the session id (None if stateless
+        or a 2026-07-28 client, which has no handshake)."""
+        if self.modern:
+            return None
         message = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
                    "params": {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
                               "clientInfo": {"name": "vmcp-bench", "version": "1"}}}

@@ -1,5 +1,9 @@
 """Overhead: the same client code calling a trivial echo tool on one official-SDK backend,
-(a) directly and (b) through the gateway, side by side in one run.
+(a) directly and (b) through the gateway, side by side in one run, for a 2025-11-25 client
+(a session) and a 2026-07-28 client (no session, metadata on every request): four modes,
+direct-legacy, gateway-legacy, direct-modern, gateway-modern. The backend speaks both; the
+gateway probes it and speaks 2026-07-28 to it (``--pin-backend legacy`` makes it speak
+2025-11-25, the shape measured before issue 11).
 
 The backend runs in its own process by default (as backends do in production): in the
 clients' process, the 16 client threads and the backend would share one GIL, capping the
@@ -14,6 +18,7 @@ gateway. ``--backend inprocess`` measures that variant anyway.
   overhead.
 
     .venv/bin/python -m bench.overhead [--server werkzeug] [--calls 200] [--threads 16] [--backend inprocess]
+                                       [--eras legacy,modern] [--pin-backend auto|legacy|modern]
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ def echo(client: McpClient, tool: str, text: str) -> None:
         raise RuntimeError(f"unexpected answer {result}")
 
 
-def body(server: str, threads: int, calls: int, backend_where: str) -> list[Check]:
+def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[str, ...] = ("legacy", "modern"),
+         pin: str = "auto") -> list[Check]:
     from tests.backends import sdk_backend
 
     per_round = max(1, calls // ROUNDS)
@@ -66,12 +72,17 @@ def body(server: str, threads: int, calls: int, backend_where: str) -> list[Chec
             backend = stack.enter_context(backend_process("sdk", "echo", "echo"))
         else:
             backend = stack.enter_context(sdk_backend("echo", tools=["echo"]))
-        gw = stack.enter_context(gateway({"echo": backend.mcp_url}, server=server))
-        modes = {"direct": (backend.mcp_url, "echo"), "gateway": (gw.url, "echo_echo")}
-        clients = {mode: [stack.enter_context(McpClient(url)) for _ in range(threads)] for mode, (url, _) in modes.items()}
+        extra = {"backends": [{"name": "echo", "url": backend.mcp_url, "protocol": pin}]} if pin != "auto" else None
+        gw = stack.enter_context(gateway({"echo": backend.mcp_url}, server=server, extra=extra))
+        modes = {}
+        for era in eras:
+            modes[f"direct-{era}"] = (backend.mcp_url, "echo", era == "modern")
+            modes[f"gateway-{era}"] = (gw.url, "echo_echo", era == "modern")
+        clients = {mode: [stack.enter_context(McpClient(url, modern=modern)) for _ in range(threads)]
+                   for mode, (url, _, modern) in modes.items()}
 
         def warm(index: int) -> None:
-            for mode, (_, tool) in modes.items():
+            for mode, (_, tool, _modern) in modes.items():
                 client = clients[mode][index]
                 client.initialize()
                 for i in range(WARMUP):
@@ -81,13 +92,14 @@ def body(server: str, threads: int, calls: int, backend_where: str) -> list[Chec
         settle_heap()
 
         # -- concurrent, rounds alternating the modes -------------------------------------
-        latencies: dict[str, list[float]] = {"direct": [], "gateway": []}
-        wall = {"direct": 0.0, "gateway": 0.0}
-        cpu = {"direct": 0.0, "gateway": 0.0}  # the gateway worker's CPU seconds in each mode
-        backend_cpu = {"direct": 0.0, "gateway": 0.0}  # the backend process's, when it has its own
+        names = list(modes)
+        latencies: dict[str, list[float]] = {mode: [] for mode in names}
+        wall = {mode: 0.0 for mode in names}
+        cpu = {mode: 0.0 for mode in names}  # the gateway worker's CPU seconds in each mode
+        backend_cpu = {mode: 0.0 for mode in names}  # the backend process's, when it has its own
         order = []
         for round_no in range(ROUNDS):
-            order.extend(("direct", "gateway") if round_no % 2 == 0 else ("gateway", "direct"))
+            order.extend(names if round_no % 2 == 0 else reversed(names))
         for mode in order:
             tool = modes[mode][1]
 
@@ -114,9 +126,9 @@ def body(server: str, threads: int, calls: int, backend_where: str) -> list[Chec
                 latencies[mode].extend(samples)
 
         # -- sequential, alternating call by call ------------------------------------------
-        sequential: dict[str, list[float]] = {"direct": [], "gateway": []}
+        sequential: dict[str, list[float]] = {mode: [] for mode in names}
         for i in range(SEQUENTIAL_CALLS):
-            for mode in (("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")):
+            for mode in (names if i % 2 == 0 else reversed(names)):
                 client = clients[mode][0]
                 started = time.perf_counter()
                 echo(client, modes[mode][1], f"s{i}")
@@ -125,36 +137,45 @@ def body(server: str, threads: int, calls: int, backend_where: str) -> list[Chec
     conc = {mode: Stats.of(samples) for mode, samples in latencies.items()}
     seq = {mode: Stats.of(samples) for mode, samples in sequential.items()}
     rate = {mode: len(latencies[mode]) / wall[mode] for mode in wall}
-    overhead_conc = conc["gateway"].p50 - conc["direct"].p50
-    overhead_seq = seq["gateway"].p50 - seq["direct"].p50
-    ratio = rate["gateway"] / rate["direct"]
 
-    print(f"concurrent ({threads} threads, {len(latencies['direct'])} calls per mode)")
-    calls_per_mode = len(latencies["gateway"])
+    print(f"concurrent ({threads} threads, {len(latencies[names[0]])} calls per mode); backend pinned: {pin}")
     if gw.pid is not None:
-        print(f"CPU per call: gateway worker {cpu['gateway'] / calls_per_mode * 1000:.2f} ms"
-              + (f"; backend process {backend_cpu['direct'] / calls_per_mode * 1000:.2f} ms (direct), "
-                 f"{backend_cpu['gateway'] / calls_per_mode * 1000:.2f} ms (through the gateway)"
-                 if backend_where == "process" else ""))
-    print(table(["mode", "p50", "p99", "mean", "max", "throughput"], [
-        (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.max:.1f} ms", f"{rate[mode]:.0f} calls/s")
-        for mode, s in conc.items()
-    ] + [("gateway - direct", f"{overhead_conc:+.2f} ms", f"{conc['gateway'].p99 - conc['direct'].p99:+.2f} ms",
-          f"{conc['gateway'].mean - conc['direct'].mean:+.2f} ms", "", f"ratio {ratio:.2f}")]))
+        for era in eras:
+            mode = f"gateway-{era}"
+            calls_per_mode = len(latencies[mode])
+            print(f"CPU per call, {era} client: gateway worker {cpu[mode] / calls_per_mode * 1000:.2f} ms"
+                  + (f"; backend process {backend_cpu[f'direct-{era}'] / calls_per_mode * 1000:.2f} ms (direct), "
+                     f"{backend_cpu[mode] / calls_per_mode * 1000:.2f} ms (through the gateway)"
+                     if backend_where == "process" else ""))
+    rows = [(mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.max:.1f} ms",
+             f"{rate[mode]:.0f} calls/s") for mode, s in conc.items()]
+    checks: list[Check] = []
+    seq_rows = [(mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.min:.2f} ms")
+                for mode, s in seq.items()]
+    for era in eras:
+        direct, through = f"direct-{era}", f"gateway-{era}"
+        overhead_conc = conc[through].p50 - conc[direct].p50
+        overhead_seq = seq[through].p50 - seq[direct].p50
+        ratio = rate[through] / rate[direct]
+        rows.append((f"{era}: gateway - direct", f"{overhead_conc:+.2f} ms",
+                     f"{conc[through].p99 - conc[direct].p99:+.2f} ms",
+                     f"{conc[through].mean - conc[direct].mean:+.2f} ms", "", f"ratio {ratio:.2f}"))
+        seq_rows.append((f"{era}: gateway - direct", f"{overhead_seq:+.2f} ms",
+                         f"{seq[through].p99 - seq[direct].p99:+.2f} ms",
+                         f"{seq[through].mean - seq[direct].mean:+.2f} ms", f"{seq[through].min - seq[direct].min:+.2f} ms"))
+        checks += [
+            Check(f"{era} client: p50 overhead, sequential", f"{overhead_seq:.2f} ms", f"< {TARGET_OVERHEAD_MS:g} ms",
+                  overhead_seq < TARGET_OVERHEAD_MS),
+            Check(f"{era} client: p50 overhead, {threads} threads", f"{overhead_conc:.2f} ms",
+                  f"< {TARGET_OVERHEAD_MS:g} ms", overhead_conc < TARGET_OVERHEAD_MS),
+            Check(f"{era} client: throughput gateway / direct, {threads} threads", f"{ratio:.2f}",
+                  f">= {TARGET_THROUGHPUT_RATIO:g}", ratio >= TARGET_THROUGHPUT_RATIO),
+        ]
+    print(table(["mode", "p50", "p99", "mean", "max", "throughput"], rows))
     print()
     print(f"sequential (1 thread, {SEQUENTIAL_CALLS} calls per mode)")
-    print(table(["mode", "p50", "p99", "mean", "min"], [
-        (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.min:.2f} ms") for mode, s in seq.items()
-    ] + [("gateway - direct", f"{overhead_seq:+.2f} ms", f"{seq['gateway'].p99 - seq['direct'].p99:+.2f} ms",
-          f"{seq['gateway'].mean - seq['direct'].mean:+.2f} ms", f"{seq['gateway'].min - seq['direct'].min:+.2f} ms")]))
-    return [
-        Check("p50 overhead, sequential", f"{overhead_seq:.2f} ms", f"< {TARGET_OVERHEAD_MS:g} ms",
-              overhead_seq < TARGET_OVERHEAD_MS),
-        Check(f"p50 overhead, {threads} threads", f"{overhead_conc:.2f} ms", f"< {TARGET_OVERHEAD_MS:g} ms",
-              overhead_conc < TARGET_OVERHEAD_MS),
-        Check(f"throughput gateway / direct, {threads} threads", f"{ratio:.2f}", f">= {TARGET_THROUGHPUT_RATIO:g}",
-              ratio >= TARGET_THROUGHPUT_RATIO),
-    ]
+    print(table(["mode", "p50", "p99", "mean", "min"], seq_rows))
+    return checks
 
 
 def main() -> None:
@@ -163,9 +184,14 @@ def main() -> None:
         parser.add_argument("--calls", type=int, default=200, help="calls per thread per mode")
         parser.add_argument("--backend", choices=("process", "inprocess"), default="process",
                             help="serve the backend in its own process (default) or in the clients' process")
+        parser.add_argument("--eras", default="legacy,modern",
+                            help="client eras to measure: legacy (2025-11-25), modern (2026-07-28), or both")
+        parser.add_argument("--pin-backend", choices=("auto", "legacy", "modern"), default="auto",
+                            help="the era the gateway speaks to the backend (auto: it probes: modern)")
 
     args = parse_args(__doc__.splitlines()[0], extra=extra)
-    run_benchmark(lambda: body(args.server, args.threads, args.calls, args.backend))
+    eras = tuple(era for era in args.eras.split(",") if era in ("legacy", "modern")) or ("legacy", "modern")
+    run_benchmark(lambda: body(args.server, args.threads, args.calls, args.backend, eras, args.pin_backend))
 
 
 if __name__ == "__main__":
