@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import secrets
 import signal
 import socket
 import subprocess
@@ -52,6 +53,7 @@ WERKZEUG_LABEL = "werkzeug threaded server (tests.gateway.GatewayServer, in-proc
 WATCHDOG_SECONDS = 115.0  # every script must finish within 2 minutes
 GATEWAY_TREE_ENV = "VMCP_BENCH_GATEWAY_TREE"
 RESULTS_ENV = "VMCP_BENCH_RESULTS"
+ADMIN_TOKEN_ENV = "VMCP_BENCH_ADMIN_TOKEN"  # set by admin_config() for the gateways this process starts
 
 
 # ----------------------------------------------------------------------------------
@@ -471,6 +473,21 @@ def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] |
         config["operational"] = dict(operational)
     config.update(extra or {})
     return config
+
+
+def admin_config() -> dict[str, Any]:
+    """The config section that turns on the gateway's ``/admin`` (for :func:`admin_state`),
+    its token a random one in ``$VMCP_BENCH_ADMIN_TOKEN`` (the gunicorn gateway inherits it)."""
+    os.environ.setdefault(ADMIN_TOKEN_ENV, secrets.token_urlsafe(24))
+    return {"admin": {"tokenEnv": ADMIN_TOKEN_ENV}}
+
+
+def admin_state(gw: RunningGateway) -> dict[str, Any]:
+    """``GET /admin/state`` of a gateway started with :func:`admin_config` in its config."""
+    response = requests.get(gw.base + "/admin/state", timeout=10,
+                            headers={"Authorization": f"Bearer {os.environ.get(ADMIN_TOKEN_ENV, '')}"})
+    response.raise_for_status()
+    return response.json()
 
 
 @contextlib.contextmanager

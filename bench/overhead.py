@@ -10,12 +10,17 @@ clients' process, the 16 client threads and the backend would share one GIL, cap
 direct mode at one core while the gateway mode gets a second process, which flatters the
 gateway. ``--backend inprocess`` measures that variant anyway.
 
-* Concurrent: 16 client threads, each with its own MCP session and requests.Session per
-  mode; after a warm-up, N calls per thread per mode, in rounds alternating the two modes
-  (D G G D D G G D ...) so machine noise lands on both alike. Latency p50/p99 and
-  throughput (calls/s over the rounds' wall time) for both, and their ratios.
-* Sequential: one thread, calls alternating direct/gateway one by one: the cleanest p50
+* Concurrent: 16 client threads, each with its own client (an MCP session for a legacy
+  client) and requests.Session per mode; after a warm-up, N calls per thread per mode, in
+  rounds that take the modes in order, then in reverse (DL GL DM GM, GM DM GL DL, ...) so
+  machine noise lands on all alike. Latency p50/p99 and throughput (calls/s over the
+  rounds' wall time) per mode, and gateway / direct per client era.
+* Sequential: one thread, calls rotating over the modes one by one: the cleanest p50
   overhead.
+
+The gateway's admin state says which era it spoke to the backend (``backendEras``); a
+target checks it is the one the run claims to measure (auto: 2026-07-28, this backend
+serves both).
 
     .venv/bin/python -m bench.overhead [--server werkzeug] [--calls 200] [--threads 16] [--backend inprocess]
                                        [--eras legacy,modern] [--pin-backend auto|legacy|modern]
@@ -30,6 +35,8 @@ from bench._common import (
     Check,
     McpClient,
     Stats,
+    admin_config,
+    admin_state,
     backend_process,
     gateway,
     parse_args,
@@ -44,6 +51,7 @@ from bench._common import (
 
 WARMUP = 20
 ROUNDS = 4
+ERAS = ("legacy", "modern")  # 2025-11-25 (initialize, a session) and 2026-07-28 (no session)
 SEQUENTIAL_CALLS = 400
 TARGET_OVERHEAD_MS = 2.0
 TARGET_THROUGHPUT_RATIO = 0.5
@@ -55,24 +63,28 @@ def echo(client: McpClient, tool: str, text: str) -> None:
         raise RuntimeError(f"unexpected answer {result}")
 
 
-def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[str, ...] = ("legacy", "modern"),
+def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[str, ...] = ERAS,
          pin: str = "auto") -> list[Check]:
     from tests.backends import sdk_backend
 
     per_round = max(1, calls // ROUNDS)
     where = "in its own process" if backend_where == "process" else "in this (the clients') process"
     print_header("overhead: echo tool, direct vs through the gateway", server, [
-        f"backend: tests.backends.sdk_backend('echo') (official MCP SDK, stateful, SSE answers), {where}",
+        f"backend: tests.backends.sdk_backend('echo') (official MCP SDK: 2025-11-25 with sessions and SSE "
+        f"answers, and 2026-07-28), {where}",
+        f"client eras: {', '.join(eras)}; the gateway's backend entry: protocol: {pin}",
         f"concurrent: {threads} threads x {per_round * ROUNDS} calls per mode after {WARMUP} warm-up calls, "
-        f"{ROUNDS} rounds alternating modes (D G G D ...)",
-        f"sequential: 1 thread, {SEQUENTIAL_CALLS} calls per mode, alternating call by call",
+        f"{ROUNDS} rounds taking the modes in order, then reversed",
+        f"sequential: 1 thread, {SEQUENTIAL_CALLS} calls per mode, rotating call by call",
     ])
     with contextlib.ExitStack() as stack:
         if backend_where == "process":
             backend = stack.enter_context(backend_process("sdk", "echo", "echo"))
         else:
             backend = stack.enter_context(sdk_backend("echo", tools=["echo"]))
-        extra = {"backends": [{"name": "echo", "url": backend.mcp_url, "protocol": pin}]} if pin != "auto" else None
+        extra = admin_config()
+        if pin != "auto":
+            extra["backends"] = [{"name": "echo", "url": backend.mcp_url, "protocol": pin}]
         gw = stack.enter_context(gateway({"echo": backend.mcp_url}, server=server, extra=extra))
         modes = {}
         for era in eras:
@@ -89,6 +101,7 @@ def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[
                     echo(client, tool, f"w{i}")
 
         raise_failures(run_threads(threads, warm))
+        spoken = admin_state(gw).get("backendEras", {}).get("echo", "unknown")
         settle_heap()
 
         # -- concurrent, rounds alternating the modes -------------------------------------
@@ -121,7 +134,11 @@ def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[
                 cpu[mode] += gw.cpu_seconds() - cpu_before
             if backend_where == "process":
                 backend_cpu[mode] += process_cpu_seconds(backend.pid) - backend_before
-            raise_failures(results)
+            try:
+                raise_failures(results)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{mode}, concurrent round {len(latencies[mode]) // (threads * per_round) + 1}: "
+                                   f"{exc}") from exc.__cause__
             for samples in results:
                 latencies[mode].extend(samples)
 
@@ -131,14 +148,20 @@ def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[
             for mode in (names if i % 2 == 0 else reversed(names)):
                 client = clients[mode][0]
                 started = time.perf_counter()
-                echo(client, modes[mode][1], f"s{i}")
+                try:
+                    echo(client, modes[mode][1], f"s{i}")
+                except Exception as exc:
+                    raise RuntimeError(f"{mode}, sequential call {i + 1}: {exc!r}") from exc
                 sequential[mode].append(time.perf_counter() - started)
 
     conc = {mode: Stats.of(samples) for mode, samples in latencies.items()}
     seq = {mode: Stats.of(samples) for mode, samples in sequential.items()}
     rate = {mode: len(latencies[mode]) / wall[mode] for mode in wall}
 
-    print(f"concurrent ({threads} threads, {len(latencies[names[0]])} calls per mode); backend pinned: {pin}")
+    expected = "modern" if pin == "auto" else pin
+    print(f"the gateway spoke to the backend: {spoken} (backend entry: protocol: {pin}; admin state backendEras)")
+    print()
+    print(f"concurrent ({threads} threads, {len(latencies[names[0]])} calls per mode)")
     if gw.pid is not None:
         for era in eras:
             mode = f"gateway-{era}"
@@ -149,7 +172,7 @@ def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[
                      if backend_where == "process" else ""))
     rows = [(mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.max:.1f} ms",
              f"{rate[mode]:.0f} calls/s") for mode, s in conc.items()]
-    checks: list[Check] = []
+    checks = [Check("the era the gateway spoke to the backend", spoken, expected, spoken == expected)]
     seq_rows = [(mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.min:.2f} ms")
                 for mode, s in seq.items()]
     for era in eras:
@@ -157,12 +180,13 @@ def body(server: str, threads: int, calls: int, backend_where: str, eras: tuple[
         overhead_conc = conc[through].p50 - conc[direct].p50
         overhead_seq = seq[through].p50 - seq[direct].p50
         ratio = rate[through] / rate[direct]
-        rows.append((f"{era}: gateway - direct", f"{overhead_conc:+.2f} ms",
+        rows.append((f"{era}: gateway - direct, per call", f"{overhead_conc:+.2f} ms",
                      f"{conc[through].p99 - conc[direct].p99:+.2f} ms",
                      f"{conc[through].mean - conc[direct].mean:+.2f} ms", "", f"ratio {ratio:.2f}"))
-        seq_rows.append((f"{era}: gateway - direct", f"{overhead_seq:+.2f} ms",
+        seq_rows.append((f"{era}: gateway - direct, per call", f"{overhead_seq:+.2f} ms",
                          f"{seq[through].p99 - seq[direct].p99:+.2f} ms",
-                         f"{seq[through].mean - seq[direct].mean:+.2f} ms", f"{seq[through].min - seq[direct].min:+.2f} ms"))
+                         f"{seq[through].mean - seq[direct].mean:+.2f} ms",
+                         f"{seq[through].min - seq[direct].min:+.2f} ms"))
         checks += [
             Check(f"{era} client: p50 overhead, sequential", f"{overhead_seq:.2f} ms", f"< {TARGET_OVERHEAD_MS:g} ms",
                   overhead_seq < TARGET_OVERHEAD_MS),
@@ -190,7 +214,9 @@ def main() -> None:
                             help="the era the gateway speaks to the backend (auto: it probes: modern)")
 
     args = parse_args(__doc__.splitlines()[0], extra=extra)
-    eras = tuple(era for era in args.eras.split(",") if era in ("legacy", "modern")) or ("legacy", "modern")
+    eras = tuple(dict.fromkeys(era.strip() for era in args.eras.split(",") if era.strip()))
+    if not eras or set(eras) - set(ERAS):
+        raise SystemExit(f"--eras: a comma-separated list of {', '.join(ERAS)} (got {args.eras!r})")
     run_benchmark(lambda: body(args.server, args.threads, args.calls, args.backend, eras, args.pin_backend))
 
 
