@@ -527,7 +527,7 @@ class ConformanceBackend(SdkBackend):
     def start(self, *, json_response: bool = False, stateless: bool = False, port: int = 0,
               era: str | None = None) -> "ConformanceBackend":
         """``era``: ``modern`` or ``legacy`` serves one era only (tests/eras.py); None both."""
-        from tests.eras import ERAS
+        from tests.eras import wrap
         from vmcp_actors.demo._serve import serve_asgi_in_thread
 
         app = self.server.streamable_http_app(
@@ -536,9 +536,7 @@ class ConformanceBackend(SdkBackend):
             event_store=event_store(),
             retry_interval=RETRY_MS,
         )
-        served = NegotiatedVersionHeader(app)
-        if era is not None:
-            served = ERAS[era](served)
+        served = wrap(NegotiatedVersionHeader(app), era)
         self._served = serve_asgi_in_thread(served, port=port, name=self.name)
         return self
 
