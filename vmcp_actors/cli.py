@@ -1,8 +1,9 @@
-"""Command line: serve, validate, demo."""
+"""Command line: serve, validate, explain, demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -31,6 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     validate = commands.add_parser("validate", help="check a config file; exit 0, or 2 with every error")
     validate.add_argument("--config", required=True, help="YAML config file")
 
+    explain = commands.add_parser("explain", help="say why a caller does or does not see a tool, layer by layer")
+    explain.add_argument("--config", required=True, help="YAML config file")
+    explain.add_argument("--tool", required=True, help="the tool's name as a client would see it (or a backend's)")
+    explain.add_argument("--user", help="the caller's subject (sub claim); default: anonymous")
+    explain.add_argument("--claims", help="the caller's other token claims as a JSON object (groups, roles, ...)")
+    explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
+
     demo = commands.add_parser("demo", help="run the gateway on the bundled demo backends")
     demo.add_argument("--host", default=DEFAULT_HOST)
     demo.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -41,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         return _validate(args.config)
     if args.command == "serve":
         return _serve(args.config, args.host, args.port)
+    if args.command == "explain":
+        return _explain(args.config, args.tool, args.user, args.claims, args.json)
     return _demo(args.host, args.port)
 
 
@@ -71,24 +81,43 @@ def _validate(path: str) -> int:
 
 
 def _serve(path: str, host: str, port: int) -> int:
-    if _load(path) is None:
+    config = _load(path)
+    if config is None:
         return EXIT_CONFIG_ERROR
-    from gunicorn.app.base import BaseApplication
+    from vmcp_actors.core import build, serve
 
-    from vmcp_actors.web.gunicorn_settings import SETTINGS
+    return serve(build(config), host=host, port=port)
 
-    class GatewayApplication(BaseApplication):  # type: ignore[misc]
-        def load_config(self) -> None:
-            for key, value in {**SETTINGS, "bind": f"{_bracketed(host)}:{port}"}.items():
-                self.cfg.set(key, value)
 
-        def load(self) -> Any:
-            # Runs in the worker after the fork: the actors start there.
-            from vmcp_actors.web import create_app
+def _explain(path: str, tool: str, user: str | None, claims_json: str | None, as_json: bool) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG_ERROR
+    claims: dict[str, Any] = {}
+    if claims_json:
+        try:
+            claims = json.loads(claims_json)
+        except json.JSONDecodeError as error:
+            print(f"--claims: not JSON: {error.msg}", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+        if not isinstance(claims, dict):
+            print("--claims: must be a JSON object of claims", file=sys.stderr)
+            return EXIT_CONFIG_ERROR
+    from vmcp_actors.core import build, explain
+    from vmcp_actors.identity import Identity
+    from vmcp_actors.protocol import JsonRpcError
 
-            return create_app(load_config(path), host=host)
-
-    GatewayApplication().run()
+    identity = None
+    if user is not None or claims:
+        subject = user or str(claims.get("sub", "cli-user"))
+        issuer = config.incoming_auth.oidc.issuer if config.incoming_auth.oidc is not None else "vmcp-actors explain"
+        identity = Identity(issuer, subject, claims={**claims, "sub": subject})
+    try:
+        explanation = explain(build(config), tool, identity)
+    except JsonRpcError as error:
+        print(f"cannot explain {tool!r}: {error.message}", file=sys.stderr)
+        return 1
+    print(json.dumps(explanation.to_json(), indent=2) if as_json else explanation.to_text())
     return 0
 
 

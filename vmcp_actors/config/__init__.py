@@ -7,12 +7,14 @@ from ._warnings import config_warnings
 from ._model import (
     AdminConfig,
     AggregationConfig,
+    AuthzConfig,
     BackendAuthConfig,
     BackendConfig,
     HeaderInjectionConfig,
     IncomingAuthConfig,
     OidcConfig,
     OperationalConfig,
+    OptimizerConfig,
     OutgoingAuthConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
@@ -22,6 +24,8 @@ from ._model import (
 )
 
 __all__ = [
+    "AuthzConfig",
+    "OptimizerConfig",
     "AdminConfig",
     "AggregationConfig",
     "BackendAuthConfig",

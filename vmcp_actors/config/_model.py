@@ -197,12 +197,50 @@ class OidcConfig:
         _freeze_sequence(self, "algorithms")
 
 
+DEFAULT_GROUP_ENTITY_TYPE = "THVGroup"
+
+
+@dataclass(frozen=True)
+class AuthzConfig:
+    """Cedar policies over what each caller may list and call (ToolHive's ``incomingAuth.authz``).
+
+    ``entities_json`` is ToolHive's JSON array of extra entities (group hierarchies, for
+    one). Groups come from ``group_claim_name`` (else the first of ``groups``, ``roles``,
+    ``cognito:groups`` the token has) plus ``role_claim_name``, each a parent entity of the
+    principal of type ``group_entity_type``.
+    """
+
+    type: str = "cedar"
+    policies: tuple[str, ...] = ()
+    entities_json: str = "[]"
+    group_claim_name: str | None = None
+    role_claim_name: str | None = None
+    group_entity_type: str = DEFAULT_GROUP_ENTITY_TYPE
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "policies")
+
+
 @dataclass(frozen=True)
 class IncomingAuthConfig:
-    """How MCP clients authenticate to the gateway; ``oidc`` is set exactly when ``type`` is oidc."""
+    """How MCP clients authenticate to the gateway; ``oidc`` is set exactly when ``type`` is
+    oidc; ``authz`` when Cedar policies decide what each caller sees."""
 
     type: str = "anonymous"
     oidc: OidcConfig | None = None
+    authz: AuthzConfig | None = None
+
+
+DEFAULT_MAX_TOOLS_TO_RETURN = 8
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """``find_tool`` and ``call_tool`` in place of every tool (ToolHive's ``optimizer``).
+    ``ignored`` names the embedding fields set: ranking here is BM25, with no model."""
+
+    max_tools_to_return: int = DEFAULT_MAX_TOOLS_TO_RETURN
+    ignored: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,6 +307,7 @@ class VmcpConfig:
     outgoing_auth: OutgoingAuthConfig = field(default_factory=OutgoingAuthConfig)
     # Left out of the hash: a composite's parameters and arguments are plain JSON mappings.
     composite_tools: tuple[CompositeTool, ...] = field(default=(), hash=False)
+    optimizer: OptimizerConfig | None = None
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "backends")

@@ -38,6 +38,10 @@ from ._model import (
     DEFAULT_TRANSPORT,
     AdminConfig,
     AggregationConfig,
+    AuthzConfig,
+    DEFAULT_GROUP_ENTITY_TYPE,
+    DEFAULT_MAX_TOOLS_TO_RETURN,
+    OptimizerConfig,
     BackendAuthConfig,
     BackendConfig,
     HeaderInjectionConfig,
@@ -351,10 +355,59 @@ class OidcSchema(_StrictSchema):
         return OidcConfig(**data)
 
 
+def _entity_type(value: str) -> None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValidationError("must be a Cedar entity type name (letters, digits, _; no namespace)")
+
+
+def _claim_name(value: str) -> None:
+    if not value.strip() or value.startswith(".") or value.endswith(".") or ".." in value:
+        raise ValidationError("must be a claim name, or a dotted path into nested claims (realm_access.roles)")
+
+
+class AuthzSchema(_StrictSchema):
+    """Policies are parsed here, so a policy that does not parse stops ``validate`` with
+    its path and Cedar's own message."""
+
+    type = _String(load_default="cedar", validate=_Choice(["cedar", "none"]))
+    policies = _List(_String(), load_default=tuple)
+    entities_json = _String(data_key="entitiesJson", load_default="[]")
+    group_claim_name = _String(data_key="groupClaimName", load_default=None, allow_none=True, validate=_claim_name)
+    role_claim_name = _String(data_key="roleClaimName", load_default=None, allow_none=True, validate=_claim_name)
+    group_entity_type = _String(data_key="groupEntityType", load_default=DEFAULT_GROUP_ENTITY_TYPE,
+                                validate=_entity_type)
+    primary_upstream_provider = NotSupportedYet(
+        data_key="primaryUpstreamProvider", hint=" (the principal is the caller of incomingAuth.oidc)")
+
+    @validates_schema(skip_on_field_errors=False)
+    def _check_policies(self, data: dict[str, Any], **kwargs: Any) -> None:
+        from ._cedar import entities_problem, policy_problem  # cedarpy only when used
+
+        errors: dict[str, Any] = {}
+        policy_errors = {index: [problem] for index, policy in enumerate(data.get("policies") or ())
+                         if (problem := policy_problem(policy)) is not None}
+        if policy_errors:
+            errors["policies"] = policy_errors
+        if data.get("type") == "cedar" and "policies" in data and not data["policies"]:
+            errors["policies"] = ["must list at least one Cedar policy for type cedar (without one, every "
+                                  "request is denied)"]
+        if isinstance(data.get("entities_json"), str) and (problem := entities_problem(data["entities_json"])):
+            errors["entitiesJson"] = [problem]
+        if errors:
+            raise ValidationError(errors)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> AuthzConfig | None:
+        if data["type"] == "none":
+            return None
+        data["policies"] = tuple(data["policies"])
+        return AuthzConfig(**data)
+
+
 class IncomingAuthSchema(_StrictSchema):
     type = _String(load_default="anonymous", validate=_Choice(["anonymous", "oidc"], ["local"]))
     oidc = _Nested(OidcSchema, load_default=None, allow_none=True)
-    authz = NotSupportedYet()
+    authz = _Nested(AuthzSchema, load_default=None, allow_none=True)
 
     @validates_schema(pass_original=True, skip_on_field_errors=False)
     def _check_oidc_block(self, data: Any, original_data: Any, **kwargs: Any) -> None:
@@ -645,6 +698,33 @@ class AdminSchema(_StrictSchema):
         return AdminConfig(**data)
 
 
+EMBEDDING_FIELDS = ("embeddingService", "embeddingServiceTimeout", "embeddingProvider", "embeddingModel",
+                    "embeddingHeaders", "hybridSearchSemanticRatio", "semanticDistanceThreshold")
+
+
+class OptimizerSchema(_StrictSchema):
+    """ToolHive's field names. The embedding fields load (ToolHive configs carry them) and
+    are reported by ``config_warnings``: ranking here is BM25 over the tools' words."""
+
+    max_tools_to_return = _Integer(data_key="maxToolsToReturn", load_default=DEFAULT_MAX_TOOLS_TO_RETURN,
+                                   validate=validate.Range(1, 50, error="must be between 1 and 50"))
+    embedding_service = fields.Raw(data_key="embeddingService", load_default=None)
+    embedding_service_timeout = fields.Raw(data_key="embeddingServiceTimeout", load_default=None)
+    embedding_provider = fields.Raw(data_key="embeddingProvider", load_default=None)
+    embedding_model = fields.Raw(data_key="embeddingModel", load_default=None)
+    embedding_headers = fields.Raw(data_key="embeddingHeaders", load_default=None)
+    hybrid_search_semantic_ratio = fields.Raw(data_key="hybridSearchSemanticRatio", load_default=None)
+    semantic_distance_threshold = fields.Raw(data_key="semanticDistanceThreshold", load_default=None)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> OptimizerConfig:
+        ignored = tuple(key for key, attribute in zip(EMBEDDING_FIELDS, (
+            "embedding_service", "embedding_service_timeout", "embedding_provider", "embedding_model",
+            "embedding_headers", "hybrid_search_semantic_ratio", "semantic_distance_threshold"))
+            if data.get(attribute) is not None)
+        return OptimizerConfig(max_tools_to_return=data["max_tools_to_return"], ignored=ignored)
+
+
 class VmcpSchema(_StrictSchema):
     name = _String(required=True, validate=_not_blank)
     backends = _List(
@@ -663,7 +743,7 @@ class VmcpSchema(_StrictSchema):
     group_ref = NotSupportedYet(data_key="groupRef")
     telemetry = NotSupportedYet()
     audit = NotSupportedYet()
-    optimizer = NotSupportedYet()
+    optimizer = _Nested(OptimizerSchema, load_default=None, allow_none=True)
 
     # These read what the sections loaded (see ``_loaded``), so they run even when fields
     # failed and their lines join the other errors.
@@ -731,6 +811,7 @@ class VmcpSchema(_StrictSchema):
             admin=data["admin"],
             outgoing_auth=data["outgoing_auth"],
             composite_tools=tuple(data["composite_tools"]),
+            optimizer=data.get("optimizer"),
         )
 
 

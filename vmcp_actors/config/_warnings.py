@@ -17,6 +17,13 @@ def config_warnings(config: VmcpConfig) -> list[str]:
         )
     warnings.extend(_unknown_step_workloads(config))
     warnings.extend(_elicitation_settings(config))
+    if config.optimizer is not None and config.optimizer.ignored:
+        warnings.append("optimizer: " + ", ".join(config.optimizer.ignored) + " ignored: find_tool ranks with "
+                        "BM25 over tool names, descriptions and parameter names (no embedding model)")
+    authz = config.incoming_auth.authz
+    if authz is not None and config.incoming_auth.type == "anonymous":
+        warnings.append("incomingAuth.authz: every caller is anonymous (no claims, no subject), so every request "
+                        "is evaluated as the principal Client::\"anonymous\"")
     return warnings
 
 

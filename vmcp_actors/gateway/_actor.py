@@ -118,6 +118,15 @@ class Gateway(pykka.ThreadingActor):
 
     # -- operators -----------------------------------------------------------------------
 
+    def user_to_explain(self, session_id: str | None, subject: str | None) -> UserHandle | None:
+        """For the admin explain view: the user serving ``session_id`` (revived if it was
+        released), or the live user of ``subject``; None when there is none."""
+        if session_id:
+            record = self._services.store.session(session_id)
+            return self._live_user(record.user, None) if record is not None else None
+        return next((user for user, _, _ in self._directory.overview()["users"]
+                     if user.key.label == subject), None)
+
     def overview(self) -> dict[str, Any]:
         """Gateway-level facts plus the users to ask for details (asked by the caller,
         so a large registry never holds the gateway's loop)."""

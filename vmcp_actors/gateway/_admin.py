@@ -6,7 +6,9 @@ from typing import Any
 
 import pykka
 
-from vmcp_actors.concurrency import ASK_TIMEOUT
+from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
+
+EXPLAIN_TIMEOUT = 30.0  # discovery may run for a revived user
 
 
 def collect_admin_state(gateway: Any) -> dict[str, Any]:
@@ -58,3 +60,18 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
                   for user in users.values()],
         "sessions": sessions,
     }
+
+
+def explain_for_admin(gateway: Any, tool: str, *, session_id: str | None = None,
+                      subject: str | None = None) -> dict[str, Any] | None:
+    """Why the caller of ``session_id`` (or the live user ``subject``) does or does not see
+    ``tool``, layer by layer; None when no such session or live user exists."""
+    user = gateway.user_to_explain(session_id, subject).get(timeout=ASK_TIMEOUT)
+    if user is None:
+        return None
+    try:
+        identity = user.proxy.caller().get(timeout=ASK_TIMEOUT)
+    except (pykka.ActorDeadError, pykka.Timeout):
+        return None
+    explanation = user.capabilities.explain_tool(identity, tool, Deadline.after(EXPLAIN_TIMEOUT))
+    return {**explanation.to_json(), "subject": user.key.label, **({"session": session_id} if session_id else {})}

@@ -31,6 +31,7 @@ from vmcp_actors.protocol import (
 from vmcp_actors.protocol.mcp import param_headers_for
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
 from vmcp_actors.sessions._exchange import Exchange, from_backend, to_jsonrpc_error
+from vmcp_actors.sessions._explain import ABSENT, OFFERS, Explanation, Finding, generic_finding
 
 # When a request's deadline ends before discovery does, it stops waiting this much
 # earlier, to answer with what discovery found so far.
@@ -60,13 +61,20 @@ class Capabilities(Protocol):
                            deadline: Deadline) -> dict[str, Any]: ...
     def unsubscribe_resource(self, identity: Identity | None, subscriber: str, uri: str,
                              deadline: Deadline) -> dict[str, Any]: ...
+    def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation: ...
     def close(self) -> None: ...
 
 
 class CapabilitiesLayer:
     """Base of the decorators over ``Capabilities``: every method passes through to the
     layer below; a decorator overrides what it changes (the advertising filter and the
-    composite tools both change only tools)."""
+    composite tools both change only tools).
+
+    ``layer_name`` names the layer in explanations (``explain_tool``); ``finding`` says what
+    the layer did with a tool, by default read from its own answers next to the layer below's.
+    """
+
+    layer_name = ""
 
     def __init__(self, inner: Capabilities):
         self._inner = inner
@@ -112,6 +120,17 @@ class CapabilitiesLayer:
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline):
         return self._inner.unsubscribe_resource(identity, subscriber, uri, deadline)
+
+    def explain_tool(self, identity, name, deadline) -> Explanation:
+        below = self._inner.explain_tool(identity, name, deadline)
+        listed = any(tool.get("name") == name for tool in self.list_tools(identity, deadline))
+        callable_ = self.lookup_tool(identity, name, deadline) is not None
+        finding = self.finding(identity, name, deadline, below, listed, callable_)
+        return below.with_finding(finding, listed=listed, callable=callable_)
+
+    def finding(self, identity: Identity | None, name: str, deadline: Deadline, below: Explanation,
+                listed: bool, callable_: bool) -> Finding:
+        return generic_finding(self.layer_name or type(self).__name__, below, listed, callable_)
 
     def close(self) -> None:
         self._inner.close()
@@ -213,6 +232,20 @@ class AggregatedBackends:
 
     def lookup_resource(self, identity: Identity | None, uri: str, deadline: Deadline) -> str | None:
         return self.catalog(identity, deadline).route_resource(uri)
+
+    def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
+        """The innermost findings: which backends offer ``name`` (by advertised, overridden
+        or original name), what overrides and conflict resolution made of it."""
+        catalog = self.catalog(identity, deadline)
+        listed = name in catalog.tool_routes
+        findings = [_offered(found, name, catalog) for found in catalog.internal_tools.values()
+                     if name in (found.advertised_as, found.route.original_name, found.route.resolved_name)]
+        if not findings:
+            reason = "no backend of this caller offers a tool by that name"
+            if catalog.failures:
+                reason += "; not discovered: " + ", ".join(sorted(catalog.failures))
+            findings.append(Finding("backends", ABSENT, reason))
+        return Explanation(name, listed, listed, tuple(findings))
 
     # -- calls -------------------------------------------------------------------------
 
@@ -344,6 +377,25 @@ class AggregatedBackends:
 
     def _request(self, identity, backend, method, params, deadline) -> Exchange:
         return from_backend(self._channels[backend].request(identity, method, params, deadline), backend)
+
+
+def _offered(found: InternalTool, name: str, catalog: Catalog) -> Finding:
+    route = found.route
+    said = [f"backend {route.backend!r} offers it as {route.original_name!r}"]
+    if route.resolved_name != route.original_name:
+        said.append(f"an override renames it {route.resolved_name!r}")
+    if found.advertised_as is None:
+        lost = [problem for problem in catalog.problems
+                if f"{route.resolved_name!r} of backend {route.backend!r}" in problem
+                or f"{route.original_name!r} of backend {route.backend!r}" in problem]
+        said.append("it is not advertised: " + ("; ".join(lost) if lost else "conflict resolution left it out"))
+    elif found.advertised_as != route.resolved_name:
+        said.append(f"conflict resolution advertises it as {found.advertised_as!r}")
+    else:
+        said.append(f"advertised as {found.advertised_as!r}")
+    details = (("backend", route.backend), ("originalName", route.original_name),
+               ("resolvedName", route.resolved_name), ("advertisedAs", found.advertised_as))
+    return Finding("backends", OFFERS, "; ".join(said), details)
 
 
 def _with_meta(params: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
 from vmcp_actors.sessions._capabilities import ANSWER_MARGIN, AggregatedBackends, CapabilitiesLayer
 from vmcp_actors.backends import CallOpened
 from vmcp_actors.sessions._exchange import CallCancelled, Exchange, Notification, ServerRequest
+from vmcp_actors.sessions._explain import ABSENT, ADDS, PASSES, USES, Explanation, Finding
 from vmcp_actors.sessions._live import missing_capability
 from vmcp_actors.sessions._filter import is_advertised
 from vmcp_actors.workflows import (
@@ -208,6 +209,7 @@ class CompositeTools(CapabilitiesLayer):
     """Capabilities plus the config's composite tools (everything but tools passes through)."""
 
     _inner: AggregatedBackends
+    layer_name = "composite tools"
 
     def __init__(self, inner: AggregatedBackends, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
                  metrics: WorkflowMetrics | None = None, *, client_capabilities: Mapping[str, Any] | None = None):
@@ -254,6 +256,39 @@ class CompositeTools(CapabilitiesLayer):
             if composite is not None:
                 return self._run(identity, composite, view, arguments, meta, deadline)
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
+
+    def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
+        """A composite's own finding, and which composites' steps use a backend tool."""
+        below = self._inner.explain_tool(identity, name, deadline)
+        if not self._composites:
+            return below.with_finding(Finding(self.layer_name, PASSES, "no composite tools are configured"),
+                                      listed=below.listed, callable=below.callable)
+        view = self.view(identity, deadline)
+        composite = view.advertised.get(name)
+        if composite is not None:
+            steps = ", ".join(f"{step.id} -> {step.tool}" if step.tool else f"{step.id} (elicitation)"
+                              for step in composite.steps)
+            return below.with_finding(Finding(self.layer_name, ADDS, f"composite tool from the config; steps: {steps}"),
+                                      listed=True, callable=True)
+        configured = next((c for c in self._composites if c.name == name), None)
+        if configured is not None:
+            why = next((p for p in view.problems if p.startswith(f"composite tool {name!r}")), "not advertised")
+            return below.with_finding(Finding(self.layer_name, ABSENT, why), listed=below.listed,
+                                      callable=below.callable)
+        users = self._composites_using(identity, name, view, deadline)
+        finding = Finding(self.layer_name, USES, "used by composite " + "; ".join(users)) if users else \
+            Finding(self.layer_name, PASSES, "passed through unchanged" if below.callable
+                    else "nothing to pass: the layers below do not offer it")
+        return below.with_finding(finding, listed=below.listed, callable=below.callable)
+
+    def _composites_using(self, identity: Identity | None, name: str, view: CompositeView,
+                          deadline: Deadline) -> list[str]:
+        target = self._inner.lookup_internal(identity, name, deadline)
+        if target is None:  # a name no backend tool answers to directly: match the steps' references
+            return [f"{c.name!r} (step {s.id!r})" for c in self._composites for s in c.steps if s.tool == name]
+        return [f"{c.name!r} (step {s.id!r})" for c in self._composites if c.name in view.advertised
+                for s in c.steps if s.tool is not None and view.targets.get(s.tool) is not None
+                and view.targets[s.tool].route == target.route]
 
     def _run(self, identity: Identity | None, composite: CompositeTool, view: CompositeView,
              arguments: dict[str, Any] | None, meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:

@@ -106,3 +106,9 @@ def from_backend(exchange: Generator[Any, None, dict[str, Any]], origin: str = "
         raise to_jsonrpc_error(error) from None
     finally:
         exchange.close()
+
+
+def answered(result: dict[str, Any]) -> Exchange:
+    """An exchange with nothing to stream: the gateway's own answer (find_tool, for one)."""
+    return result
+    yield  # makes this a generator  # noqa: unreachable

@@ -18,6 +18,7 @@ from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 from vmcp_actors.sessions._aggregation import Route
 from vmcp_actors.sessions._capabilities import Capabilities, CapabilitiesLayer
 from vmcp_actors.sessions._exchange import Exchange
+from vmcp_actors.sessions._explain import HIDES, Explanation, Finding
 
 
 def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
@@ -29,6 +30,8 @@ def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
 class AdvertisingFilter(CapabilitiesLayer):
     """Capabilities minus the tools the config hides from clients (the filter only
     subtracts tools; everything else passes through)."""
+
+    layer_name = "advertising filter"
 
     def __init__(self, inner: Capabilities, aggregation: AggregationConfig):
         super().__init__(inner)
@@ -47,3 +50,22 @@ class AdvertisingFilter(CapabilitiesLayer):
         if self.lookup_tool(identity, name, deadline) is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")  # the same answer as for no such tool
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
+
+    def finding(self, identity: Identity | None, name: str, deadline: Deadline, below: Explanation,
+                listed: bool, callable_: bool) -> Finding:
+        route = self._inner.lookup_tool(identity, name, deadline)
+        if route is None or is_advertised(self._aggregation, route):
+            return super().finding(identity, name, deadline, below, listed, callable_)
+        return Finding(self.layer_name, HIDES, f"{_why_hidden(self._aggregation, route)}; composite steps still call it",
+                       (("backend", route.backend), ("resolvedName", route.resolved_name)))
+
+
+def _why_hidden(aggregation: AggregationConfig, route: Route) -> str:
+    if aggregation.exclude_all_tools:
+        return "aggregation.excludeAllTools hides every backend tool"
+    tools = aggregation.tools_for(route.backend)
+    index = aggregation.tools.index(tools) if tools is not None else -1
+    if tools is not None and tools.exclude_all:
+        return f"aggregation.tools[{index}].excludeAll hides every tool of backend {route.backend!r}"
+    return (f"aggregation.tools[{index}].filter of backend {route.backend!r} does not list "
+            f"{route.resolved_name!r}")

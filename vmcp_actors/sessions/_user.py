@@ -27,7 +27,7 @@ import concurrent.futures as cf
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +96,8 @@ class SessionServices:
     live: LiveSessions = field(default_factory=LiveSessions)
     eras: BackendEras = field(default_factory=BackendEras)  # which era each backend speaks (probed once)
     parked: ParkedCalls = field(default_factory=ParkedCalls)  # calls waiting for a 2026-07-28 client's retry
+    # Wrap each user's core, innermost first (authz, an embedder's layers, the optimizer).
+    layers: tuple[Callable[[Capabilities], Capabilities], ...] = ()
 
     @classmethod
     def for_config(cls, config: VmcpConfig, **kwargs: Any) -> SessionServices:
@@ -131,11 +133,14 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
     ref = UserActor.start(record, identity, config, services, channels, board)
     proxy = ref.proxy()
     aggregated = AggregatedBackends(proxy, channels, board)
-    # Decorators, outermost first: advertising filter -> composite tools -> backends.
+    # The core, outermost first: advertising filter -> composite tools -> backends; the
+    # services' layers (authz, an embedder's, the optimizer) go on top of it.
     composites = CompositeTools(aggregated, config.composite_tools, config.aggregation, services.workflow_metrics,
                                 client_capabilities=record.client_capabilities)
-    advertised = AdvertisingFilter(composites, config.aggregation)
-    return UserHandle(record.key, ref, proxy, advertised, McpDispatcher(advertised, page_size=config.operational.page_size),
+    stack: Capabilities = AdvertisingFilter(composites, config.aggregation)
+    for wrap in services.layers:
+        stack = wrap(stack)
+    return UserHandle(record.key, ref, proxy, stack, McpDispatcher(stack, page_size=config.operational.page_size),
                       composites, aggregated)
 
 
@@ -366,6 +371,10 @@ class UserActor(pykka.ThreadingActor):
         """The user's last session ended: stop, and end every backend session (DELETE)."""
         self._ending = True
         self.stop()
+
+    def caller(self) -> Identity | None:
+        """The latest caller's identity (the admin explain view asks as them)."""
+        return self._identity
 
     def snapshot(self) -> dict[str, Any]:
         asked = {name: conn.snapshot() for name, conn in self._connections.items()}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from vmcp_actors.config import VmcpConfig
+from vmcp_actors.layers import LayerFactory
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST
 from vmcp_actors.web import admin, health, mcp, wellknown
 from vmcp_actors.web._responses import rpc_error
@@ -19,13 +21,15 @@ logger = logging.getLogger(__name__)
 __all__ = ["Runtime", "create_app", "current_runtime", "stop_app"]
 
 
-def create_app(config: VmcpConfig, *, host: str = "127.0.0.1", test_config: dict[str, Any] | None = None) -> Flask:
-    """Build the app and start its actors. Call inside the process that serves (never before a fork)."""
+def create_app(config: VmcpConfig, *, host: str = "127.0.0.1", test_config: dict[str, Any] | None = None,
+               layers: Sequence[LayerFactory] = ()) -> Flask:
+    """Build the app and start its actors. Call inside the process that serves (never before a fork).
+    ``layers``: an embedder's decorators over each user's core (see ``vmcp_actors.core``)."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.operational.max_request_body_bytes
     if test_config:
         app.config.update(test_config)
-    install(app, start_runtime(config, host))
+    install(app, start_runtime(config, host, layers))
     app.register_blueprint(mcp.bp)
     app.register_blueprint(admin.bp)
     app.register_blueprint(health.bp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from vmcp_actors.backends import build_outgoing_auth
 from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.gateway import Directory, Gateway, McpService
+from vmcp_actors.layers import LayerFactory, stack_layers
 from vmcp_actors.sessions import DiscoveryCache, MemoryRecordStore, SessionServices
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.web._auth import Authenticator, build_authenticator
@@ -41,7 +43,8 @@ class Runtime:
             pass
 
 
-def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
+def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFactory] = ()) -> Runtime:
+    """``layers``: an embedder's decorators over each user's core (``vmcp_actors.core``)."""
     for warning in config_warnings(config):
         logger.warning("config: %s", warning)
     # Every secret the config names is read now; unset ones stop the start with their paths.
@@ -60,7 +63,7 @@ def start_runtime(config: VmcpConfig, bind_host: str) -> Runtime:
     directory = Directory(store, time.monotonic)
     services = SessionServices.for_config(config, outgoing_auth=outgoing_auth,
                                           discovery_cache=DiscoveryCache(config.operational.discovery_cache_ttl),
-                                          store=store)
+                                          store=store, layers=stack_layers(config, layers))
     gateway = Gateway.start(config, directory, services, signer).proxy()
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
     service = McpService(config, gateway, directory, signer, services.live, services.parked)

@@ -6,7 +6,8 @@ import hmac
 
 from flask import Blueprint, Response, request
 
-from vmcp_actors.gateway import collect_admin_state
+from vmcp_actors.gateway import collect_admin_state, explain_for_admin
+from vmcp_actors.protocol import JsonRpcError
 from vmcp_actors.web._responses import json_response
 from vmcp_actors.web._runtime import current_runtime
 
@@ -27,3 +28,20 @@ def require_admin_token() -> Response | None:
 @bp.get("/state")
 def state() -> Response:
     return json_response(collect_admin_state(current_runtime().gateway))
+
+
+@bp.get("/explain")
+def explain() -> Response:
+    """``?tool=NAME&session=ID`` (or ``&user=SUBJECT`` for a live user without a session):
+    why that caller does or does not see the tool, each layer's finding innermost first."""
+    tool = request.args.get("tool", "")
+    session_id, subject = request.args.get("session"), request.args.get("user")
+    if not tool or bool(session_id) == bool(subject):
+        return json_response({"error": "give tool, and one of session or user"}, 400)
+    try:
+        found = explain_for_admin(current_runtime().gateway, tool, session_id=session_id, subject=subject)
+    except JsonRpcError as error:  # the user's backends could not be discovered
+        return json_response({"error": error.message}, 503)
+    if found is None:
+        return json_response({"error": "no such session" if session_id else "no live user with that subject"}, 404)
+    return json_response(found)
