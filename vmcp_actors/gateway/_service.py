@@ -382,6 +382,11 @@ class McpService:
                                       if elsewhere else "is no longer waiting (it was answered, or its deadline "
                                       "passed); retry the original request without it"))
             return call.resume(parked)
+        if not self._still_reachable(user, identity, message.method, name, deadline):
+            # Policies are asked again: a grant withdrawn since the first round holds now.
+            what = "Resource not found" if message.method == "resources/read" else \
+                f"Unknown {'tool' if message.method == 'tools/call' else 'prompt'}: {name}"
+            raise JsonRpcError(INVALID_PARAMS, what)  # -32602 for every not-found in 2026-07-28
         params = message.params if isinstance(message.params, dict) else {}
         target = state.get("t")
         backend_params: dict[str, Any] = {"uri": target} if message.method == "resources/read" else \
@@ -395,6 +400,17 @@ class McpService:
             backend_params["requestState"] = state["s"]
         exchange = user.backends.resume(identity, str(state.get("b")), message.method, backend_params, deadline)
         return call.events(Relay.streaming(message.id, exchange))
+
+    @staticmethod
+    def _still_reachable(user: UserHandle, identity: Identity | None, method: str, name: Any,
+                         deadline: Deadline) -> bool:
+        if not isinstance(name, str):
+            return False
+        capabilities = user.capabilities
+        if method == "resources/read":
+            return capabilities.lookup_resource(identity, name, deadline) is not None
+        lookup = capabilities.lookup_tool if method == "tools/call" else capabilities.lookup_prompt
+        return lookup(identity, name, deadline) is not None
 
     def _listen(self, message: Message, request: ModernRequest, identity: Identity | None, user: UserHandle,
                 answer: Answer) -> Answer:

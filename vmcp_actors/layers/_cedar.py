@@ -15,6 +15,7 @@ denied what. A policy error denies.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -113,7 +114,7 @@ class Principal:
     claims: dict[str, Any]  # claim_<name> -> Cedar value
     groups: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         return hashlib.sha256(json.dumps([self.subject, self.claims, self.groups], sort_keys=True,
                                          default=str).encode()).hexdigest()
@@ -130,15 +131,16 @@ class CedarAuthz(CapabilitiesLayer):
         self._lock = threading.Lock()
         self._decided: dict[tuple[str, str, str, str], Decision] = {}
         self._definitions: tuple[tuple[int, ...], dict[str, dict[str, Any]]] | None = None
+        self._listed: tuple[Any, ...] | None = None  # (principal and list, allowed tools, the list)
 
     # -- decisions -----------------------------------------------------------------------
 
     def _decide(self, identity: Identity | None, action: str, name: str, hints: Mapping[str, Any] | None = None,
-                arguments: Mapping[str, Any] | None = None) -> Decision:
-        principal = self._policies.principal(identity)
+                arguments: Mapping[str, Any] | None = None, principal: Principal | None = None) -> Decision:
+        principal = principal if principal is not None else self._policies.principal(identity)
         if arguments and _arguments(arguments):
             return self._policies.decide(principal, action, name, hints, arguments)
-        key = (principal.digest, action, name, json.dumps(hints or {}, sort_keys=True, default=str))
+        key = (principal.digest, action, name, _hint_key(hints))
         with self._lock:
             decided = self._decided.get(key)
         if decided is None:
@@ -171,8 +173,17 @@ class CedarAuthz(CapabilitiesLayer):
     # -- tools ---------------------------------------------------------------------------
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
-        return tuple(tool for tool in self._inner.list_tools(identity, deadline)
-                     if self._decide(identity, CALL_TOOL, str(tool.get("name")), _hints(tool)).allowed)
+        tools = self._inner.list_tools(identity, deadline)
+        principal = self._policies.principal(identity)
+        # The same list for the same principal is the same answer (the optimizer asks often).
+        key = (principal.digest, tuple(id(tool) for tool in tools))
+        cached = self._listed
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        allowed = tuple(tool for tool in tools if self._decide(identity, CALL_TOOL, str(tool.get("name")),
+                                                               _hints(tool), principal=principal).allowed)
+        self._listed = (key, allowed, tools)  # holds the tools: their ids stay theirs while cached
+        return allowed
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         route = self._inner.lookup_tool(identity, name, deadline)
@@ -261,6 +272,11 @@ class CedarAuthz(CapabilitiesLayer):
         else:
             why = "no policy permits it"
         return Finding(self.layer_name, HIDES, f"{asked} for {who}: {why}", details)
+
+
+def _hint_key(hints: Mapping[str, Any] | None) -> tuple[tuple[str, bool], ...]:
+    return tuple((hint, hints[hint]) for hint in ANNOTATION_HINTS if isinstance((hints or {}).get(hint), bool)) \
+        if hints else ()
 
 
 def _hints(tool: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -22,10 +22,25 @@ MAX_QUERY_TERMS = 64
 _CHUNK = re.compile(r"[^\W_]+")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 STOPWORDS = frozenset("""
-a an and any are as at be by can do does for from get give how i in into is it its me my of on or
+a an and any are as at be by can do does for from give how i in into is it its me my of on or
 please some that the their them then there this to tool tools use using want was what when which
 who will with would you your need find me
 """.split())
+
+
+# What people say for the five things tools mostly do, so "show the open pull requests"
+# also matches list_pull_requests: each word adds its kind's verbs to the query (a fixed
+# table, no model; added terms, never replacing the caller's own).
+VERB_SYNONYMS: dict[str, tuple[str, ...]] = {}
+for _verbs, _said in (
+    (("list", "get", "search"), "show which what see view display find look browse overview all any"),
+    (("get", "read", "fetch"), "read fetch look details detail inspect check open retrieve"),
+    (("create", "add", "new"), "add new make post send upload start file schedule write open insert"),
+    (("update", "edit", "set"), "edit change modify rename restart move set patch adjust"),
+    (("delete", "remove"), "remove cancel drop erase destroy stop purge clear"),
+):
+    for _word in _said.split():
+        VERB_SYNONYMS[_word] = tuple(dict.fromkeys(VERB_SYNONYMS.get(_word, ()) + _verbs))
 
 
 def words(text: str) -> list[str]:
@@ -60,7 +75,9 @@ class ToolIndex:
     def search(self, description: str, keywords: str = "", limit: int = 8) -> list[tuple[dict[str, Any], float]]:
         """The best ``limit`` tools for the words of ``description`` and ``keywords``, best
         first, each with its BM25 score (higher is better)."""
-        terms = list(dict.fromkeys(_query_terms(keywords) + _query_terms(description)))[:MAX_QUERY_TERMS]
+        asked = _query_terms(keywords) + _query_terms(description)
+        implied = [verb for word in words(description) for verb in VERB_SYNONYMS.get(word, ())]
+        terms = list(dict.fromkeys(asked + implied))[:MAX_QUERY_TERMS]
         if not terms or limit <= 0:
             return []
         query = " OR ".join(f'"{term}"' for term in terms)
