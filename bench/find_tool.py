@@ -8,8 +8,10 @@ and keywords); the hit rate is how often that tool is among the first 3 (and fir
 Latency: every query asked ``--rounds`` times after a warm-up, p50 and p99 per call; the
 index build once. ``--with-authz`` puts Cedar (a permit-by-group policy) below the
 optimizer, as in production: find_tool then searches only what the caller may call.
+``--through-gateway`` serves the catalog from an official-SDK backend and asks find_tool
+through the gateway (gunicorn, ``optimizer:`` in its config) over HTTP, as a client would.
 
-    .venv/bin/python -m bench.find_tool [--rounds 20] [--with-authz]
+    .venv/bin/python -m bench.find_tool [--rounds 20] [--with-authz | --through-gateway]
 """
 
 from __future__ import annotations
@@ -189,10 +191,46 @@ def find(optimizer: ToolOptimizer, identity: Identity, description: str, keyword
     raise AssertionError("find_tool streamed")
 
 
+def catalog_backend(tools: list[dict[str, Any]]) -> Any:
+    """An official-SDK server offering ``tools`` (each answers its own name), served on loopback."""
+    from mcp.server.mcpserver import MCPServer
+
+    from vmcp_actors.demo._serve import serve_asgi_in_thread
+
+    server = MCPServer("catalog", log_level="WARNING")
+    for definition in tools:
+        def answer(id: str = "", name: str = definition["name"]) -> str:  # noqa: A002 - the tools' parameter
+            return name
+        server.add_tool(answer, name=definition["name"], description=definition["description"])
+    return serve_asgi_in_thread(server.streamable_http_app(), name="catalog")
+
+
+def through_gateway(tools: list[dict[str, Any]]) -> Any:
+    """A find(description, keywords) -> names over HTTP through a gunicorn gateway; its closer."""
+    import contextlib
+
+    from bench._common import gateway
+
+    stack = contextlib.ExitStack()
+    served = catalog_backend(tools)
+    stack.callback(served.stop)
+    running = stack.enter_context(gateway({"catalog": served.url + "/mcp"}, extra={"optimizer": {}}))
+    client = stack.enter_context(running.client())
+    client.initialize()
+
+    def ask(description: str, keywords: str) -> list[str]:
+        result = client.call_tool("find_tool", {"tool_description": description, "tool_keywords": keywords})
+        return [tool["name"].removeprefix("catalog_") for tool in result["structuredContent"]["tools"]]
+
+    return ask, stack.close
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="find_tool over 1,000 tools: latency and hit rate")
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--with-authz", action="store_true", help="Cedar below the optimizer")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--with-authz", action="store_true", help="Cedar below the optimizer")
+    mode.add_argument("--through-gateway", action="store_true", help="over HTTP through the gateway")
     args = parser.parse_args(argv)
 
     tools = catalog()
@@ -205,15 +243,21 @@ def main(argv: list[str] | None = None) -> int:
             'permit(principal in THVGroup::"eng", action == Action::"call_tool", resource);',))))
     optimizer = ToolOptimizer(below, 8)
     identity = Identity("https://idp.example", "alice", claims={"sub": "alice", "groups": ["eng"]})
+    close = None
+    if args.through_gateway:
+        ask, close = through_gateway(tools)
+    else:
+        def ask(description: str, keywords: str) -> list[str]:
+            return find(optimizer, identity, description, keywords)
 
     started = time.perf_counter()
-    find(optimizer, identity, "warm up: build the index", "")
+    ask("warm up: build the index", "")
     first = (time.perf_counter() - started) * 1000
 
     hits_top1 = hits_top3 = 0
     misses = []
     for description, keywords, expected in QUERIES:
-        found = find(optimizer, identity, description, keywords)
+        found = ask(description, keywords)
         hits_top1 += found[:1] == [expected]
         if expected in found[:TOP]:
             hits_top3 += 1
@@ -224,13 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for description, keywords, _ in QUERIES:
             started = time.perf_counter()
-            find(optimizer, identity, description, keywords)
+            ask(description, keywords)
             latencies.append((time.perf_counter() - started) * 1000)
     latencies.sort()
     p50 = statistics.median(latencies)
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
 
-    print(f"catalog: {len(tools)} tools; queries: {len(QUERIES)}; authz below: {'Cedar' if args.with_authz else 'no'}")
+    if close is not None:
+        close()
+    where = "through the gateway (HTTP, gunicorn)" if args.through_gateway else "in process"
+    print(f"catalog: {len(tools)} tools; queries: {len(QUERIES)}; {where}; "
+          f"authz below: {'Cedar' if args.with_authz else 'no'}")
     print(f"first find_tool (builds the index{' and the Cedar decisions' if args.with_authz else ''}): {first:.1f} ms")
     print(f"find_tool latency over {len(latencies)} calls: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
           f"(target p50 < {TARGET_P50_MS:g} ms)")

@@ -332,8 +332,13 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
         ({"groupRef": "engineering"}, "groupRef: groupRef is not supported yet"),
         ({"telemetry": {}}, "telemetry: telemetry is not supported yet"),
         ({"audit": {"enabled": True}}, "audit: audit is not supported yet"),
-        ({"optimizer": None}, "optimizer: optimizer is not supported yet"),
-        ({"incomingAuth": {"authz": {"type": "cedar"}}}, "incomingAuth.authz: authz is not supported yet"),
+        ({"incomingAuth": {"authz": {"type": "cedar", "policies": ["permit(principal, action, resource);"],
+                                     "primaryUpstreamProvider": "github"}}},
+         "incomingAuth.authz.primaryUpstreamProvider: primaryUpstreamProvider is not supported yet "
+         "(the principal is the caller of incomingAuth.oidc)"),
+        ({"incomingAuth": {"authz": {"type": "cedar"}}},
+         "incomingAuth.authz.policies: must list at least one Cedar policy for type cedar (without one, every "
+         "request is denied)"),
         ({"outgoingAuth": {"source": "inline"}}, "outgoingAuth.source: source is not supported yet (backends are configured inline)"),
     ],
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -304,3 +305,23 @@ def test_search_splits_names_and_hears_the_usual_words_for_list_get_create_updat
     assert index.search("show me the pull requests")[0][0]["name"] == "github_list_pull_requests"
     assert index.search("remove that pull request")[0][0]["name"] == "github_delete_pull_request"
     assert index.search("the of and") == []  # nothing but common words: nothing to rank
+
+
+def test_the_public_interface_exposes_no_actor_thread_flask_or_sdk_type():
+    import inspect
+    import typing
+
+    from vmcp_actors import core
+
+    forbidden = ("pykka", "flask", "werkzeug", "mcp", "threading", "gunicorn")
+    for name in core.__all__:
+        value = getattr(core, name)
+        module = getattr(value, "__module__", "") or ""
+        assert not module.split(".")[0] in forbidden, (name, module)
+    for cls in (core.Core, core.Running, core.Layer, core.Explanation, core.Finding):
+        hints = typing.get_type_hints(cls) if not inspect.isabstract(cls) else {}
+        for attribute, hint in hints.items():
+            if not attribute.startswith("_"):
+                assert not re.search(r"\b(" + "|".join(forbidden) + r")\.", repr(hint).lower()), (cls, attribute, hint)
+    running_public = {name for name in vars(core.Running) if not name.startswith("_")}
+    assert running_public == {"url", "stop"}
