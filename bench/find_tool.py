@@ -228,6 +228,8 @@ def through_gateway(tools: list[dict[str, Any]]) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="find_tool over 1,000 tools: latency and hit rate")
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--server", default="gunicorn", help="accepted for bench.run_all; the gateway of "
+                                                           "--through-gateway always runs under gunicorn")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--with-authz", action="store_true", help="Cedar below the optimizer")
     mode.add_argument("--through-gateway", action="store_true", help="over HTTP through the gateway")

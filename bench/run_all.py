@@ -14,7 +14,7 @@ import time
 
 from bench._common import ROOT, table
 
-BENCHMARKS = ("fanout", "concurrent_calls", "isolation", "overhead", "composite_parallel")
+BENCHMARKS = ("fanout", "concurrent_calls", "isolation", "overhead", "composite_parallel", "find_tool")
 PER_BENCHMARK_TIMEOUT = 150.0
 
 
