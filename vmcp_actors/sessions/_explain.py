@@ -73,7 +73,10 @@ class Explanation:
 def generic_finding(layer: str, below: Explanation, listed: bool, callable: bool) -> Finding:
     """What any layer did, read from its own answers compared with the layer below's."""
     if listed == below.listed and callable == below.callable:
-        return Finding(layer, PASSES, "passed through unchanged" if below.callable or below.listed
+        if below.callable or below.listed:
+            return Finding(layer, PASSES, "passed through unchanged")
+        hidden = any(finding.verdict == HIDES for finding in below.findings)
+        return Finding(layer, PASSES, "nothing to decide: a layer below hides it" if hidden
                        else "nothing to pass: the layers below do not offer it")
     if not below.listed and not below.callable and (listed or callable):
         return Finding(layer, ADDS, "this layer provides it")
