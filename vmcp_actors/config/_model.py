@@ -163,6 +163,8 @@ class OperationalConfig:
     # A user's actors stop after this long without requests; their records stay, and the
     # next request revives them.
     user_idle_timeout: float = 300.0
+    max_sessions: int = 1000  # at the cap the least recently used idle session is evicted
+    max_sessions_per_identity: int = 0  # the same per caller (issuer + subject); 0 = no cap of its own
     # NAME of the env var holding the key that signs session ids; None = a random key per start.
     signing_key_env: str | None = None
 

@@ -683,6 +683,11 @@ class OperationalSchema(_StrictSchema):
     discovery_cache_ttl = _Duration(data_key="discoveryCacheTTL", load_default=30.0, allow_zero=True)
     user_idle_timeout = _Duration(data_key="userIdleTimeout", load_default=300.0)
     signing_key_env = _String(data_key="signingKeyEnv", load_default=None, allow_none=True, validate=_env_var_name)
+    max_sessions = _Integer(data_key="maxSessions", load_default=1000,
+                            validate=validate.Range(1, 1_000_000, error="must be between 1 and 1000000"))
+    max_sessions_per_identity = _Integer(
+        data_key="maxSessionsPerIdentity", load_default=0,
+        validate=validate.Range(0, 1_000_000, error="must be between 0 (no cap of its own) and 1000000"))
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OperationalConfig:

@@ -18,7 +18,7 @@ import pykka
 from vmcp_actors.concurrency import TimerHandle, call_later, pool_stats, stop_quietly
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.gateway._directory import Directory
-from vmcp_actors.identity import Identity
+from vmcp_actors.identity import Identity, identity_key
 from vmcp_actors.sessions import (
     InitializeOutcome,
     MemoryRecordStore,
@@ -36,6 +36,15 @@ from vmcp_actors.signing import Signer
 logger = logging.getLogger(__name__)
 
 
+class SessionLimitReached(Exception):
+    """A cap on sessions is reached and no session is idle to make room."""
+
+    def __init__(self, cap: str, limit: int):
+        super().__init__(f"{cap} ({limit}) reached")
+        self.cap = cap
+        self.limit = limit
+
+
 class Gateway(pykka.ThreadingActor):
     def __init__(self, config: VmcpConfig, directory: Directory | None = None,
                  services: SessionServices | None = None, signer: Signer | None = None, *,
@@ -47,6 +56,7 @@ class Gateway(pykka.ThreadingActor):
         self._signer = signer if signer is not None else Signer.generated()
         self._started = time.time()
         self._reaper: TimerHandle | None = None
+        self._limits = {"evicted": 0, "refused": 0}  # sessions evicted and initializes refused at a cap
 
     def on_start(self) -> None:
         self._schedule_reaping()
@@ -64,7 +74,9 @@ class Gateway(pykka.ThreadingActor):
 
     def open_session(self, identity: Identity | None, outcome: InitializeOutcome) -> SessionRecord:
         """A new client session of the caller, its user's actors started if they are not
-        live (no backend is contacted)."""
+        live (no backend is contacted). At a cap the least recently used idle session goes
+        (its client gets 404 and initializes again); with none idle, SessionLimitReached."""
+        self._make_room(identity_key(identity))
         now = time.time()
         record = SessionRecord(
             session_id=self._signer.new_session_id(),
@@ -116,6 +128,25 @@ class Gateway(pykka.ThreadingActor):
         self._schedule_reaping()
         return len(reaped)
 
+    def _make_room(self, owner: tuple[str, str] | None) -> None:
+        operational = self._config.operational
+        per_identity = operational.max_sessions_per_identity
+        if per_identity and self._directory.sessions_of_owner(owner) >= per_identity:
+            self._evict("operational.maxSessionsPerIdentity", per_identity, owner)
+        if self._directory.session_count() >= operational.max_sessions:
+            self._evict("operational.maxSessions", operational.max_sessions)
+
+    def _evict(self, cap: str, limit: int, owner: Any = ...) -> None:
+        record = self._directory.evict_least_recently_used(owner)
+        if record is None:
+            self._limits["refused"] += 1
+            logger.warning("new session refused: %s (%d) reached and every session is busy", cap, limit)
+            raise SessionLimitReached(cap, limit)
+        self._limits["evicted"] += 1
+        logger.warning("session %s of %s evicted: %s (%d) reached; it was the least recently used idle one",
+                       short_id(record.session_id), record.user.label, cap, limit)
+        self._session_gone(record)
+
     # -- operators -----------------------------------------------------------------------
 
     def user_to_explain(self, session_id: str | None, subject: str | None) -> UserHandle | None:
@@ -137,6 +168,9 @@ class Gateway(pykka.ThreadingActor):
             "workers": pool_stats(),
             "clients": {**self._services.live.counts(), "parkedCalls": self._services.parked.count()},
             "backendEras": self._services.eras.snapshot(),
+            "sessionLimits": {"maxSessions": self._config.operational.max_sessions,
+                              "maxSessionsPerIdentity": self._config.operational.max_sessions_per_identity,
+                              **self._limits},
             **self._directory.overview(),
         }
 

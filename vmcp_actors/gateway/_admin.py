@@ -56,6 +56,7 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
         "workers": overview["workers"],
         "clients": {**overview["clients"], "sessionlessUsers": overview["sessionlessUsers"]},
         "backendEras": overview["backendEras"],
+        "sessionLimits": overview["sessionLimits"],
         "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}
                   for user in users.values()],
         "sessions": sessions,

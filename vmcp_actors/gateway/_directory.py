@@ -55,6 +55,7 @@ class Directory:
         self._users: dict[UserKey, UserHandle] = {}  # users whose actors are live
         self._user_activity: dict[UserKey, _Activity] = {}
         self._sessions_of: Counter[UserKey] = Counter()
+        self._owner_of: dict[str, tuple[str, str] | None] = {}  # session id -> its identity binding
         # Users that serve 2026-07-28 requests (no session): when each was last asked.
         self._sessionless_seen: dict[UserKey, float] = {}
 
@@ -128,6 +129,21 @@ class Directory:
         with self._lock:
             self._sessions[record.session_id] = _Activity(self._clock())
             self._sessions_of[record.user] += 1
+            self._owner_of[record.session_id] = record.owner
+
+    def sessions_of_owner(self, owner: tuple[str, str] | None) -> int:
+        with self._lock:
+            return sum(1 for held in self._owner_of.values() if held == owner)
+
+    def evict_least_recently_used(self, owner: Any = ...) -> SessionRecord | None:
+        """Take out the session (of ``owner``, when given) used longest ago with no request
+        or stream in flight; None when every one is busy."""
+        with self._lock:
+            idle = [(activity.last_used, sid) for sid, activity in self._sessions.items()
+                    if activity.in_flight == 0 and (owner is ... or self._owner_of.get(sid) == owner)]
+            if not idle:
+                return None
+            return self._drop_session(min(idle)[1])
 
     def remove_session(self, session_id: str, identity: Identity | None) -> SessionRecord | None:
         record = self.store.session(session_id)
@@ -219,6 +235,7 @@ class Directory:
         """Under the lock: forget a session here and in the store."""
         if self._sessions.pop(session_id, None) is None:
             return None
+        self._owner_of.pop(session_id, None)
         record = self.store.delete_session(session_id)
         if record is not None:
             self._sessions_of[record.user] -= 1

@@ -20,6 +20,7 @@ import pykka
 from vmcp_actors.backends import CallOpened
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.config import VmcpConfig
+from vmcp_actors.gateway._actor import SessionLimitReached
 from vmcp_actors.gateway._directory import Directory, Lease
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
@@ -119,6 +120,8 @@ def _not_in_modern(method: str) -> Answer:
 # Call answers are resumable (event ids, a priming event) from this revision on.
 RESUMABLE_SINCE = "2025-11-25"
 _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
+# Seconds a client refused at a session cap is told to wait: sessions go idle in seconds.
+SESSION_LIMIT_RETRY_AFTER = 5
 
 
 class McpService:
@@ -517,6 +520,12 @@ class McpService:
             record = self._ask(self._gateway.open_session(identity, outcome))
         except Unavailable:
             return _error(503, INTERNAL_ERROR, _UNAVAILABLE, message.id)
+        except SessionLimitReached as reached:
+            refused = _error(503, INTERNAL_ERROR, "Service Unavailable: the gateway holds as many sessions as it may "
+                                                  "and every one is in use; retry later", message.id)
+            refused.headers["Retry-After"] = str(SESSION_LIMIT_RETRY_AFTER)
+            refused.body["error"]["data"] = {"limit": reached.cap.rsplit(".", 1)[-1]}
+            return refused
         return Answer(body=result_response(message.id, outcome.result(self._config.name)),
                       headers={SESSION_HEADER: record.session_id}, session_id=record.session_id)
 
