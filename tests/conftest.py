@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pykka
 import pytest
 
@@ -28,3 +30,17 @@ def start_gateway():
     yield start
     for server in reversed(started):
         server.stop()
+
+
+@pytest.fixture
+def redis_server():
+    """A real redis-server on a free loopback port (installed by scripts/install-redis)."""
+    import shutil
+
+    from tests.redis_server import RedisServer
+
+    if shutil.which("redis-server") is None and not os.path.exists("/usr/bin/redis-server"):
+        pytest.fail("redis-server is not installed: run scripts/install-redis (the README's test set-up does)")
+    server = RedisServer().start()
+    yield server
+    server.close()

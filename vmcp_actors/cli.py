@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", required=True, help="YAML config file")
     serve.add_argument("--host", default=DEFAULT_HOST)
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument("--workers", type=int, default=1,
+                       help="gunicorn worker processes; above 1 needs sessionStorage.provider: redis")
 
     validate = commands.add_parser("validate", help="check a config file; exit 0, or 2 with every error")
     validate.add_argument("--config", required=True, help="YAML config file")
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         return _validate(args.config)
     if args.command == "serve":
-        return _serve(args.config, args.host, args.port)
+        return _serve(args.config, args.host, args.port, args.workers)
     if args.command == "explain":
         return _explain(args.config, args.tool, args.user, args.claims, args.json)
     return _demo(args.host, args.port)
@@ -80,13 +82,17 @@ def _validate(path: str) -> int:
     return 0
 
 
-def _serve(path: str, host: str, port: int) -> int:
+def _serve(path: str, host: str, port: int, workers: int = 1) -> int:
     config = _load(path)
     if config is None:
         return EXIT_CONFIG_ERROR
     from vmcp_actors.core import build, serve
 
-    return serve(build(config), host=host, port=port)
+    try:
+        return serve(build(config), host=host, port=port, workers=workers)
+    except ValueError as error:  # --workers the config cannot serve
+        print(f"--workers: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
 
 
 def _explain(path: str, tool: str, user: str | None, claims_json: str | None, as_json: bool) -> int:

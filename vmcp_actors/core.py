@@ -94,9 +94,21 @@ def build(config: VmcpConfig | Mapping[str, Any] | str | os.PathLike[str]) -> Co
     return Core(load_config(Path(config)))
 
 
-def serve(core: Core, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int:
+class SeveralWorkersNeedSharedRecords(ValueError):
+    """``workers`` above 1 with records in one process's memory."""
+
+
+def serve(core: Core, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, workers: int = 1) -> int:
     """Serve ``core`` under gunicorn until SIGTERM or Ctrl-C (what ``vmcp-actors serve`` runs).
-    The actors start in the worker process, after gunicorn forks."""
+    The actors start in each worker process, after gunicorn forks. ``workers`` above 1 needs
+    ``sessionStorage.provider: redis``: any worker may get any request of a session."""
+    if workers < 1:
+        raise ValueError("workers must be at least 1")
+    if workers > 1 and core.config.session_storage.provider != "redis":
+        raise SeveralWorkersNeedSharedRecords(
+            f"{workers} workers need sessions every worker can read: set sessionStorage.provider: redis (with "
+            "sessionStorage.address and operational.signingKeyEnv); with the default memory storage each worker "
+            "would answer 404 to the sessions of the others")
     from gunicorn.app.base import BaseApplication
 
     from vmcp_actors.web.gunicorn_settings import SETTINGS
@@ -105,7 +117,7 @@ def serve(core: Core, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> 
 
     class GatewayApplication(BaseApplication):  # type: ignore[misc]
         def load_config(self) -> None:
-            for key, value in {**SETTINGS, "bind": bind}.items():
+            for key, value in {**SETTINGS, "bind": bind, "workers": workers}.items():
                 self.cfg.set(key, value)
 
         def load(self) -> Any:
@@ -203,6 +215,7 @@ __all__ = [
     "RESOURCE_NOT_FOUND",
     "Route",
     "Running",
+    "SeveralWorkersNeedSharedRecords",
     "ServerRequest",
     "UNLISTS",
     "USES",

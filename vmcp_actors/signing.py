@@ -69,6 +69,18 @@ class Signer:
             return False
         return hmac.compare_digest(value[_NONCE_HEX:], self._tag("session", value[:_NONCE_HEX]))
 
+    def encrypt(self, purpose: str, data: bytes) -> bytes:
+        """``data`` encrypted and authenticated for ``purpose`` (records at rest in a shared store)."""
+        nonce = secrets.token_bytes(_SEAL_NONCE_BYTES)
+        return nonce + self._aead.encrypt(nonce, data, purpose.encode())
+
+    def decrypt(self, purpose: str, blob: bytes) -> bytes:
+        """What ``encrypt`` took; Unsealable when altered, or made by another key or for another purpose."""
+        try:
+            return self._aead.decrypt(blob[:_SEAL_NONCE_BYTES], blob[_SEAL_NONCE_BYTES:], purpose.encode())
+        except Exception as error:  # InvalidTag, or too short to hold a nonce and a tag
+            raise Unsealable(f"not a value this key encrypted for {purpose}") from error
+
     def seal(self, purpose: str, payload: dict[str, Any], ttl: float) -> str:
         """``payload`` sealed for ``purpose`` until ``ttl`` seconds from now (URL-safe text)."""
         plain = json.dumps({"p": purpose, "exp": time.time() + ttl, "v": payload}, separators=(",", ":"))

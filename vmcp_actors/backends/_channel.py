@@ -135,11 +135,13 @@ class BackendEras:
 
 class _RequestIds:
     """JSON-RPC ids unique per backend session: client ids are only unique per client
-    session, and the gateway's own requests share the backend session too."""
+    session, and the gateway's own requests share the backend session too. ``base``: where
+    a channel starts counting; processes that share users' records (and so their backend
+    sessions) each start at a random base, so their ids do not meet."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: int = 0) -> None:
         self._lock = threading.Lock()
-        self._next = 0
+        self._next = base
 
     def next(self) -> int:
         with self._lock:
@@ -149,7 +151,8 @@ class _RequestIds:
 
 class BackendChannel:
     def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None,
-                 client_capabilities: Mapping[str, Any] | None = None, eras: BackendEras | None = None):
+                 client_capabilities: Mapping[str, Any] | None = None, eras: BackendEras | None = None,
+                 request_id_base: int = 0):
         self.name = name
         self.timeout = timeout
         self._eras = eras if eras is not None else BackendEras()
@@ -157,7 +160,7 @@ class BackendChannel:
         self._client_capabilities = dict(client_capabilities or {})
         self._client = client
         self._auth = auth if auth is not None else Unauthenticated()
-        self._ids = _RequestIds()
+        self._ids = _RequestIds(request_id_base)
         self._connection: Any = None  # ActorProxy[BackendConnection], attached when it is created
         self._handshake: cf.Future[Handshake] | None = None
 

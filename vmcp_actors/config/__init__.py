@@ -15,6 +15,7 @@ from ._model import (
     OidcConfig,
     OperationalConfig,
     OptimizerConfig,
+    SessionStorageConfig,
     OutgoingAuthConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
@@ -24,6 +25,7 @@ from ._model import (
 )
 
 __all__ = [
+    "SessionStorageConfig",
     "AuthzConfig",
     "OptimizerConfig",
     "AdminConfig",

@@ -237,6 +237,18 @@ DEFAULT_MAX_TOOLS_TO_RETURN = 8
 
 
 @dataclass(frozen=True)
+class SessionStorageConfig:
+    """Where session and user records live (ToolHive's ``sessionStorage``): ``memory`` (one
+    process) or ``redis`` (any process serves any session)."""
+
+    provider: str = "memory"
+    address: str = "127.0.0.1:6379"
+    db: int = 0
+    key_prefix: str = "vmcp:"
+    password_env: str | None = None  # env var holding Redis's password (AUTH)
+
+
+@dataclass(frozen=True)
 class OptimizerConfig:
     """``find_tool`` and ``call_tool`` in place of every tool (ToolHive's ``optimizer``).
     ``ignored`` names the embedding fields set: ranking here is BM25, with no model."""
@@ -310,6 +322,7 @@ class VmcpConfig:
     # Left out of the hash: a composite's parameters and arguments are plain JSON mappings.
     composite_tools: tuple[CompositeTool, ...] = field(default=(), hash=False)
     optimizer: OptimizerConfig | None = None
+    session_storage: SessionStorageConfig = field(default_factory=SessionStorageConfig)
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "backends")

@@ -42,6 +42,7 @@ from ._model import (
     DEFAULT_GROUP_ENTITY_TYPE,
     DEFAULT_MAX_TOOLS_TO_RETURN,
     OptimizerConfig,
+    SessionStorageConfig,
     BackendAuthConfig,
     BackendConfig,
     HeaderInjectionConfig,
@@ -703,6 +704,24 @@ class AdminSchema(_StrictSchema):
         return AdminConfig(**data)
 
 
+def _host_port(value: str) -> None:
+    host, colon, port = value.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in value:
+        raise ValidationError("must be host:port (127.0.0.1:6379, redis.internal:6379, [::1]:6379)")
+
+
+class SessionStorageSchema(_StrictSchema):
+    provider = _String(load_default="memory", validate=_Choice(["memory", "redis"]))
+    address = _String(load_default="127.0.0.1:6379", validate=_host_port)
+    db = _Integer(load_default=0, validate=validate.Range(0, 15, error="must be between 0 and 15"))
+    key_prefix = _String(data_key="keyPrefix", load_default="vmcp:", validate=_not_blank)
+    password_env = _String(data_key="passwordEnv", load_default=None, allow_none=True, validate=_env_var_name)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> SessionStorageConfig:
+        return SessionStorageConfig(**data)
+
+
 EMBEDDING_FIELDS = ("embeddingService", "embeddingServiceTimeout", "embeddingProvider", "embeddingModel",
                     "embeddingHeaders", "hybridSearchSemanticRatio", "semanticDistanceThreshold")
 
@@ -749,6 +768,7 @@ class VmcpSchema(_StrictSchema):
     telemetry = NotSupportedYet()
     audit = NotSupportedYet()
     optimizer = _Nested(OptimizerSchema, load_default=None, allow_none=True)
+    session_storage = _Nested(SessionStorageSchema, data_key="sessionStorage", load_default=SessionStorageConfig)
 
     # These read what the sections loaded (see ``_loaded``), so they run even when fields
     # failed and their lines join the other errors.
@@ -817,6 +837,7 @@ class VmcpSchema(_StrictSchema):
             outgoing_auth=data["outgoing_auth"],
             composite_tools=tuple(data["composite_tools"]),
             optimizer=data.get("optimizer"),
+            session_storage=data["session_storage"],
         )
 
 

@@ -21,7 +21,7 @@ from vmcp_actors.gateway._directory import Directory
 from vmcp_actors.identity import Identity, identity_key
 from vmcp_actors.sessions import (
     InitializeOutcome,
-    MemoryRecordStore,
+    StoreUnavailable,
     SessionRecord,
     SessionServices,
     UserHandle,
@@ -68,7 +68,7 @@ class Gateway(pykka.ThreadingActor):
         self._services.parked.end_all()  # calls waiting for a retry end, their backends told
         # In-memory records end with this process: end the backend sessions with them.
         for user in self._directory.remove_all_users():
-            self._stop_user(user, end=isinstance(self._services.store, MemoryRecordStore))
+            self._stop_user(user, end=not self._services.store.shared)
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -112,6 +112,14 @@ class Gateway(pykka.ThreadingActor):
         return self._live_user(key, identity)
 
     def reap_idle(self) -> int:
+        try:
+            return self._reap_idle()
+        except StoreUnavailable as error:
+            logger.warning("reaping skipped this round: %s", error)
+            self._schedule_reaping()
+            return 0
+
+    def _reap_idle(self) -> int:
         operational = self._config.operational
         reaped = self._directory.remove_idle_sessions(operational.session_ttl)
         for record in reaped:
@@ -201,7 +209,16 @@ class Gateway(pykka.ThreadingActor):
         if user is not None:
             user.proxy.session_ended(record.session_id)
         if not self._directory.has_sessions(record.user):
-            self._end_user(record.user)
+            if self._services.store.shared and self._services.store.sessions_of(record.user):
+                self._release_user(record.user)  # other processes still serve its sessions
+            else:
+                self._end_user(record.user)
+
+    def _release_user(self, key: UserKey) -> None:
+        """This process stops the user's actors; its records (and backend sessions) stay."""
+        user = self._directory.remove_user(key)
+        if user is not None:
+            self._stop_user(user, end=False)
 
     def _end_user(self, key: UserKey) -> None:
         """The user's last session ended: its actors stop and its backend sessions end."""

@@ -70,7 +70,13 @@ class Directory:
         with self._lock:
             activity = self._sessions.get(session_id)
             if activity is None:
-                return None  # ended or reaped a moment ago
+                if not self.store.shared:
+                    return None  # ended or reaped a moment ago
+                # Opened by another process (or by this one before a restart): serve it
+                # here from its record; the user's actors are revived on first use.
+                activity = self._sessions[session_id] = _Activity(self._clock())
+                self._sessions_of[record.user] += 1
+                self._owner_of[session_id] = record.owner
             self._touch(activity, +1)
             user = self._users.get(record.user)
             if user is not None:
@@ -115,7 +121,7 @@ class Directory:
             if record is None:
                 return level
             self.store.update_session(session_id, lambda current: current.with_log_level(level))
-            levels = [r.log_level for r in self.store.sessions() if r.user == record.user and r.log_level]
+            levels = [r.log_level for r in self.store.sessions_of(record.user) if r.log_level]
         return min(levels or [level], key=LOGGING_LEVELS.index)
 
     def _touch(self, activity: _Activity, delta: int) -> None:
@@ -150,14 +156,41 @@ class Directory:
         if record is None or record.owner != identity_key(identity):
             return None
         with self._lock:
-            return self._drop_session(session_id)
+            dropped = self._drop_session(session_id)
+        # A shared record goes even when another process served the session.
+        return dropped if dropped is not None or not self.store.shared else self.store.delete_session(session_id)
 
     def remove_idle_sessions(self, ttl: float) -> list[SessionRecord]:
-        """Take out every session idle for ``ttl`` with no request in flight."""
+        """Take out every session idle for ``ttl`` with no request in flight. With shared
+        records, a session another process used since (its record says) is only forgotten
+        here; the process that serves it, or the record's expiry, ends it."""
         now = self._clock()
         with self._lock:
             idle = [sid for sid, a in self._sessions.items() if a.in_flight == 0 and now - a.last_used >= ttl]
-            return [record for sid in idle if (record := self._drop_session(sid)) is not None]
+            if not self.store.shared:
+                return [record for sid in idle if (record := self._drop_session(sid)) is not None]
+        reaped = []
+        for sid in idle:
+            record = self.store.session(sid)
+            with self._lock:
+                activity = self._sessions.get(sid)
+                if activity is None or activity.in_flight or now - activity.last_used < ttl:
+                    continue  # a request found it meanwhile
+                if record is not None and self._wall() - record.last_used < ttl:
+                    self._forget_session(sid, record)
+                    continue
+                dropped = self._drop_session(sid)
+            if dropped is not None:
+                reaped.append(dropped)
+        return reaped
+
+    def _forget_session(self, session_id: str, record: SessionRecord) -> None:
+        """Under the lock: stop tracking a session here; its record stays for the others."""
+        self._sessions.pop(session_id, None)
+        self._owner_of.pop(session_id, None)
+        self._sessions_of[record.user] -= 1
+        if self._sessions_of[record.user] <= 0:
+            del self._sessions_of[record.user]
 
     def user(self, key: UserKey) -> UserHandle | None:
         return self._users.get(key)

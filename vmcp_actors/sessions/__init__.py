@@ -39,7 +39,8 @@ from vmcp_actors.sessions._lifecycle import (
 )
 from vmcp_actors.sessions._records import SessionRecord, UserKey, UserRecord, relayed_capabilities
 from vmcp_actors.sessions._relay import ClientSide, Relay, RelayEvent, error_event
-from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore
+from vmcp_actors.sessions._redis_store import RedisRecordStore
+from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore, StoreUnavailable
 from vmcp_actors.sessions._uri_template import compile_uri_template, uri_matches_template
 from vmcp_actors.sessions._user import (
     LIST_CHANGED,
@@ -95,6 +96,8 @@ __all__ = [
     "Notification",
     "RETRY_FAILED_AFTER",
     "RecordStore",
+    "RedisRecordStore",
+    "StoreUnavailable",
     "RequestDeadlines",
     "Relay",
     "RelayEvent",

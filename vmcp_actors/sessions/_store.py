@@ -11,11 +11,18 @@ from typing import Protocol
 from vmcp_actors.sessions._records import SessionRecord, UserKey, UserRecord
 
 
+class StoreUnavailable(Exception):
+    """The shared record store cannot be reached: the request gets 503, nothing is lost."""
+
+
 class RecordStore(Protocol):
+    shared: bool  # other processes read and write these records too
+
     def session(self, session_id: str) -> SessionRecord | None: ...
     def put_session(self, record: SessionRecord) -> None: ...
     def delete_session(self, session_id: str) -> SessionRecord | None: ...
     def sessions(self) -> list[SessionRecord]: ...
+    def sessions_of(self, key: UserKey) -> list[SessionRecord]: ...
     def update_session(self, session_id: str, change: Callable[[SessionRecord], SessionRecord]) -> None: ...
     def user(self, key: UserKey) -> UserRecord | None: ...
     def put_user(self, record: UserRecord) -> None: ...
@@ -25,6 +32,8 @@ class RecordStore(Protocol):
 
 class MemoryRecordStore:
     """Thread-safe dictionaries of records."""
+
+    shared = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -45,6 +54,10 @@ class MemoryRecordStore:
     def sessions(self) -> list[SessionRecord]:
         with self._lock:
             return list(self._sessions.values())
+
+    def sessions_of(self, key: UserKey) -> list[SessionRecord]:
+        with self._lock:
+            return [record for record in self._sessions.values() if record.user == key]
 
     def update_session(self, session_id: str, change: Callable[[SessionRecord], SessionRecord]) -> None:
         """Replace the session's record with ``change(record)``; nothing if it was deleted."""

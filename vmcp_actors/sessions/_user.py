@@ -69,7 +69,7 @@ from vmcp_actors.sessions._lifecycle import is_logged_at
 from vmcp_actors.sessions._live import LiveSessions
 from vmcp_actors.sessions._modern import ParkedCalls
 from vmcp_actors.sessions._records import UserKey, UserRecord
-from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore
+from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,9 @@ class SessionServices:
     live: LiveSessions = field(default_factory=LiveSessions)
     eras: BackendEras = field(default_factory=BackendEras)  # which era each backend speaks (probed once)
     parked: ParkedCalls = field(default_factory=ParkedCalls)  # calls waiting for a 2026-07-28 client's retry
+    # Where this process's JSON-RPC ids on backend sessions start (random when records are
+    # shared: other processes use the same backend sessions).
+    request_id_base: int = 0
     # Wrap each user's core, innermost first (authz, an embedder's layers, the optimizer).
     layers: tuple[Callable[[Capabilities], Capabilities], ...] = ()
 
@@ -120,8 +123,10 @@ class UserHandle:
     backends: AggregatedBackends  # the innermost layer: for what goes to every backend
 
     def close(self) -> None:
-        """Cancel composite runs in flight (the user's actors are stopping)."""
-        self.composites.close()
+        """Close the whole stack, outermost first: every layer's own resources (the
+        optimizer's index, an embedder's), then composite runs in flight are cancelled
+        (the user's actors are stopping)."""
+        self.capabilities.close()
 
 
 def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig,
@@ -158,7 +163,8 @@ def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServic
              client_capabilities: Mapping[str, Any] | None = None) -> BackendChannel:
     return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url),
                           config.operational.timeouts.for_backend(backend.name),
-                          services.outgoing_auth.get(backend.name), client_capabilities, services.eras)
+                          services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
+                          services.request_id_base)
 
 
 @dataclass(frozen=True)
@@ -220,10 +226,9 @@ class UserActor(pykka.ThreadingActor):
         # so a revived user goes on delivering).
         self._streams: dict[str, None] = {}
         self._subscribers: dict[str, set[str]] = {}
-        for session in services.store.sessions():
-            if session.user == record.key:
-                for uri in session.subscriptions:
-                    self._subscribers.setdefault(uri, set()).add(session.session_id)
+        for session in services.store.sessions_of(record.key):
+            for uri in session.subscriptions:
+                self._subscribers.setdefault(uri, set()).add(session.session_id)
         self._stream_wanted = False
         self._stream_uris: dict[str, set[str]] = {}
         self._changed: set[str] = set()  # backends whose lists changed, refreshed together
@@ -402,6 +407,12 @@ class UserActor(pykka.ThreadingActor):
     # -- told by connections and discovery callbacks -----------------------------------
 
     def on_receive(self, message: Any) -> None:
+        try:
+            self._receive(message)
+        except StoreUnavailable as error:  # a record not written now is written with the next change
+            logger.warning("user %s: %s", self._key.label, error)
+
+    def _receive(self, message: Any) -> None:
         if isinstance(message, _BackendDiscovered):
             self._backend_discovered(message)
         elif isinstance(message, _FromBackendStream):

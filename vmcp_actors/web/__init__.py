@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException
 
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.layers import LayerFactory
+from vmcp_actors.sessions import StoreUnavailable
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST
 from vmcp_actors.web import admin, health, mcp, wellknown
 from vmcp_actors.web._responses import rpc_error
@@ -49,6 +50,13 @@ def _register_error_handlers(app: Flask) -> None:
         response = rpc_error(error.code or 500, code, f"{error.name}")
         if error.code == 405:
             response.headers["Allow"] = ", ".join(error.valid_methods or [])  # type: ignore[attr-defined]
+        return response
+
+    @app.errorhandler(StoreUnavailable)
+    def store_unavailable(error: StoreUnavailable) -> Response:
+        logger.warning("%s", error)
+        response = rpc_error(503, INTERNAL_ERROR, "Service Unavailable: session storage cannot be reached; retry")
+        response.headers["Retry-After"] = "1"
         return response
 
     @app.errorhandler(Exception)

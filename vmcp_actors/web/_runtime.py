@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.gateway import Directory, Gateway, McpService
 from vmcp_actors.layers import LayerFactory, stack_layers
-from vmcp_actors.sessions import DiscoveryCache, MemoryRecordStore, SessionServices
+from vmcp_actors.sessions import DiscoveryCache, MemoryRecordStore, RecordStore, RedisRecordStore, SessionServices
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.web._auth import Authenticator, build_authenticator
 
@@ -59,16 +60,41 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
             "listening on all interfaces but operational.allowedHosts is empty: only localhost Host headers are accepted"
         )
     signer = _signer(config)
-    store = MemoryRecordStore()
+    store = _record_store(config, signer)
     directory = Directory(store, time.monotonic)
     services = SessionServices.for_config(config, outgoing_auth=outgoing_auth,
                                           discovery_cache=DiscoveryCache(config.operational.discovery_cache_ttl),
-                                          store=store, layers=stack_layers(config, layers))
+                                          store=store, layers=stack_layers(config, layers),
+                                          # Below 2**52 (exact in JSON), apart from other processes'.
+                                          request_id_base=secrets.randbits(40) << 12 if store.shared else 0)
     gateway = Gateway.start(config, directory, services, signer).proxy()
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
     service = McpService(config, gateway, directory, signer, services.live, services.parked)
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts)
+
+
+def _record_store(config: VmcpConfig, signer: Signer) -> RecordStore:
+    """Where records live: this process's memory, or Redis (``sessionStorage``), shared by
+    every process that holds the same signing key."""
+    storage = config.session_storage
+    if storage.provider == "memory":
+        return MemoryRecordStore()
+    if config.operational.signing_key_env is None:
+        raise ConfigError(["sessionStorage.provider: redis needs operational.signingKeyEnv: every process must "
+                           "hold the key that signs session ids and encrypts the records"])
+    password = None
+    if storage.password_env is not None:
+        password = os.environ.get(storage.password_env) or None
+        if password is None:
+            raise ConfigError([f"sessionStorage.passwordEnv: environment variable {storage.password_env} is not "
+                               "set or empty"])
+    store = RedisRecordStore.connect(storage.address, storage.db, password, signer, key_prefix=storage.key_prefix,
+                                     session_ttl=config.operational.session_ttl)
+    if not store.ping():
+        logger.warning("session storage (Redis at %s) does not answer yet: requests get 503 until it does",
+                       storage.address)
+    return store
 
 
 def _signer(config: VmcpConfig) -> Signer:

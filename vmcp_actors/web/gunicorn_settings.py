@@ -1,6 +1,7 @@
 """gunicorn settings for serving the gateway (used by `vmcp-actors serve` and deploy/gunicorn.conf.py).
 
-One worker process with threads: sessions live in that process's actors. Actors must
+Worker processes with threads (one by default; more need sessionStorage: redis, so any
+worker serves any session from its record). Actors must
 start inside the worker (the app factory runs there; never preload), because actors
 started before a fork look alive in the child and never answer.
 """

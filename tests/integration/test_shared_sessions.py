@@ -1,0 +1,209 @@
+"""Sessions in Redis (issue 13): any gateway process serves any session from its record,
+with a real redis-server, real official-SDK backends and two gateways sharing one key."""
+
+from __future__ import annotations
+
+import pytest
+import redis as redis_client
+
+from tests.backends import sdk_backend
+from tests.gateway import backend_entry
+from tests.integration.test_identity import INIT, bearer
+from vmcp_actors.sessions import RedisRecordStore, SessionRecord, StoreUnavailable, UserKey, UserRecord
+from vmcp_actors.signing import Signer
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+KEY_ENV, KEY = "SHARED_SIGNING_KEY", "shared-signing-key-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def signing_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+
+
+@pytest.fixture
+def backend():
+    served = sdk_backend("plain", ["echo", "whoami"])
+    yield served
+    served.stop()
+
+
+def config(backend, redis_server, **extra) -> dict:
+    return {"name": "shared", "backends": [backend_entry("plain", backend)],
+            "operational": {"signingKeyEnv": KEY_ENV},
+            "sessionStorage": {"provider": "redis", "address": redis_server.address, "db": 0, "keyPrefix": "t:"},
+            **extra}
+
+
+def rpc(gateway, session_id: str, method: str, params: dict | None = None, request_id: int = 1):
+    message = {"jsonrpc": "2.0", "id": request_id, "method": method, **({"params": params} if params else {})}
+    return gateway.post(message, session_id, headers={"MCP-Protocol-Version": "2025-11-25"})
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+def store(redis_server, key: bytes = KEY.encode(), prefix: str = "u:") -> RedisRecordStore:
+    return RedisRecordStore.connect(redis_server.address, 0, None, Signer(key), key_prefix=prefix, session_ttl=60)
+
+
+def test_records_round_trip_encrypted_and_updates_are_transactions(redis_server):
+    records = store(redis_server)
+    user = UserKey("https://idp", "alice")
+    session = SessionRecord(session_id="a" * 64, user=user, protocol_version="2025-11-25", created=1.0, last_used=2.0)
+    records.put_session(session)
+    records.put_user(UserRecord(user, created=1.0))
+    assert records.session(session.session_id) == session
+    assert records.sessions_of(user) == [session]
+    records.update_session(session.session_id, lambda r: r.with_log_level("debug"))
+    assert records.session(session.session_id).log_level == "debug"
+    raw = redis_client.Redis(port=redis_server.port)
+    stored = b"".join(raw.get(name) or b"" for name in raw.keys("u:*") if raw.type(name) == b"string")
+    assert b"alice" not in stored and b"2025-11-25" not in stored  # encrypted at rest
+    assert store(redis_server, key=b"another-key-of-32-bytes-at-least!").session(session.session_id) is None
+    assert records.delete_session(session.session_id) == session.with_log_level("debug")
+    assert records.session(session.session_id) is None and records.sessions_of(user) == []
+    assert records.delete_user(user).key == user
+
+
+def test_redis_down_is_store_unavailable_and_redis_back_is_served(redis_server):
+    records = store(redis_server)
+    redis_server.stop()
+    with pytest.raises(StoreUnavailable):
+        records.session("x" * 64)
+    assert records.ping() is False
+    redis_server.start()
+    assert records.session("x" * 64) is None and records.ping() is True
+
+
+# -- two gateways, one store ----------------------------------------------------------------------
+
+
+def test_a_session_opened_on_one_gateway_is_served_by_another(start_gateway, backend, redis_server):
+    first = start_gateway(config(backend, redis_server))
+    second = start_gateway(config(backend, redis_server))
+    opened = first.post(INIT)
+    assert opened.status_code == 200
+    session_id = opened.headers["Mcp-Session-Id"]
+    assert rpc(first, session_id, "logging/setLevel", {"level": "warning"}).status_code == 200
+    called = rpc(second, session_id, "tools/call", {"name": "plain_echo", "arguments": {"text": "hi"}})
+    assert called.status_code == 200, called.text
+    assert called.json()["result"]["content"][0]["text"] == "plain:hi"
+    listed = rpc(second, session_id, "tools/list")
+    assert sorted(t["name"] for t in listed.json()["result"]["tools"]) == ["plain_echo", "plain_whoami"]
+    # the record carries what the first gateway negotiated: the log level set there holds here
+    assert second.app.extensions["vmcp_actors"].service._directory.store.session(session_id).log_level == "warning"
+    import requests
+    ended = requests.delete(first.url, headers={"Mcp-Session-Id": session_id, "MCP-Protocol-Version": "2025-11-25"},
+                            timeout=10)
+    assert ended.status_code in (200, 204)
+    assert rpc(second, session_id, "ping").status_code == 404  # ended everywhere
+
+
+def test_another_callers_session_id_is_404_on_every_gateway(start_gateway, backend, redis_server):
+    from tests.idp import LocalIdP
+
+    idp = LocalIdP().start()
+    try:
+        oidc = {"incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": "vmcp"}}}
+        first = start_gateway(config(backend, redis_server, **oidc))
+        second = start_gateway(config(backend, redis_server, **oidc))
+        alice, bob = idp.issue_token("alice", "vmcp"), idp.issue_token("bob", "vmcp")
+        session_id = first.post(INIT, headers=bearer(alice)).headers["Mcp-Session-Id"]
+        for gateway in (first, second):
+            stolen = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "ping"}, session_id,
+                                  headers={"MCP-Protocol-Version": "2025-11-25", **bearer(bob)})
+            assert stolen.status_code == 404
+        mine = second.post({"jsonrpc": "2.0", "id": 1, "method": "ping"}, session_id,
+                           headers={"MCP-Protocol-Version": "2025-11-25", **bearer(alice)})
+        assert mine.status_code == 200
+    finally:
+        idp.stop()
+
+
+def test_with_redis_down_requests_get_503_and_the_gateway_recovers(start_gateway, backend, redis_server):
+    gateway = start_gateway(config(backend, redis_server))
+    session_id = gateway.initialize()
+    redis_server.stop()
+    down = rpc(gateway, session_id, "ping")
+    assert down.status_code == 503 and down.headers["Retry-After"] == "1"
+    assert "session storage" in down.json()["error"]["message"]
+    assert gateway.post(INIT).status_code == 503
+    redis_server.start()  # an empty Redis: the old session is gone, a new one works
+    assert rpc(gateway, session_id, "ping").status_code == 404
+    fresh = gateway.initialize()
+    assert rpc(gateway, fresh, "tools/call", {"name": "plain_echo", "arguments": {"text": "back"}}).status_code == 200
+
+
+def test_redis_storage_needs_the_shared_signing_key():
+    from vmcp_actors.config import config_from_mapping
+    from vmcp_actors.exceptions import ConfigError
+    from vmcp_actors.web import create_app
+
+    loaded = config_from_mapping({"name": "x", "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}],
+                                  "sessionStorage": {"provider": "redis", "address": "127.0.0.1:1"}})
+    with pytest.raises(ConfigError) as caught:
+        create_app(loaded)
+    assert "operational.signingKeyEnv" in caught.value.errors[0]
+    with pytest.raises(ConfigError) as caught:
+        config_from_mapping({"name": "x", "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}],
+                             "sessionStorage": {"provider": "redis", "address": "no-port", "db": 16}})
+    assert list(caught.value.errors) == [
+        "sessionStorage.address: must be host:port (127.0.0.1:6379, redis.internal:6379, [::1]:6379)",
+        "sessionStorage.db: must be between 0 and 15",
+    ]
+
+
+# -- several gunicorn workers ---------------------------------------------------------------------
+
+
+def test_serve_refuses_several_workers_without_shared_records(tmp_path, backend):
+    from tests.integration.test_cli import VMCP, CliProcess, write_config
+
+    path = write_config(tmp_path / "config.yaml", {"name": "w", "backends": [backend_entry("plain", backend)]})
+    refused = CliProcess([VMCP, "serve", "--config", str(path), "--workers", "2"], tmp_path, "serve")
+    assert refused.run_to_end() == 2
+    assert "sessionStorage.provider: redis" in refused.stderr
+
+
+def test_two_gunicorn_workers_serve_one_session_and_survive_a_killed_worker(tmp_path, backend, redis_server):
+    import os
+    import re
+    import signal
+
+    import requests
+
+    from tests.integration.test_cli import VMCP, CliProcess, free_port, write_config
+
+    port = free_port()
+    path = write_config(tmp_path / "config.yaml", config(backend, redis_server))
+    with CliProcess([VMCP, "serve", "--config", str(path), "--port", str(port), "--workers", "2"], tmp_path,
+                    "serve", env={KEY_ENV: KEY}) as served:
+        base = f"http://127.0.0.1:{port}"
+        served.wait_ready(base)
+        url = base + "/mcp"
+        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        opened = requests.post(url, json=INIT, headers=headers, timeout=30)
+        session = {**headers, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"], "MCP-Protocol-Version": "2025-11-25"}
+
+        def call(n: int) -> requests.Response:
+            # A new connection each time: gunicorn hands it to either worker.
+            with requests.Session() as http:
+                return http.post(url, json={"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                                            "params": {"name": "plain_echo", "arguments": {"text": str(n)}}},
+                                 headers={**session, "Connection": "close"}, timeout=30)
+
+        answers = [call(n) for n in range(12)]
+        assert all(a.status_code == 200 and f"plain:{n}" in a.text for n, a in enumerate(answers)), \
+            [a.status_code for a in answers]
+        workers = [int(pid) for pid in re.findall(r"Booting worker with pid: (\d+)", served.stderr)]
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)  # mid-session: the other worker (and the respawned one) go on
+        after = [call(n) for n in range(100, 108)]
+        assert all(a.status_code == 200 for a in after), [a.status_code for a in after]
+        os.kill(workers[1], signal.SIGKILL)  # now only workers that never saw the session are left
+        restored = [call(n) for n in range(200, 204)]
+        assert all(a.status_code == 200 and f"plain:{200 + i}" in a.text for i, a in enumerate(restored)), \
+            [a.status_code for a in restored]
+        assert len(re.findall(r"Booting worker with pid", served.stderr)) >= 4
