@@ -111,3 +111,26 @@ def test_the_caps_are_checked_in_the_config():
     ]
     loaded = config_from_mapping(base).operational
     assert (loaded.max_sessions, loaded.max_sessions_per_identity) == (1000, 0)
+
+
+def test_a_flood_of_bare_initializes_keeps_threads_bounded_and_serves_a_new_client(start_gateway, backend):
+    """The flood of issue 13 at a smaller count: sessions stay at the cap (the oldest idle
+    ones evicted), threads do not grow with them, and a new client is served."""
+    import requests
+
+    gateway = start_gateway(config(backend, maxSessions=50))
+    first = gateway.initialize()
+    assert ping(gateway, first) == 200
+    before = threading.active_count()
+    with requests.Session() as http:
+        for _ in range(400):
+            response = http.post(gateway.url, json=INIT, headers={"Accept": "application/json, text/event-stream",
+                                                                  "Content-Type": "application/json"}, timeout=10)
+            assert response.status_code == 200
+    grown = threading.active_count() - before
+    assert grown < 20, f"{grown} more threads after 400 bare initializes"
+    assert limits(gateway)["evicted"] >= 350
+    assert admin_get(gateway, token=ADMIN_TOKEN).json()["sessions"].__len__() <= 50
+    fresh = gateway.initialize()
+    called = gateway.rpc(fresh, "tools/call", {"name": "plain_echo", "arguments": {"text": "still here"}})
+    assert called["result"]["content"][0]["text"] == "plain:still here"
