@@ -207,3 +207,36 @@ def test_two_gunicorn_workers_serve_one_session_and_survive_a_killed_worker(tmp_
         assert all(a.status_code == 200 and f"plain:{200 + i}" in a.text for i, a in enumerate(restored)), \
             [a.status_code for a in restored]
         assert len(re.findall(r"Booting worker with pid", served.stderr)) >= 4
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13, open: a backend session has one standalone stream, held by the "
+                                      "process that opened it first; its notifications must reach the other "
+                                      "processes' client streams (Redis pub/sub), not yet built")
+def test_a_subscription_made_on_one_gateway_is_delivered_by_another(start_gateway, redis_server):
+    """The record carries the session's subscriptions: the second gateway's revived user
+    delivers the resource's updates to the session's stream there."""
+    import time
+
+    from tests.asking_backends import asking_backend
+    from tests.gateway import wait_until
+    from tests.integration.test_client_requests import OTHER_URI, WATCHED_URI, _config, _open, _Stream
+
+    with asking_backend() as backend:
+        shared = {"operational": {"signingKeyEnv": KEY_ENV},
+                  "sessionStorage": {"provider": "redis", "address": redis_server.address}}
+        first = start_gateway({**_config(("asking", backend)), **shared})
+        second = start_gateway({**_config(("asking", backend)), **shared})
+        session_id = _open(first, {})
+        assert first.rpc(session_id, "resources/subscribe", {"uri": WATCHED_URI})["result"] == {}
+        stream = _Stream(second, session_id)
+        try:
+            time.sleep(0.3)  # the second gateway's user opens its backend stream
+            for uri in (WATCHED_URI, OTHER_URI):
+                assert "result" in second.rpc(session_id, "tools/call", {"name": "asking_touch",
+                                                                          "arguments": {"uri": uri}})
+            wait_until(lambda: "notifications/resources/updated" in stream.methods())
+            time.sleep(0.3)
+            updates = [m["params"]["uri"] for m in stream.messages if m.get("method") == "notifications/resources/updated"]
+            assert updates == [WATCHED_URI]
+        finally:
+            stream.close()
