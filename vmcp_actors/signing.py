@@ -69,6 +69,10 @@ class Signer:
             return False
         return hmac.compare_digest(value[_NONCE_HEX:], self._tag("session", value[:_NONCE_HEX]))
 
+    def digest(self, purpose: str, text: str) -> str:
+        """A keyed digest of ``text`` (64 hex): names a shared-cache entry without revealing whose it is."""
+        return hmac.digest(self._key, f"{purpose}:{text}".encode(), "sha256").hex()
+
     def encrypt(self, purpose: str, data: bytes) -> bytes:
         """``data`` encrypted and authenticated for ``purpose`` (records at rest in a shared store)."""
         nonce = secrets.token_bytes(_SEAL_NONCE_BYTES)

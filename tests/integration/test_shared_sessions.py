@@ -240,3 +240,45 @@ def test_a_subscription_made_on_one_gateway_is_delivered_by_another(start_gatewa
             assert updates == [WATCHED_URI]
         finally:
             stream.close()
+
+
+# -- the shared caches ------------------------------------------------------------------------
+
+
+def test_an_exchanged_token_is_shared_and_redis_down_is_only_a_miss(redis_server):
+    from vmcp_actors.backends import ExchangedTokenCache
+    from vmcp_actors.shared_cache import SharedCache
+
+    client = redis_client.Redis(port=redis_server.port, socket_timeout=1)
+    shared = SharedCache(client, Signer(KEY.encode()), "t:")
+    first, second = ExchangedTokenCache(shared=shared), ExchangedTokenCache(shared=shared)
+    fetched: list[str] = []
+
+    def fetch() -> tuple[str, float]:
+        fetched.append("x")
+        return "exchanged-token-value", 300.0
+
+    key = ("github", "https://idp", "alice", "digest")
+    assert first.get_or_fetch(key, fetch) == "exchanged-token-value"
+    assert second.get_or_fetch(key, fetch) == "exchanged-token-value"
+    assert fetched == ["x"]  # the second process did not exchange again
+    raw = b"".join(client.get(name) or b"" for name in client.keys("t:c:*"))
+    assert b"exchanged-token-value" not in raw and b"alice" not in b"".join(client.keys("t:c:*"))
+    redis_server.stop()
+    other = ("github", "https://idp", "bob", "digest")
+    assert ExchangedTokenCache(shared=shared).get_or_fetch(other, fetch) == "exchanged-token-value"
+    assert fetched == ["x", "x"]  # Redis down: a miss, the exchange goes on
+
+
+def test_a_catalog_discovered_by_one_gateway_serves_the_other(start_gateway, backend, redis_server):
+    from tests.gateway import admin_get
+
+    # Spoken to as a 2025 backend: the SDK's 2026-07-28 lists say ttlMs 0, which caches nothing.
+    admin = {"admin": {"tokenEnv": KEY_ENV}, "backends": [backend_entry("plain", backend, "legacy")]}
+    first = start_gateway(config(backend, redis_server, **admin))
+    second = start_gateway(config(backend, redis_server, **admin))
+    listed = rpc(first, first.initialize(), "tools/list").json()["result"]["tools"]
+    again = rpc(second, second.initialize(), "tools/list").json()["result"]["tools"]
+    assert again == listed
+    cache = admin_get(second, token=KEY).json()["discoveryCache"]
+    assert cache["shared"] is True and cache["sharedHits"] == 1

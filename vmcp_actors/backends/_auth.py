@@ -22,6 +22,7 @@ import requests
 from vmcp_actors.config import BackendAuthConfig, TokenExchangeConfig, VmcpConfig, required_env_vars
 from vmcp_actors.exceptions import BackendAuthError, ConfigError
 from vmcp_actors.identity import Identity, token_of
+from vmcp_actors.shared_cache import SharedCache
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ class ExchangedTokenCache:
     the key is (backend, issuer, subject, digest of the caller's own token), so a refreshed
     incoming token gets a fresh exchange too. Thread-safe; one exchange per key at a time."""
 
-    def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic,
+                 shared: SharedCache | None = None):
+        self._shared = shared  # a second level other processes fill too (Redis), read on a local miss
         self._entries: OrderedDict[tuple[str, ...], tuple[str, float]] = OrderedDict()
         self._locks: dict[tuple[str, ...], threading.Lock] = {}
         self._lock = threading.Lock()
@@ -93,16 +96,28 @@ class ExchangedTokenCache:
             cached = self._fresh(key)
             if cached is not None:
                 return cached
+            shared = self._shared.get("token", list(key)) if self._shared is not None else None
+            if isinstance(shared, dict) and isinstance(shared.get("token"), str) \
+                    and isinstance(shared.get("refreshAt"), (int, float)) and shared["refreshAt"] > time.time():
+                self._keep(key, shared["token"], shared["refreshAt"] - time.time())
+                return shared["token"]
             token, lifetime = fetch()
+            # Refresh shortly before expiry: 10 % of the lifetime, at most 30 s.
+            fresh_for = lifetime - min(30.0, lifetime * 0.1)
             with self._lock:
                 self.misses += 1
-                # Refresh shortly before expiry: 10 % of the lifetime, at most 30 s.
-                self._entries[key] = (token, self._clock() + lifetime - min(30.0, lifetime * 0.1))
-                self._entries.move_to_end(key)
-                while len(self._entries) > self._max:
-                    old, _ = self._entries.popitem(last=False)
-                    self._locks.pop(old, None)
+            self._keep(key, token, fresh_for)
+            if self._shared is not None:
+                self._shared.put("token", list(key), {"token": token, "refreshAt": time.time() + fresh_for}, fresh_for)
             return token
+
+    def _keep(self, key: tuple[str, ...], token: str, fresh_for: float) -> None:
+        with self._lock:
+            self._entries[key] = (token, self._clock() + fresh_for)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max:
+                old, _ = self._entries.popitem(last=False)
+                self._locks.pop(old, None)
 
     def _prune_idle_locks(self) -> None:
         """Drop locks whose key has no entry and nobody holds (failed or expired exchanges),

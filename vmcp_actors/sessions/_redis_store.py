@@ -52,6 +52,11 @@ class RedisRecordStore:
                              health_check_interval=30)
         return cls(client, signer, key_prefix=key_prefix, session_ttl=session_ttl)
 
+    @property
+    def client(self) -> Any:
+        """The Redis connection pool, for the shared caches (``SharedCache``)."""
+        return self._redis
+
     # -- keys and values -----------------------------------------------------------------
 
     def _session_key(self, session_id: str) -> str:

@@ -13,12 +13,13 @@ from typing import Any
 import pykka
 from flask import Flask, current_app
 
-from vmcp_actors.backends import build_outgoing_auth
+from vmcp_actors.backends import ExchangedTokenCache, build_outgoing_auth
 from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.gateway import Directory, Gateway, McpService
 from vmcp_actors.layers import LayerFactory, stack_layers
 from vmcp_actors.sessions import DiscoveryCache, MemoryRecordStore, RecordStore, RedisRecordStore, SessionServices
+from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.web._auth import Authenticator, build_authenticator
 
@@ -48,8 +49,13 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     """``layers``: an embedder's decorators over each user's core (``vmcp_actors.core``)."""
     for warning in config_warnings(config):
         logger.warning("config: %s", warning)
+    signer = _signer(config)
+    store = _record_store(config, signer)
+    # With records in Redis, the caches get a shared second level there too.
+    shared = SharedCache(store.client, signer, config.session_storage.key_prefix) \
+        if isinstance(store, RedisRecordStore) else None
     # Every secret the config names is read now; unset ones stop the start with their paths.
-    outgoing_auth = build_outgoing_auth(config)
+    outgoing_auth = build_outgoing_auth(config, cache=ExchangedTokenCache(shared=shared))
     admin_token = os.environ[config.admin.token_env] if config.admin.token_env else None
     extra_hosts = {h.lower() for h in config.operational.allowed_hosts}
     allowed = {"localhost", "127.0.0.1", "::1"} | extra_hosts
@@ -59,11 +65,9 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
         logger.warning(
             "listening on all interfaces but operational.allowedHosts is empty: only localhost Host headers are accepted"
         )
-    signer = _signer(config)
-    store = _record_store(config, signer)
     directory = Directory(store, time.monotonic)
-    services = SessionServices.for_config(config, outgoing_auth=outgoing_auth,
-                                          discovery_cache=DiscoveryCache(config.operational.discovery_cache_ttl),
+    cache = DiscoveryCache(config.operational.discovery_cache_ttl, shared=shared, aggregation=config.aggregation)
+    services = SessionServices.for_config(config, outgoing_auth=outgoing_auth, discovery_cache=cache,
                                           store=store, layers=stack_layers(config, layers),
                                           # Below 2**52 (exact in JSON), apart from other processes'.
                                           request_id_base=secrets.randbits(40) << 12 if store.shared else 0)
