@@ -209,12 +209,10 @@ def test_two_gunicorn_workers_serve_one_session_and_survive_a_killed_worker(tmp_
         assert len(re.findall(r"Booting worker with pid", served.stderr)) >= 4
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13, open: a backend session has one standalone stream, held by the "
-                                      "process that opened it first; its notifications must reach the other "
-                                      "processes' client streams (Redis pub/sub), not yet built")
 def test_a_subscription_made_on_one_gateway_is_delivered_by_another(start_gateway, redis_server):
-    """The record carries the session's subscriptions: the second gateway's revived user
-    delivers the resource's updates to the session's stream there."""
+    """A backend session has one standalone stream, held by the first gateway (it has the
+    subscription); the update it brings is fanned out over Redis to the second gateway,
+    whose user delivers it to the session's client stream there."""
     import time
 
     from tests.asking_backends import asking_backend
@@ -239,6 +237,8 @@ def test_a_subscription_made_on_one_gateway_is_delivered_by_another(start_gatewa
             updates = [m["params"]["uri"] for m in stream.messages if m.get("method") == "notifications/resources/updated"]
             assert updates == [WATCHED_URI]
         finally:
+            for gateway in (second, first):  # they end the streams (a client-side close waits for a keep-alive)
+                gateway.stop()
             stream.close()
 
 
@@ -249,8 +249,8 @@ def test_an_exchanged_token_is_shared_and_redis_down_is_only_a_miss(redis_server
     from vmcp_actors.backends import ExchangedTokenCache
     from vmcp_actors.shared_cache import SharedCache
 
-    client = redis_client.Redis(port=redis_server.port, socket_timeout=1)
-    shared = SharedCache(client, Signer(KEY.encode()), "t:")
+    shared = SharedCache(store(redis_server).client, Signer(KEY.encode()), "t:")
+    client = redis_client.Redis(port=redis_server.port)
     first, second = ExchangedTokenCache(shared=shared), ExchangedTokenCache(shared=shared)
     fetched: list[str] = []
 

@@ -41,6 +41,7 @@ from vmcp_actors.sessions._records import SessionRecord, UserKey, UserRecord, re
 from vmcp_actors.sessions._relay import ClientSide, Relay, RelayEvent, error_event
 from vmcp_actors.sessions._redis_store import RedisRecordStore
 from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore, StoreUnavailable
+from vmcp_actors.sessions._stream_fanout import StreamFanout
 from vmcp_actors.sessions._uri_template import compile_uri_template, uri_matches_template
 from vmcp_actors.sessions._user import (
     LIST_CHANGED,
@@ -98,6 +99,7 @@ __all__ = [
     "RecordStore",
     "RedisRecordStore",
     "StoreUnavailable",
+    "StreamFanout",
     "RequestDeadlines",
     "Relay",
     "RelayEvent",

@@ -45,11 +45,15 @@ class RedisRecordStore:
     def connect(cls, address: str, db: int, password: str | None, signer: Signer, *, key_prefix: str,
                 session_ttl: float) -> RedisRecordStore:
         import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
 
         host, _, port = address.rpartition(":")
+        # One quick retry (a dropped pooled connection), then the request gets its 503.
         client = redis.Redis(host=host.strip("[]") or "127.0.0.1", port=int(port), db=db, password=password,
                              socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
-                             health_check_interval=30)
+                             health_check_interval=30,
+                             retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1))
         return cls(client, signer, key_prefix=key_prefix, session_ttl=session_ttl)
 
     @property

@@ -70,6 +70,7 @@ from vmcp_actors.sessions._live import LiveSessions
 from vmcp_actors.sessions._modern import ParkedCalls
 from vmcp_actors.sessions._records import UserKey, UserRecord
 from vmcp_actors.sessions._store import MemoryRecordStore, RecordStore, StoreUnavailable
+from vmcp_actors.sessions._stream_fanout import StreamFanout
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class SessionServices:
     live: LiveSessions = field(default_factory=LiveSessions)
     eras: BackendEras = field(default_factory=BackendEras)  # which era each backend speaks (probed once)
     parked: ParkedCalls = field(default_factory=ParkedCalls)  # calls waiting for a 2026-07-28 client's retry
+    # With shared records: what the user's backend streams bring, to the other processes.
+    fanout: StreamFanout | None = None
     # Where this process's JSON-RPC ids on backend sessions start (random when records are
     # shared: other processes use the same backend sessions).
     request_id_base: int = 0
@@ -416,6 +419,8 @@ class UserActor(pykka.ThreadingActor):
         if isinstance(message, _BackendDiscovered):
             self._backend_discovered(message)
         elif isinstance(message, _FromBackendStream):
+            if self._services.fanout is not None and isinstance(message.message, dict):
+                self._services.fanout.publish(self._key, message.backend, message.message)
             self._from_backend_stream(message.backend, message.message)
         elif isinstance(message, _RefreshLists):
             self._refresh_lists()
@@ -449,6 +454,18 @@ class UserActor(pykka.ThreadingActor):
             return False
         del self._subscribers[uri]
         return True
+
+    def from_other_process(self, backend: str, message: dict[str, Any]) -> None:
+        """A notification another process's backend stream brought (see StreamFanout):
+        delivered to this process's client streams, never published again."""
+        if message.get("method") == RESOURCE_UPDATED:
+            # Subscriptions made in other processes since this user started: from the records.
+            params = message.get("params")
+            uri = params.get("uri") if isinstance(params, dict) else None
+            for session in self._services.store.sessions_of(self._key):
+                if uri in session.subscriptions:
+                    self._subscribers.setdefault(uri, set()).add(session.session_id)
+        self._from_backend_stream(backend, message)
 
     def _from_backend_stream(self, backend: str, message: Any) -> None:
         if isinstance(message, BackendRequest):

@@ -18,7 +18,15 @@ from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.gateway import Directory, Gateway, McpService
 from vmcp_actors.layers import LayerFactory, stack_layers
-from vmcp_actors.sessions import DiscoveryCache, MemoryRecordStore, RecordStore, RedisRecordStore, SessionServices
+from vmcp_actors.sessions import (
+    DiscoveryCache,
+    MemoryRecordStore,
+    RecordStore,
+    RedisRecordStore,
+    SessionServices,
+    StreamFanout,
+    UserKey,
+)
 from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.web._auth import Authenticator, build_authenticator
@@ -37,8 +45,11 @@ class Runtime:
     admin_token: str | None = field(repr=False)
     allowed_hosts: frozenset[str]
     any_host: bool
+    fanout: StreamFanout | None = None
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.fanout is not None:
+            self.fanout.stop()
         try:
             self.gateway.actor_ref.stop(block=True, timeout=timeout)
         except (pykka.ActorDeadError, pykka.Timeout):
@@ -69,13 +80,27 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     cache = DiscoveryCache(config.operational.discovery_cache_ttl, shared=shared, aggregation=config.aggregation)
     services = SessionServices.for_config(config, outgoing_auth=outgoing_auth, discovery_cache=cache,
                                           store=store, layers=stack_layers(config, layers),
+                                          fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)
+                                          if isinstance(store, RedisRecordStore) else None,
                                           # Below 2**52 (exact in JSON), apart from other processes'.
                                           request_id_base=secrets.randbits(40) << 12 if store.shared else 0)
     gateway = Gateway.start(config, directory, services, signer).proxy()
+    if services.fanout is not None:
+        services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
     service = McpService(config, gateway, directory, signer, services.live, services.parked)
     return Runtime(config, gateway, service, authenticator, admin_token,
-                   frozenset(allowed - {"*"}), "*" in extra_hosts)
+                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout)
+
+
+def _to_live_user(directory: Directory, key: UserKey, backend: str, message: dict) -> None:
+    """Another process's backend stream brought this: for the user, if it is live here."""
+    user = directory.user(key)
+    if user is not None:
+        try:
+            user.proxy.from_other_process(backend, message)
+        except pykka.ActorDeadError:
+            pass
 
 
 def _record_store(config: VmcpConfig, signer: Signer) -> RecordStore:
