@@ -50,6 +50,7 @@ from bench._common import (
 
 BACKENDS = 5
 AUDIENCE = "vmcp"
+TARGET_T0_THREADS = 300  # issue 13: 5,000 bare initializes
 TARGET_T1_THREADS = 100
 TARGET_T2_RELEASED_THREADS = 50
 RELEASE_GRACE = 15.0  # how long past the idle timeout the release may take before we give up
@@ -139,6 +140,39 @@ def open_sessions(url: str, count: int, tools: Sequence[str], pool: int,
 # ----------------------------------------------------------------------------------
 # T1 and T2
 # ----------------------------------------------------------------------------------
+
+
+def t0(backends: Mapping[str, str], tools: Sequence[str], flood: int, pool: int) -> list[Check]:
+    """Issue 13: ``flood`` bare initializes in a row (nothing after them), then a new client."""
+    with gateway(backends) as gw:
+        pid = worker_pid(gw)
+        started = Footprint.of(pid)
+        local = threading.local()
+
+        def bare(index: int) -> None:
+            if not hasattr(local, "http"):
+                local.http = requests.Session()
+            McpClient(gw.url, http=local.http).initialize()
+
+        begun = time.perf_counter()
+        with ThreadPoolExecutor(pool, thread_name_prefix="bench-flood") as executor:
+            list(executor.map(bare, range(flood)))
+        took = time.perf_counter() - begun
+        flooded = Footprint.of(pid)
+        with McpClient(gw.url) as client:
+            client.initialize()
+            served = all(client.call_tool(tool, {"text": "after"})["content"][0]["text"].endswith(":after")
+                         for tool in tools)
+    print(f"T0: {flood} bare initialize requests (default operational.maxSessions 1000), then a new client")
+    print(table(["point", "gateway threads", "RSS", "note"], [
+        row("after start", started),
+        row(f"after {flood} bare initializes", flooded, f"{flood} requests in {took:.1f} s"),
+    ]))
+    print()
+    flooded.record("T0 after the flood")
+    return [Check(f"T0: gateway threads after {flood} bare initializes", str(flooded.threads),
+                  f"< {TARGET_T0_THREADS}", flooded.threads < TARGET_T0_THREADS),
+            Check("T0: a new client is served after the flood", "yes" if served else "no", "yes", served)]
 
 
 def t1(backends: Mapping[str, str], tools: Sequence[str], sessions: int, pool: int) -> list[Check]:
@@ -233,7 +267,7 @@ def wait_for_release(pid: int, last_request: float, idle: float) -> tuple[Footpr
     return seen, time.monotonic() - last_request
 
 
-def body(sessions: int, users: int, pool: int, idle_release: str | None) -> list[Check]:
+def body(sessions: int, users: int, pool: int, idle_release: str | None, flood: int = 0) -> list[Check]:
     print_header("threads: the gateway worker's threads and RSS with many sessions open (issue 9)", "gunicorn", [
         f"backends: {BACKENDS} x tests.backends.delayed_backend(0) (raw MCP, JSON answers), each in its own process",
         f"clients: {pool} threads, one keep-alive connection each; sessions stay open (no DELETE) while measured",
@@ -244,7 +278,8 @@ def body(sessions: int, users: int, pool: int, idle_release: str | None) -> list
         served = [stack.enter_context(backend_process("raw", f"b{i}")) for i in range(BACKENDS)]
         backends = {b.name: b.mcp_url for b in served}
         tools = [f"{name}_echo" for name in backends]
-        checks = t1(backends, tools, sessions, pool)
+        checks = t0(backends, tools, flood, pool) if flood else []
+        checks += t1(backends, tools, sessions, pool)
         checks += t2(backends, tools, users, pool, idle_release)
     return checks
 
@@ -253,6 +288,7 @@ def main() -> None:
     def extra(parser) -> None:
         parser.add_argument("--sessions", type=int, default=1000, help="T1: anonymous sessions (default 1000)")
         parser.add_argument("--users", type=int, default=100, help="T2: OIDC users, one session each (default 100)")
+        parser.add_argument("--flood", type=int, default=0, help="T0 (issue 13): bare initializes first (e.g. 5000)")
         parser.add_argument("--pool", type=int, default=16, help="client threads opening sessions (default 16)")
         parser.add_argument("--idle-release", metavar="DURATION", default=None,
                             help="set operational.userIdleTimeout (e.g. 2s) and measure T2 after it; "
@@ -266,7 +302,8 @@ def main() -> None:
             idle_seconds(args.idle_release)
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
-    run_benchmark(lambda: body(args.sessions, args.users, args.pool, args.idle_release), watchdog=WATCHDOG)
+    run_benchmark(lambda: body(args.sessions, args.users, args.pool, args.idle_release, args.flood),
+                  watchdog=WATCHDOG)
 
 
 if __name__ == "__main__":
