@@ -163,8 +163,7 @@ class Gateway(pykka.ThreadingActor):
         if session_id:
             record = self._services.store.session(session_id)
             return self._live_user(record.user, None) if record is not None else None
-        return next((user for user, _, _ in self._directory.overview()["users"]
-                     if user.key.label == subject), None)
+        return next((user for user in self._directory.live_users() if user.key.label == subject), None)
 
     def overview(self) -> dict[str, Any]:
         """Gateway-level facts plus the users to ask for details (asked by the caller,

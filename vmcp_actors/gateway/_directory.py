@@ -74,9 +74,7 @@ class Directory:
                     return None  # ended or reaped a moment ago
                 # Opened by another process (or by this one before a restart): serve it
                 # here from its record; the user's actors are revived on first use.
-                activity = self._sessions[session_id] = _Activity(self._clock())
-                self._sessions_of[record.user] += 1
-                self._owner_of[session_id] = record.owner
+                activity = self._track(record)
             self._touch(activity, +1)
             user = self._users.get(record.user)
             if user is not None:
@@ -133,9 +131,11 @@ class Directory:
     def add_session(self, record: SessionRecord) -> None:
         self.store.put_session(record)
         with self._lock:
-            self._sessions[record.session_id] = _Activity(self._clock())
-            self._sessions_of[record.user] += 1
-            self._owner_of[record.session_id] = record.owner
+            self._track(record)
+
+    def live_users(self) -> list[UserHandle]:
+        with self._lock:
+            return list(self._users.values())
 
     def sessions_of_owner(self, owner: tuple[str, str] | None) -> int:
         with self._lock:
@@ -177,20 +177,12 @@ class Directory:
                 if activity is None or activity.in_flight or now - activity.last_used < ttl:
                     continue  # a request found it meanwhile
                 if record is not None and self._wall() - record.last_used < ttl:
-                    self._forget_session(sid, record)
+                    self._untrack(sid, record)  # the record stays for the other processes
                     continue
                 dropped = self._drop_session(sid)
             if dropped is not None:
                 reaped.append(dropped)
         return reaped
-
-    def _forget_session(self, session_id: str, record: SessionRecord) -> None:
-        """Under the lock: stop tracking a session here; its record stays for the others."""
-        self._sessions.pop(session_id, None)
-        self._owner_of.pop(session_id, None)
-        self._sessions_of[record.user] -= 1
-        if self._sessions_of[record.user] <= 0:
-            del self._sessions_of[record.user]
 
     def user(self, key: UserKey) -> UserHandle | None:
         return self._users.get(key)
@@ -266,12 +258,25 @@ class Directory:
 
     def _drop_session(self, session_id: str) -> SessionRecord | None:
         """Under the lock: forget a session here and in the store."""
-        if self._sessions.pop(session_id, None) is None:
+        if session_id not in self._sessions:
             return None
-        self._owner_of.pop(session_id, None)
         record = self.store.delete_session(session_id)
+        self._untrack(session_id, record)
+        return record
+
+    def _track(self, record: SessionRecord) -> _Activity:
+        """Under the lock: this process serves the session from now on."""
+        activity = self._sessions[record.session_id] = _Activity(self._clock())
+        self._sessions_of[record.user] += 1
+        self._owner_of[record.session_id] = record.owner
+        return activity
+
+    def _untrack(self, session_id: str, record: SessionRecord | None) -> None:
+        """Under the lock: this process no longer serves the session (``record``: its
+        record, whose user's count goes down; None when the store had none left)."""
+        self._sessions.pop(session_id, None)
+        self._owner_of.pop(session_id, None)
         if record is not None:
             self._sessions_of[record.user] -= 1
             if self._sessions_of[record.user] <= 0:
                 del self._sessions_of[record.user]
-        return record
