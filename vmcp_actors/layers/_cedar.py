@@ -32,6 +32,7 @@ from vmcp_actors.config._cedar import parse_entities
 from vmcp_actors.identity import ANONYMOUS, Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 from vmcp_actors.sessions import Capabilities, CapabilitiesLayer, Exchange, Route
+from vmcp_actors.layers._guard import refuse_unknown_prompt_ref
 from vmcp_actors.sessions._explain import HIDES, PASSES, Explanation, Finding
 
 logger = logging.getLogger(__name__)
@@ -230,24 +231,22 @@ class CedarAuthz(CapabilitiesLayer):
         return backend if backend is not None and self._decide(identity, READ_RESOURCE, uri).allowed else None
 
     def read_resource(self, identity, uri, meta, deadline) -> Exchange:
-        if self._inner.lookup_resource(identity, uri, deadline) is not None \
-                and not self._decide(identity, READ_RESOURCE, uri).allowed:
-            self._denied(identity, READ_RESOURCE, uri)
-            raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        self._refuse_unreadable(identity, uri, deadline)
         return self._inner.read_resource(identity, uri, meta, deadline)
 
     def subscribe_resource(self, identity, subscriber, uri, deadline):
+        self._refuse_unreadable(identity, uri, deadline)
+        return self._inner.subscribe_resource(identity, subscriber, uri, deadline)
+
+    def _refuse_unreadable(self, identity: Identity | None, uri: str, deadline: Deadline) -> None:
+        """A resource the policies deny is not found (a missing one is the layer below's to answer)."""
         if self._inner.lookup_resource(identity, uri, deadline) is not None \
                 and not self._decide(identity, READ_RESOURCE, uri).allowed:
             self._denied(identity, READ_RESOURCE, uri)
             raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
-        return self._inner.subscribe_resource(identity, subscriber, uri, deadline)
 
     def complete(self, identity, params, deadline):
-        ref = params.get("ref") if isinstance(params, dict) else None
-        if isinstance(ref, dict) and ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str) \
-                and self.lookup_prompt(identity, ref["name"], deadline) is None:
-            raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref['name']}")
+        refuse_unknown_prompt_ref(self, identity, params, deadline)
         return self._inner.complete(identity, params, deadline)
 
     # -- explain -------------------------------------------------------------------------

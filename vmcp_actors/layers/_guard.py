@@ -25,6 +25,15 @@ def _kept(below: tuple[dict[str, Any], ...], answered: Any, key: str) -> tuple[d
     return tuple(entry for entry in below if entry.get(key) in keep)
 
 
+def refuse_unknown_prompt_ref(layer: Capabilities, identity: Identity | None, params: Any,
+                              deadline: Deadline) -> None:
+    """A completion of a prompt ``layer`` does not offer gets the answer an unknown prompt gets."""
+    ref = params.get("ref") if isinstance(params, dict) else None
+    if isinstance(ref, dict) and ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str) \
+            and layer.lookup_prompt(identity, ref["name"], deadline) is None:
+        raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref['name']}")
+
+
 class SubtractOnly(CapabilitiesLayer):
     """``layer`` (built over ``inner``) as the stack sees it: never more than ``inner``."""
 
@@ -89,10 +98,7 @@ class SubtractOnly(CapabilitiesLayer):
     # -- the rest goes to the layer ------------------------------------------------------
 
     def complete(self, identity, params, deadline):
-        ref = params.get("ref") if isinstance(params, dict) else None
-        if isinstance(ref, dict) and ref.get("type") == "ref/prompt" and isinstance(ref.get("name"), str) \
-                and self.lookup_prompt(identity, ref["name"], deadline) is None:
-            raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref['name']}")
+        refuse_unknown_prompt_ref(self, identity, params, deadline)
         return self._layer.complete(identity, params, deadline)
 
     def set_logging_level(self, identity, level, deadline):
