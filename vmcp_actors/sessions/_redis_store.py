@@ -84,15 +84,11 @@ class RedisRecordStore:
     def _decode_user(self, blob: bytes | None) -> UserRecord | None:
         return self._decode(blob, "user record", UserRecord.from_json)
 
-    @staticmethod
-    def _decode_with(signer: Signer, blob: bytes, purpose: str, parse: Callable[[Any], Any]) -> Any:
-        return parse(json.loads(signer.decrypt(purpose, blob)))
-
     def _decode(self, blob: bytes | None, purpose: str, parse: Callable[[Any], Any]) -> Any:
         if blob is None:
             return None
         try:
-            return self._decode_with(self._signer, blob, purpose, parse)
+            return parse(json.loads(self._signer.decrypt(purpose, blob)))
         except (Unsealable, ValueError) as error:
             # Another key's record, or a damaged one: as good as absent (logged, never shown).
             logger.warning("a %s in Redis could not be read (%s); treated as absent", purpose, type(error).__name__)
