@@ -336,14 +336,13 @@ class McpService:
         (the answers are then ignored, as the specification lets a server do)."""
         if not isinstance(name, str):
             return None
-        capabilities = user.capabilities
         params = message.params if isinstance(message.params, dict) else {}
+        found = _looked_up(user, identity, message.method or "", name, deadline)
         if message.method == "resources/read":
-            backend = capabilities.lookup_resource(identity, name, deadline)
+            backend = found
             forwarded: dict[str, Any] = {"uri": name}
         else:
-            lookup = capabilities.lookup_tool if message.method == "tools/call" else capabilities.lookup_prompt
-            route = lookup(identity, name, deadline)
+            route = found
             backend = route.backend if route is not None else None
             forwarded = {"name": route.original_name if route is not None else name,
                          "arguments": params.get("arguments") or {}}
@@ -385,7 +384,7 @@ class McpService:
                                       if elsewhere else "is no longer waiting (it was answered, or its deadline "
                                       "passed); retry the original request without it"))
             return call.resume(parked)
-        if not self._still_reachable(user, identity, message.method, name, deadline):
+        if not isinstance(name, str) or _looked_up(user, identity, message.method, name, deadline) is None:
             # Policies are asked again: a grant withdrawn since the first round holds now.
             what = "Resource not found" if message.method == "resources/read" else \
                 f"Unknown {'tool' if message.method == 'tools/call' else 'prompt'}: {name}"
@@ -403,17 +402,6 @@ class McpService:
             backend_params["requestState"] = state["s"]
         exchange = user.backends.resume(identity, str(state.get("b")), message.method, backend_params, deadline)
         return call.events(Relay.streaming(message.id, exchange))
-
-    @staticmethod
-    def _still_reachable(user: UserHandle, identity: Identity | None, method: str, name: Any,
-                         deadline: Deadline) -> bool:
-        if not isinstance(name, str):
-            return False
-        capabilities = user.capabilities
-        if method == "resources/read":
-            return capabilities.lookup_resource(identity, name, deadline) is not None
-        lookup = capabilities.lookup_tool if method == "tools/call" else capabilities.lookup_prompt
-        return lookup(identity, name, deadline) is not None
 
     def _listen(self, message: Message, request: ModernRequest, identity: Identity | None, user: UserHandle,
                 answer: Answer) -> Answer:
@@ -571,6 +559,16 @@ class McpService:
             return future.get(timeout=ASK_TIMEOUT)
         except (pykka.ActorDeadError, pykka.Timeout):
             raise Unavailable() from None
+
+
+def _looked_up(user: UserHandle, identity: Identity | None, method: str, name: str, deadline: Deadline) -> Any:
+    """What the user's outermost layer finds for a request's target: the resource's backend
+    for ``resources/read``, else the tool's or prompt's route; None when it is not there."""
+    capabilities = user.capabilities
+    if method == "resources/read":
+        return capabilities.lookup_resource(identity, name, deadline)
+    lookup = capabilities.lookup_tool if method == "tools/call" else capabilities.lookup_prompt
+    return lookup(identity, name, deadline)
 
 
 def cache_hints_for(config: VmcpConfig) -> CacheHints:
