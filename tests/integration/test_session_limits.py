@@ -1,16 +1,18 @@
-"""Caps on sessions (issue 13): at ``operational.maxSessions`` (and per caller at
-``maxSessionsPerIdentity``) the least recently used idle session is evicted (its client
-gets 404 and initializes again); when every session is busy, a new initialize gets 503
-with Retry-After. Both show in the admin state and the logs."""
+"""Caps on sessions and live users (issue 13): at ``operational.maxSessions`` (and per
+caller at ``maxSessionsPerIdentity``) the least recently used idle session is evicted (its
+client gets 404 and initializes again); at ``maxLiveUsers`` the least recently used idle
+user is released (its records stay; its next request revives it). When nothing is idle,
+the request gets 503 with Retry-After. All show in the admin state and the logs."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pykka
 import pytest
 
-from tests.backends import sdk_backend
+from tests.backends import restartable_backend, sdk_backend
 from tests.gateway import admin_get, backend_entry
 from tests.idp import LocalIdP
 from tests.integration.test_identity import INIT, bearer
@@ -45,6 +47,10 @@ def ping(gateway, session_id: str, token: str | None = None) -> int:
 
 def open_session(gateway, token: str | None = None):
     return gateway.post(INIT, headers=bearer(token))
+
+
+def _actors(kind: str) -> list[pykka.ActorRef]:
+    return [ref for ref in pykka.ActorRegistry.get_all() if ref.actor_class.__name__ == kind]
 
 
 def limits(gateway) -> dict:
@@ -134,3 +140,102 @@ def test_a_flood_of_bare_initializes_keeps_threads_bounded_and_serves_a_new_clie
     fresh = gateway.initialize()
     called = gateway.rpc(fresh, "tools/call", {"name": "plain_echo", "arguments": {"text": "still here"}})
     assert called["result"]["content"][0]["text"] == "plain:still here"
+
+
+# -- live users (threads follow them: a UserActor plus one connection per backend) -----------
+
+
+def _open_as(gateway, capabilities: dict) -> str:
+    """A session of its own user: anonymous callers declaring other capabilities are
+    other users (their backend sessions are told other capabilities)."""
+    response = gateway.post({**INIT, "params": {**INIT["params"], "capabilities": capabilities}})
+    assert response.status_code == 200, response.text
+    return response.headers["Mcp-Session-Id"]
+
+
+def _echo(gateway, session_id: str, text: str) -> dict:
+    return gateway.rpc(session_id, "tools/call", {"name": "rs_echo", "arguments": {"text": text}})
+
+
+def _live_users(gateway) -> list[dict]:
+    return admin_get(gateway, token=ADMIN_TOKEN).json()["users"]
+
+
+def test_at_the_live_user_cap_the_least_recently_used_idle_user_is_released_and_revives_on_use(
+        start_gateway, caplog):
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "limits", "backends": [backend_entry("rs", raw)],
+                                 "operational": {"maxLiveUsers": 2}, "admin": {"tokenEnv": ADMIN_ENV}})
+        first, second = _open_as(gateway, {}), _open_as(gateway, {"roots": {}})
+        assert "result" in _echo(gateway, first, "a") and "result" in _echo(gateway, second, "b")
+        assert "result" in _echo(gateway, first, "a2")  # second is now the least recently used
+        third = _open_as(gateway, {"sampling": {}})
+        assert "result" in _echo(gateway, third, "c")
+        assert len(_live_users(gateway)) == 2 and len(_actors("UserActor")) == 2
+        state = admin_get(gateway, token=ADMIN_TOKEN).json()
+        assert state["liveUserLimits"] == {"maxLiveUsers": 2, "released": 1, "refused": 0}
+        assert any("operational.maxLiveUsers (2) reached" in r.getMessage() for r in caplog.records)
+
+        # The released user's session still works: revived from its record, on the same
+        # backend session (no new handshake), releasing the least recently used again.
+        handshakes = raw.initialize_count
+        assert _echo(gateway, second, "b2")["result"]["content"][0]["text"] == "restartable:b2"
+        assert raw.initialize_count == handshakes == 3
+        assert len(_actors("UserActor")) == 2
+        assert admin_get(gateway, token=ADMIN_TOKEN).json()["liveUserLimits"]["released"] == 2
+
+
+def test_when_every_live_user_is_busy_another_user_gets_503_with_retry_after(start_gateway):
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "limits", "backends": [backend_entry("rs", raw)],
+                                 "operational": {"maxLiveUsers": 1}, "admin": {"tokenEnv": ADMIN_ENV}})
+        busy = _open_as(gateway, {})
+        call = threading.Thread(target=gateway.rpc, args=(busy, "tools/call", {"name": "rs_sleep",
+                                                                                "arguments": {"seconds": 1.5}}))
+        call.start()
+        try:
+            time.sleep(0.5)  # the call is in flight: its user cannot be released
+            refused = gateway.post({**INIT, "params": {**INIT["params"], "capabilities": {"roots": {}}}})
+            assert refused.status_code == 503
+            assert refused.headers["Retry-After"] == "5"
+            assert refused.json()["error"]["data"] == {"limit": "maxLiveUsers"}
+            assert "users at once" in refused.json()["error"]["message"]
+        finally:
+            call.join(timeout=10)
+        other = _open_as(gateway, {"roots": {}})  # idle again: it makes room
+        assert "result" in _echo(gateway, other, "x") and "result" in _echo(gateway, busy, "y")
+        limits_now = admin_get(gateway, token=ADMIN_TOKEN).json()["liveUserLimits"]
+        assert limits_now["refused"] == 1 and limits_now["released"] == 2
+        assert len(_actors("UserActor")) == 1
+
+
+def test_a_released_sessions_revival_refused_at_the_cap_keeps_its_session(start_gateway):
+    """A session whose user cannot be revived now gets 503 (not 404) and works later."""
+    with restartable_backend() as raw:
+        gateway = start_gateway({"name": "limits", "backends": [backend_entry("rs", raw)],
+                                 "operational": {"maxLiveUsers": 1}, "admin": {"tokenEnv": ADMIN_ENV}})
+        waiting = _open_as(gateway, {})
+        busy = _open_as(gateway, {"roots": {}})  # releases the first user
+        call = threading.Thread(target=gateway.rpc, args=(busy, "tools/call", {"name": "rs_sleep",
+                                                                                "arguments": {"seconds": 1.5}}))
+        call.start()
+        try:
+            time.sleep(0.5)
+            refused = gateway.post({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, waiting)
+            assert refused.status_code == 503 and refused.json()["id"] == 5
+        finally:
+            call.join(timeout=10)
+        assert "result" in _echo(gateway, waiting, "later")
+        sessions = admin_get(gateway, token=ADMIN_TOKEN).json()["sessions"]
+        assert all(row["inFlight"] == 0 for row in sessions)  # the refused request held nothing
+
+
+def test_the_live_user_cap_is_checked_in_the_config():
+    from vmcp_actors.config import config_from_mapping
+    from vmcp_actors.exceptions import ConfigError
+
+    base = {"name": "x", "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}]}
+    with pytest.raises(ConfigError) as caught:
+        config_from_mapping({**base, "operational": {"maxLiveUsers": 0}})
+    assert list(caught.value.errors) == ["operational.maxLiveUsers: must be between 1 and 100000"]
+    assert config_from_mapping(base).operational.max_live_users == 500

@@ -36,8 +36,9 @@ from vmcp_actors.signing import Signer
 logger = logging.getLogger(__name__)
 
 
-class SessionLimitReached(Exception):
-    """A cap on sessions is reached and no session is idle to make room."""
+class CapReached(Exception):
+    """A cap (``operational.maxSessions``, ``maxSessionsPerIdentity`` or ``maxLiveUsers``)
+    is reached and nothing under it is idle to make room."""
 
     def __init__(self, cap: str, limit: int):
         super().__init__(f"{cap} ({limit}) reached")
@@ -56,7 +57,10 @@ class Gateway(pykka.ThreadingActor):
         self._signer = signer if signer is not None else Signer.generated()
         self._started = time.time()
         self._reaper: TimerHandle | None = None
-        self._limits = {"evicted": 0, "refused": 0}  # sessions evicted and initializes refused at a cap
+        # Sessions evicted and initializes refused at a session cap; users released and
+        # requests refused at the live-user cap.
+        self._limits = {"evicted": 0, "refused": 0}
+        self._user_limits = {"released": 0, "refused": 0}
 
     def on_start(self) -> None:
         self._schedule_reaping()
@@ -75,7 +79,7 @@ class Gateway(pykka.ThreadingActor):
     def open_session(self, identity: Identity | None, outcome: InitializeOutcome) -> SessionRecord:
         """A new client session of the caller, its user's actors started if they are not
         live (no backend is contacted). At a cap the least recently used idle session goes
-        (its client gets 404 and initializes again); with none idle, SessionLimitReached."""
+        (its client gets 404 and initializes again); with none idle, CapReached."""
         self._make_room(identity_key(identity))
         now = time.time()
         record = SessionRecord(
@@ -149,7 +153,7 @@ class Gateway(pykka.ThreadingActor):
         if record is None:
             self._limits["refused"] += 1
             logger.warning("new session refused: %s (%d) reached and every session is busy", cap, limit)
-            raise SessionLimitReached(cap, limit)
+            raise CapReached(cap, limit)
         self._limits["evicted"] += 1
         logger.warning("session %s of %s evicted: %s (%d) reached; it was the least recently used idle one",
                        short_id(record.session_id), record.user.label, cap, limit)
@@ -178,6 +182,7 @@ class Gateway(pykka.ThreadingActor):
             "sessionLimits": {"maxSessions": self._config.operational.max_sessions,
                               "maxSessionsPerIdentity": self._config.operational.max_sessions_per_identity,
                               **self._limits},
+            "liveUserLimits": {"maxLiveUsers": self._config.operational.max_live_users, **self._user_limits},
             **self._directory.overview(),
         }
 
@@ -191,6 +196,7 @@ class Gateway(pykka.ThreadingActor):
         live = self._directory.user(key)
         if live is not None:
             return live
+        self._make_room_for_user()
         store = self._services.store
         record = store.user(key)
         if record is None:
@@ -201,6 +207,22 @@ class Gateway(pykka.ThreadingActor):
         user = start_user(record, identity, self._config, self._services)
         self._directory.add_user(user)
         return user
+
+    def _make_room_for_user(self) -> None:
+        """Threads follow live users (one each, plus one per backend): at the cap the least
+        recently used user with nothing in flight is released; with none, CapReached."""
+        limit = self._config.operational.max_live_users
+        if self._directory.live_user_count() < limit:
+            return
+        user = self._directory.release_least_recently_used_user()
+        if user is None:
+            self._user_limits["refused"] += 1
+            logger.warning("request refused: operational.maxLiveUsers (%d) reached and every live user is busy", limit)
+            raise CapReached("operational.maxLiveUsers", limit)
+        self._user_limits["released"] += 1
+        logger.warning("user %s released: operational.maxLiveUsers (%d) reached; it was the least recently used "
+                    "idle one (its records stay)", user.key.label, limit)
+        self._stop_user(user, end=False)
 
     def _session_gone(self, record: SessionRecord) -> None:
         self._services.live.end_session(record.session_id)  # its stream closes, what it was asked fails

@@ -57,6 +57,7 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
         "clients": {**overview["clients"], "sessionlessUsers": overview["sessionlessUsers"]},
         "backendEras": overview["backendEras"],
         "sessionLimits": overview["sessionLimits"],
+        "liveUserLimits": overview["liveUserLimits"],
         "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}
                   for user in users.values()],
         "sessions": sessions,

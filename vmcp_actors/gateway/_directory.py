@@ -230,6 +230,21 @@ class Directory:
                 del self._user_activity[key]
             return [self._users.pop(key) for key in idle]
 
+    def live_user_count(self) -> int:
+        return len(self._users)
+
+    def release_least_recently_used_user(self) -> UserHandle | None:
+        """Take out the live user used longest ago with no request or stream in flight
+        (its records stay); None when every live user is busy."""
+        with self._lock:
+            idle = [(activity.last_used, index, key) for index, (key, activity)
+                    in enumerate(self._user_activity.items()) if activity.in_flight == 0]
+            if not idle:
+                return None
+            key = min(idle)[2]
+            del self._user_activity[key]
+            return self._users.pop(key)
+
     def remove_all_users(self) -> list[UserHandle]:
         with self._lock:
             users = list(self._users.values())

@@ -20,7 +20,7 @@ import pykka
 from vmcp_actors.backends import CallOpened
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.config import VmcpConfig
-from vmcp_actors.gateway._actor import SessionLimitReached
+from vmcp_actors.gateway._actor import CapReached
 from vmcp_actors.gateway._directory import Directory, Lease
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
@@ -61,6 +61,7 @@ from vmcp_actors.sessions import (
     ModernRequest,
     ParkedCalls,
     StateSeal,
+    StoreUnavailable,
     UserKey,
     check_header_version,
     complete,
@@ -80,7 +81,30 @@ logger = logging.getLogger(__name__)
 
 
 class Unavailable(Exception):
-    """The actor system did not answer: the process is shutting down or overloaded."""
+    """The request cannot be served now (503): the actor system did not answer (shutting
+    down or overloaded), a cap is reached with nothing idle, or records cannot be read."""
+
+    def __init__(self, message: str = "", retry_after: int | None = None, data: dict[str, Any] | None = None):
+        super().__init__(message or _UNAVAILABLE)
+        self.message = message or _UNAVAILABLE
+        self.retry_after = retry_after
+        self.data = data
+
+    @classmethod
+    def at_cap(cls, reached: CapReached) -> Unavailable:
+        what = ("serves as many users at once as it may and every one has a request in flight"
+                if reached.cap.endswith("maxLiveUsers")
+                else "holds as many sessions as it may and every one is in use")
+        return cls(f"Service Unavailable: the gateway {what}; retry later", CAP_RETRY_AFTER,
+                   {"limit": reached.cap.rsplit(".", 1)[-1]})
+
+    def refuse(self, answer: Answer, request_id: Any = None) -> Answer:
+        """``answer`` made this 503 (its close hooks kept: the lease still ends)."""
+        error = JsonRpcError(INTERNAL_ERROR, self.message, self.data)
+        answer.status, answer.body = 503, error_response(request_id, error)
+        if self.retry_after is not None:
+            answer.headers["Retry-After"] = str(self.retry_after)
+        return answer
 
 
 @dataclass
@@ -120,8 +144,8 @@ def _not_in_modern(method: str) -> Answer:
 # Call answers are resumable (event ids, a priming event) from this revision on.
 RESUMABLE_SINCE = "2025-11-25"
 _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
-# Seconds a client refused at a session cap is told to wait: sessions go idle in seconds.
-SESSION_LIMIT_RETRY_AFTER = 5
+# Seconds a client refused at a cap is told to wait: sessions and users go idle in seconds.
+CAP_RETRY_AFTER = 5
 
 
 class McpService:
@@ -177,9 +201,8 @@ class McpService:
             if not lease.attached:
                 self._ask(user.proxy.attach_session(session_id, identity))
                 self._directory.mark_attached(session_id)
-        except Unavailable:
-            answer.status, answer.body = 503, error_response(message.id, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
-            return answer
+        except Unavailable as unavailable:
+            return unavailable.refuse(answer, message.id)
         if not message.is_request:  # the client's roots changed: every backend session hears it
             user.backends.notify_backends(identity, message.method, None)
             answer.status = 202
@@ -221,10 +244,9 @@ class McpService:
         try:
             user = lease.user or self._revive(lease, identity, answer)
             self._ask(user.proxy.stream_opened(session_id, identity))
-        except Unavailable:
+        except Unavailable as unavailable:
             self._live.close_stream(stream)
-            answer.status, answer.body = 503, error_response(None, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
-            return answer
+            return unavailable.refuse(answer)
 
         def closed() -> None:
             if self._live.close_stream(stream):
@@ -246,8 +268,8 @@ class McpService:
             return _error(404, INVALID_REQUEST, "Session not found")
         try:
             ended = self._ask(self._gateway.end_session(session_id, identity))
-        except Unavailable:
-            return _error(503, INTERNAL_ERROR, _UNAVAILABLE)
+        except Unavailable as unavailable:
+            return unavailable.refuse(Answer())
         return Answer(200) if ended else _error(404, INVALID_REQUEST, "Session not found")
 
     # -- 2026-07-28: no session, the caller's user actor serves each request ---------------
@@ -273,9 +295,8 @@ class McpService:
         answer = Answer()
         try:
             user = self._hold_user(key, identity, request, answer)
-        except Unavailable:
-            answer.status, answer.body = 503, error_response(message.id, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
-            return answer
+        except Unavailable as unavailable:
+            return unavailable.refuse(answer, message.id)
         if message.method == "subscriptions/listen":
             return self._listen(message, request, identity, user, answer)
         params = message.params if isinstance(message.params, dict) else {}
@@ -436,10 +457,9 @@ class McpService:
             return answer
         try:
             self._ask(user.proxy.stream_opened(listen_id, identity))
-        except Unavailable:
+        except Unavailable as unavailable:
             self._live.close_stream(stream)
-            answer.status, answer.body = 503, error_response(message.id, JsonRpcError(INTERNAL_ERROR, _UNAVAILABLE))
-            return answer
+            return unavailable.refuse(answer, message.id)
 
         def closed() -> None:
             assert isinstance(stream, ListenStream)
@@ -506,14 +526,8 @@ class McpService:
             return Answer(body=error_response(message.id, error))
         try:
             record = self._ask(self._gateway.open_session(identity, outcome))
-        except Unavailable:
-            return _error(503, INTERNAL_ERROR, _UNAVAILABLE, message.id)
-        except SessionLimitReached as reached:
-            refused = _error(503, INTERNAL_ERROR, "Service Unavailable: the gateway holds as many sessions as it may "
-                                                  "and every one is in use; retry later", message.id)
-            refused.headers["Retry-After"] = str(SESSION_LIMIT_RETRY_AFTER)
-            refused.body["error"]["data"] = {"limit": reached.cap.rsplit(".", 1)[-1]}
-            return refused
+        except Unavailable as unavailable:
+            return unavailable.refuse(Answer(), message.id)
         return Answer(body=result_response(message.id, outcome.result(self._config.name)),
                       headers={SESSION_HEADER: record.session_id}, session_id=record.session_id)
 
@@ -559,6 +573,11 @@ class McpService:
             return future.get(timeout=ASK_TIMEOUT)
         except (pykka.ActorDeadError, pykka.Timeout):
             raise Unavailable() from None
+        except CapReached as reached:
+            raise Unavailable.at_cap(reached) from None
+        except StoreUnavailable as error:
+            logger.warning("%s", error)
+            raise Unavailable("Service Unavailable: session storage cannot be reached; retry", 1) from None
 
 
 def _looked_up(user: UserHandle, identity: Identity | None, method: str, name: str, deadline: Deadline) -> Any:
