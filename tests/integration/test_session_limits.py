@@ -174,6 +174,7 @@ def test_at_the_live_user_cap_the_least_recently_used_idle_user_is_released_and_
         assert len(_live_users(gateway)) == 2 and len(_actors("UserActor")) == 2
         state = admin_get(gateway, token=ADMIN_TOKEN).json()
         assert state["liveUserLimits"] == {"maxLiveUsers": 2, "released": 1, "refused": 0}
+        assert state["actorWorkers"]["maxWorkers"] == 8  # the connections' shared threads
         assert any("operational.maxLiveUsers (2) reached" in r.getMessage() for r in caplog.records)
 
         # The released user's session still works: revived from its record, on the same
@@ -238,4 +239,4 @@ def test_the_live_user_cap_is_checked_in_the_config():
     with pytest.raises(ConfigError) as caught:
         config_from_mapping({**base, "operational": {"maxLiveUsers": 0}})
     assert list(caught.value.errors) == ["operational.maxLiveUsers: must be between 1 and 100000"]
-    assert config_from_mapping(base).operational.max_live_users == 500
+    assert config_from_mapping(base).operational.max_live_users == 1000

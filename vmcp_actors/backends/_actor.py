@@ -7,6 +7,10 @@ as pooled jobs and report back with messages, each step chained on the one befor
 callback (discovery's lists start when the handshake settles), and calls run on the
 caller's thread through the connection's BackendChannel, so concurrent calls overlap.
 
+Its handlers never wait, so it is a PooledActor: it holds a thread of the shared actor
+pool only while it handles a message, and a live user costs one thread (its UserActor),
+not one per backend.
+
 A connection revived from the user record starts from the recorded handshake: the
 backend session is used as it is, and a 404 to it re-initializes, as for a restart.
 """
@@ -22,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import pykka
 
 from vmcp_actors.backends._channel import BackendChannel
 from vmcp_actors.backends._http import Abort
@@ -49,6 +52,7 @@ from vmcp_actors.exceptions import (
 )
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import METHOD_NOT_FOUND
+from vmcp_actors.pooled import PooledActor
 from vmcp_actors.protocol.mcp import valid_header_params
 
 logger = logging.getLogger(__name__)
@@ -98,7 +102,7 @@ class _ListsSettled:
     renewed: bool
 
 
-class BackendConnection(pykka.ThreadingActor):
+class BackendConnection(PooledActor):
     """One backend MCP session on behalf of one user."""
 
     def __init__(self, backend: BackendConfig, channel: BackendChannel, *, restored: Handshake | None = None,

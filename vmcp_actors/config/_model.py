@@ -165,9 +165,9 @@ class OperationalConfig:
     user_idle_timeout: float = 300.0
     max_sessions: int = 1000  # at the cap the least recently used idle session is evicted
     max_sessions_per_identity: int = 0  # the same per caller (issuer + subject); 0 = no cap of its own
-    # Users whose actors run at once (each is a thread plus one per backend); at the cap the
+    # Users whose actors run at once (each holds one thread: its UserActor); at the cap the
     # least recently used user with nothing in flight is released (its records stay).
-    max_live_users: int = 500
+    max_live_users: int = 1000
     # NAME of the env var holding the key that signs session ids; None = a random key per start.
     signing_key_env: str | None = None
 

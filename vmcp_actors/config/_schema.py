@@ -689,7 +689,7 @@ class OperationalSchema(_StrictSchema):
     max_sessions_per_identity = _Integer(
         data_key="maxSessionsPerIdentity", load_default=0,
         validate=validate.Range(0, 1_000_000, error="must be between 0 (no cap of its own) and 1000000"))
-    max_live_users = _Integer(data_key="maxLiveUsers", load_default=500,
+    max_live_users = _Integer(data_key="maxLiveUsers", load_default=1000,
                               validate=validate.Range(1, 100_000, error="must be between 1 and 100000"))
 
     @post_load

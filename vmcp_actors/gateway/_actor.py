@@ -19,6 +19,7 @@ from vmcp_actors.concurrency import TimerHandle, call_later, pool_stats, stop_qu
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.gateway._directory import Directory
 from vmcp_actors.identity import Identity, identity_key
+from vmcp_actors.pooled import actor_pool_stats
 from vmcp_actors.sessions import (
     InitializeOutcome,
     StoreUnavailable,
@@ -177,6 +178,7 @@ class Gateway(pykka.ThreadingActor):
             "discoveryCache": self._services.discovery_cache.stats(),
             "workflows": self._services.workflow_metrics.snapshot(),
             "workers": pool_stats(),
+            "actorWorkers": actor_pool_stats(),
             "clients": {**self._services.live.counts(), "parkedCalls": self._services.parked.count()},
             "backendEras": self._services.eras.snapshot(),
             "sessionLimits": {"maxSessions": self._config.operational.max_sessions,
@@ -209,7 +211,7 @@ class Gateway(pykka.ThreadingActor):
         return user
 
     def _make_room_for_user(self) -> None:
-        """Threads follow live users (one each, plus one per backend): at the cap the least
+        """Threads follow live users (one each: its UserActor): at the cap the least
         recently used user with nothing in flight is released; with none, CapReached."""
         limit = self._config.operational.max_live_users
         if self._directory.live_user_count() < limit:

@@ -54,6 +54,7 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
         "discoveryCache": overview["discoveryCache"],
         "workflows": overview["workflows"],
         "workers": overview["workers"],
+        "actorWorkers": overview["actorWorkers"],
         "clients": {**overview["clients"], "sessionlessUsers": overview["sessionlessUsers"]},
         "backendEras": overview["backendEras"],
         "sessionLimits": overview["sessionLimits"],
