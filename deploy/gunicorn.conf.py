@@ -5,12 +5,14 @@
 #       --bind 127.0.0.1:4483 vmcp_actors.web.wsgi:application
 #
 # One gthread worker, threads for concurrency, actors started inside the worker (never
-# preload), and a worker_exit hook that stops all actors so SIGTERM is prompt.
+# preload), a post_fork hook that queues log lines to one writer thread, and a worker_exit
+# hook that stops all actors so SIGTERM is prompt.
 from vmcp_actors.web.gunicorn_settings import (  # noqa: F401
     control_socket_disable,
     graceful_timeout,
     keepalive,
     max_requests,
+    post_fork,
     preload_app,
     threads,
     timeout,

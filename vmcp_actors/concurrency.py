@@ -11,7 +11,7 @@ other work (discovery after the handshake, a composite step after a renewed hand
 is chained with done-callbacks (``on_settled``, ``when_all``) instead of a blocking
 ``result()``, so a queued job can never be starved by workers waiting for it. Pooled work may ask
 an actor (actors answer at once) but never waits for a job; only web threads (bounded by
-the server's thread count) block on job futures, each until its request's ``Deadline``. Idle workers leave after a minute; workers are daemon
+the server's thread count) block on job futures, each until its request's ``Deadline``. Idle workers leave after 10 s (threads follow load); workers are daemon
 threads so a hung exchange never holds up process exit.
 """
 
@@ -66,7 +66,7 @@ class Deadline:
 class BoundedPool:
     """At most ``max_workers`` reusable daemon worker threads; jobs beyond them queue."""
 
-    def __init__(self, max_workers: int = MAX_WORKERS, idle_exit: float = 60.0, name: str = "vmcp-io"):
+    def __init__(self, max_workers: int = MAX_WORKERS, idle_exit: float = 10.0, name: str = "vmcp-io"):
         self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], cf.Future[Any]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._max = max_workers

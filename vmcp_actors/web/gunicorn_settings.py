@@ -8,6 +8,10 @@ started before a fork look alive in the child and never answer.
 
 from __future__ import annotations
 
+import logging
+import queue
+from logging.handlers import QueueHandler, QueueListener
+
 import pykka
 
 worker_class = "gthread"
@@ -30,9 +34,30 @@ keepalive = 75
 control_socket_disable = True
 
 
+_log_writer: QueueListener | None = None
+
+
+def post_fork(server, worker):  # noqa: ANN001 - gunicorn hook signature
+    """The worker's log lines go through a queue to one writer thread: a handler lock held
+    across a write would otherwise convoy every request thread (and the Gateway actor)
+    behind the GIL under load. Started here, in the worker, as no thread survives a fork."""
+    global _log_writer
+    root = logging.getLogger()
+    writers = [handler for handler in root.handlers if not isinstance(handler, QueueHandler)]
+    if not writers:
+        return
+    lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    _log_writer = QueueListener(lines, *writers, respect_handler_level=True)
+    root.handlers = [QueueHandler(lines)]
+    _log_writer.start()
+
+
 def worker_exit(server, worker):  # noqa: ANN001 - gunicorn hook signature
-    """Stop every actor so SIGTERM ends the worker in a moment, not after graceful_timeout."""
+    """Stop every actor so SIGTERM ends the worker in a moment, not after graceful_timeout;
+    then write the log lines still queued."""
     pykka.ActorRegistry.stop_all(block=True, timeout=2)
+    if _log_writer is not None:
+        _log_writer.stop()
 
 
 SETTINGS = {
@@ -45,5 +70,6 @@ SETTINGS = {
     "graceful_timeout": graceful_timeout,
     "keepalive": keepalive,
     "control_socket_disable": control_socket_disable,
+    "post_fork": post_fork,
     "worker_exit": worker_exit,
 }
