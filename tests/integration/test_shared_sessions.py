@@ -122,6 +122,28 @@ def test_another_callers_session_id_is_404_on_every_gateway(start_gateway, backe
         idp.stop()
 
 
+def test_forged_session_ids_cost_redis_nothing(start_gateway, backend, redis_server):
+    """A flood of forged or foreign-key ids is refused (404) on the signature alone: Redis
+    sees no lookup for them (its own command counter says so)."""
+    gateway = start_gateway(config(backend, redis_server))
+    genuine = gateway.initialize()
+    other_key = Signer(b"another-gateway-key-0123456789abcdef").new_session_id()
+    forged = [genuine[:32] + ("0" if genuine[32] != "0" else "1") + genuine[33:], "f" * 64, other_key]
+    watcher = redis_client.Redis(host="127.0.0.1", port=redis_server.port)
+
+    def gets() -> int:
+        stats = watcher.info("commandstats")
+        return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("get", "mget", "exists", "watch"))
+
+    before = gets()
+    for round_ in range(100):
+        bad = forged[round_ % len(forged)]
+        assert rpc(gateway, bad, "tools/list").status_code == 404
+    assert gets() - before < 5  # the reaper's own reads at most; none per forged request
+    assert rpc(gateway, genuine, "ping").status_code == 200
+    assert gets() > before  # a genuine id is looked up
+
+
 def test_with_redis_down_requests_get_503_and_the_gateway_recovers(start_gateway, backend, redis_server):
     gateway = start_gateway(config(backend, redis_server))
     session_id = gateway.initialize()
