@@ -2,7 +2,7 @@
 and the gateway served the way production serves it.
 
 The gateway runs as ``vmcp-actors serve --config FILE --port P`` in a subprocess (gunicorn,
-gthread, 1 worker, 32 threads: vmcp_actors/web/gunicorn_settings.py) over a YAML config
+gthread, 1 worker, 128 threads: vmcp_actors/web/gunicorn_settings.py) over a YAML config
 generated in a temp dir that points at test backends served in this process
 (tests/backends.py). ``--server werkzeug`` runs tests.gateway.GatewayServer in-process
 instead, for comparison.
@@ -48,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL_VERSION = "2025-11-25"
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-GUNICORN_LABEL = "gunicorn gthread, 1 worker, 32 threads (vmcp-actors serve, subprocess)"
+GUNICORN_LABEL = "gunicorn gthread, 1 worker, 128 threads (vmcp-actors serve, subprocess)"
 WERKZEUG_LABEL = "werkzeug threaded server (tests.gateway.GatewayServer, in-process)"
 WATCHDOG_SECONDS = 115.0  # every script must finish within 2 minutes
 GATEWAY_TREE_ENV = "VMCP_BENCH_GATEWAY_TREE"

@@ -17,6 +17,7 @@ from vmcp_actors.web.gunicorn_settings import (  # noqa: F401
     threads,
     timeout,
     worker_class,
+    worker_connections,
     worker_exit,
     workers,
 )

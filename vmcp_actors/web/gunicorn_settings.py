@@ -19,6 +19,10 @@ workers = 1
 # A client's standalone stream (GET /mcp) holds a thread while it is open: at most
 # STANDALONE_STREAM_LIMIT of them (vmcp_actors.sessions), the rest serve requests.
 threads = 128
+# Client connections one worker keeps open at once (gthread parks idle keep-alive ones in
+# its poller, off the threads): gunicorn's default of 1,000 would stall the 1,001st
+# client. Each is a file descriptor: the service needs LimitNOFILE above this.
+worker_connections = 4000
 preload_app = False
 max_requests = 0
 # SSE answers and slow backends hold a thread; gthread keeps them off the accept loop.
@@ -64,6 +68,7 @@ SETTINGS = {
     "worker_class": worker_class,
     "workers": workers,
     "threads": threads,
+    "worker_connections": worker_connections,
     "preload_app": preload_app,
     "max_requests": max_requests,
     "timeout": timeout,
