@@ -97,6 +97,7 @@ class Directory:
 
     def finish(self, session_id: str, user: UserKey | None) -> None:
         """A request is answered: the idle clocks start now, and the record says so."""
+        record_use_at = None
         with self._lock:
             if user is not None and user in self._sessionless_seen:
                 self._sessionless_seen[user] = self._clock()
@@ -106,10 +107,11 @@ class Directory:
                 now = self._wall()
                 # The record's last use to the second: one store write per second at most.
                 if now - activity.recorded >= RECORD_LAST_USE_EVERY:
-                    activity.recorded = now
-                    self.store.update_session(session_id, lambda record: record.used_at(now))
+                    activity.recorded = record_use_at = now
             if user is not None and user in self._user_activity:
                 self._touch(self._user_activity[user], -1)
+        if record_use_at is not None:  # outside the lock: with Redis it is a round trip
+            self.store.update_session(session_id, lambda record: record.used_at(record_use_at))
 
     def set_log_level(self, session_id: str, level: str) -> str:
         """Record a session's log level; the most verbose level any session of its user
