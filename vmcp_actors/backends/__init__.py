@@ -17,6 +17,14 @@ from vmcp_actors.backends._channel import (
     InputRequired,
     drain,
 )
+from vmcp_actors.backends._health import (
+    DEGRADED,
+    HEALTHY,
+    BackendHealth,
+    CircuitBreaker,
+    CircuitOpen,
+    HealthMonitor,
+)
 from vmcp_actors.backends._http import Abort, McpHttpClient, PostResult
 from vmcp_actors.backends._models import (
     BackendCapabilities,
@@ -27,6 +35,12 @@ from vmcp_actors.backends._models import (
 )
 
 __all__ = [
+    "DEGRADED",
+    "HEALTHY",
+    "BackendHealth",
+    "CircuitBreaker",
+    "CircuitOpen",
+    "HealthMonitor",
     "Abort",
     "BackendEras",
     "BackendRequest",

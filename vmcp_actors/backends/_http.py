@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 import urllib3.exceptions
@@ -39,6 +39,9 @@ from vmcp_actors.exceptions import (
 )
 from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from vmcp_actors.protocol.sse import iter_sse_events
+
+if TYPE_CHECKING:
+    from vmcp_actors.backends._health import CircuitBreaker
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +175,10 @@ class McpHttpClient:
         headers: Mapping[str, str] | None = None,
         http: requests.Session | None = None,
         pool_size: int = 64,
+        breaker: CircuitBreaker | None = None,
     ):
         self._name = backend_name
+        self._breaker = breaker  # the backend's circuit, shared by every user (None: no breaker)
         self._url = url
         self._static_headers = dict(headers or {})
         self._owns_http = http is None
@@ -436,8 +441,11 @@ class McpHttpClient:
         self, method: str, headers: CaseInsensitiveDict, body: bytes | None, deadline: float, timeout: float
     ) -> requests.Response:
         remaining = self._remaining(deadline, timeout)
+        breaker = self._breaker
+        if breaker is not None:
+            breaker.admit()  # an open circuit: fail now, send nothing
         try:
-            return self._http.request(
+            resp = self._http.request(
                 method,
                 self._url,
                 data=body,
@@ -448,8 +456,15 @@ class McpHttpClient:
                 allow_redirects=False,
             )
         except Exception as exc:
+            mapped = self._map_exception(exc, timeout)
+            if breaker is not None:
+                # Unreachable or silent counts against the backend; anything else answered.
+                (breaker.failed if isinstance(mapped, (BackendUnavailable, BackendTimeout)) else breaker.succeeded)()
             # `from None`: requests' messages carry the URL; keep it out of tracebacks.
-            raise self._map_exception(exc, timeout) from None
+            raise mapped from None
+        if breaker is not None:
+            (breaker.failed if resp.status_code >= 500 else breaker.succeeded)()
+        return resp
 
     def _map_exception(self, exc: Exception, timeout: float) -> Exception:
         """Translate a requests/urllib3 failure; other exceptions pass through unchanged."""

@@ -10,6 +10,8 @@ from ._model import (
     AuthzConfig,
     BackendAuthConfig,
     BackendConfig,
+    CircuitBreakerConfig,
+    FailureHandlingConfig,
     HeaderInjectionConfig,
     IncomingAuthConfig,
     OidcConfig,
@@ -25,6 +27,8 @@ from ._model import (
 )
 
 __all__ = [
+    "CircuitBreakerConfig",
+    "FailureHandlingConfig",
     "SessionStorageConfig",
     "AuthzConfig",
     "OptimizerConfig",

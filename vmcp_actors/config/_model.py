@@ -150,6 +150,28 @@ class TimeoutsConfig:
 
 
 @dataclass(frozen=True)
+class CircuitBreakerConfig:
+    """Per backend, across users: after ``failure_threshold`` failed exchanges in a row
+    calls fail fast for ``timeout`` seconds, then one probe decides."""
+
+    enabled: bool = False
+    failure_threshold: int = 5
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class FailureHandlingConfig:
+    """``operational.failureHandling`` (ToolHive's fields): health checks of every backend
+    with its static credentials, the partial-failure mode and the circuit breaker."""
+
+    health_check_interval: float = 30.0
+    health_check_timeout: float = 10.0
+    unhealthy_threshold: int = 3
+    partial_failure_mode: str = "best_effort"  # fail | best_effort
+    circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
+
+
+@dataclass(frozen=True)
 class OperationalConfig:
     """Timeouts and limits of the running gateway."""
 
@@ -168,6 +190,8 @@ class OperationalConfig:
     # Users whose actors run at once (each holds one thread: its UserActor); at the cap the
     # least recently used user with nothing in flight is released (its records stay).
     max_live_users: int = 1000
+    # None: no health checks, no circuit breaker, partial failures served (best effort).
+    failure_handling: FailureHandlingConfig | None = None
     # NAME of the env var holding the key that signs session ids; None = a random key per start.
     signing_key_env: str | None = None
 

@@ -38,6 +38,8 @@ from ._model import (
     DEFAULT_TRANSPORT,
     AdminConfig,
     AggregationConfig,
+    CircuitBreakerConfig,
+    FailureHandlingConfig,
     AuthzConfig,
     DEFAULT_GROUP_ENTITY_TYPE,
     DEFAULT_MAX_TOOLS_TO_RETURN,
@@ -668,6 +670,54 @@ class TimeoutsSchema(_StrictSchema):
         return TimeoutsConfig(**data)
 
 
+class CircuitBreakerSchema(_StrictSchema):
+    enabled = _Boolean(load_default=False)
+    failure_threshold = _Integer(data_key="failureThreshold", load_default=5,
+                                 validate=validate.Range(1, 1000, error="must be between 1 and 1000"))
+    timeout = _Duration(load_default=60.0)
+
+    @validates_schema
+    def _timeout_at_least_a_second(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data.get("timeout", 60.0) < 1.0:
+            raise ValidationError({"timeout": ["must be at least 1s (a shorter one makes the circuit thrash)"]})
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> CircuitBreakerConfig:
+        return CircuitBreakerConfig(**data)
+
+
+# ToolHive spells it best_effort; bestEffort is accepted as the same mode.
+_PARTIAL_FAILURE_MODES = {"fail": "fail", "best_effort": "best_effort", "bestEffort": "best_effort"}
+
+
+class FailureHandlingSchema(_StrictSchema):
+    health_check_interval = _Duration(data_key="healthCheckInterval", load_default=30.0)
+    # Default: 10s, or the interval when that is shorter.
+    health_check_timeout = _Duration(data_key="healthCheckTimeout", load_default=None, allow_none=True)
+    unhealthy_threshold = _Integer(data_key="unhealthyThreshold", load_default=3,
+                                   validate=validate.Range(1, 1000, error="must be between 1 and 1000"))
+    # Reported to Kubernetes by ToolHive; accepted so its files load, with a warning.
+    status_reporting_interval = _Duration(data_key="statusReportingInterval", load_default=None, allow_none=True)
+    partial_failure_mode = _String(data_key="partialFailureMode", load_default="best_effort",
+                                   validate=_Choice(list(_PARTIAL_FAILURE_MODES)))
+    circuit_breaker = _Nested(CircuitBreakerSchema, data_key="circuitBreaker", load_default=CircuitBreakerConfig)
+
+    @validates_schema
+    def _timeout_within_interval(self, data: dict[str, Any], **kwargs: Any) -> None:
+        timeout = data.get("health_check_timeout")
+        if timeout is not None and timeout > data.get("health_check_interval", 30.0):
+            raise ValidationError({"healthCheckTimeout": ["must not be longer than healthCheckInterval "
+                                                          "(checks would queue up)"]})
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> FailureHandlingConfig:
+        data.pop("status_reporting_interval", None)
+        if data["health_check_timeout"] is None:
+            data["health_check_timeout"] = min(10.0, data["health_check_interval"])
+        data["partial_failure_mode"] = _PARTIAL_FAILURE_MODES[data["partial_failure_mode"]]
+        return FailureHandlingConfig(**data)
+
+
 class OperationalSchema(_StrictSchema):
     timeouts = _Nested(TimeoutsSchema, load_default=TimeoutsConfig)
     session_ttl = _Duration(data_key="sessionTTL", load_default=1800.0)
@@ -689,6 +739,8 @@ class OperationalSchema(_StrictSchema):
     max_sessions_per_identity = _Integer(
         data_key="maxSessionsPerIdentity", load_default=0,
         validate=validate.Range(0, 1_000_000, error="must be between 0 (no cap of its own) and 1000000"))
+    failure_handling = _Nested(FailureHandlingSchema, data_key="failureHandling", load_default=None,
+                               allow_none=True)
     max_live_users = _Integer(data_key="maxLiveUsers", load_default=1000,
                               validate=validate.Range(1, 100_000, error="must be between 1 and 100000"))
 

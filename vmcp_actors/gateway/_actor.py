@@ -15,6 +15,7 @@ from typing import Any
 
 import pykka
 
+from vmcp_actors.backends import HealthMonitor
 from vmcp_actors.concurrency import TimerHandle, call_later, pool_stats, stop_quietly
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.gateway._directory import Directory
@@ -58,6 +59,7 @@ class Gateway(pykka.ThreadingActor):
         self._signer = signer if signer is not None else Signer.generated()
         self._started = time.time()
         self._reaper: TimerHandle | None = None
+        self._monitor: pykka.ActorRef[HealthMonitor] | None = None  # operational.failureHandling
         # Sessions evicted and initializes refused at a session cap; users released and
         # requests refused at the live-user cap.
         self._limits = {"evicted": 0, "refused": 0}
@@ -65,10 +67,16 @@ class Gateway(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         self._schedule_reaping()
+        health = self._services.health
+        if health is not None and health.monitored:
+            self._monitor = HealthMonitor.start(self._config, health, self._services.outgoing_auth,
+                                                self._services.eras)
 
     def on_stop(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._monitor is not None:
+            stop_quietly(self._monitor)
         self._services.live.end_all()  # streams end now, not at their next keep-alive
         self._services.parked.end_all()  # calls waiting for a retry end, their backends told
         # In-memory records end with this process: end the backend sessions with them.
@@ -181,6 +189,7 @@ class Gateway(pykka.ThreadingActor):
             "actorWorkers": actor_pool_stats(),
             "clients": {**self._services.live.counts(), "parkedCalls": self._services.parked.count()},
             "backendEras": self._services.eras.snapshot(),
+            "backendHealth": self._services.health.snapshot() if self._services.health is not None else {},
             "sessionLimits": {"maxSessions": self._config.operational.max_sessions,
                               "maxSessionsPerIdentity": self._config.operational.max_sessions_per_identity,
                               **self._limits},

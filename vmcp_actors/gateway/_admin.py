@@ -57,6 +57,7 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
         "actorWorkers": overview["actorWorkers"],
         "clients": {**overview["clients"], "sessionlessUsers": overview["sessionlessUsers"]},
         "backendEras": overview["backendEras"],
+        "backendHealth": overview["backendHealth"],
         "sessionLimits": overview["sessionLimits"],
         "liveUserLimits": overview["liveUserLimits"],
         "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}

@@ -565,7 +565,7 @@ class McpService:
         except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
             logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
             self._live.end_call(call)
-            return iter([error_event(message.id, JsonRpcError(INTERNAL_ERROR, "Internal error"))])
+            return _only(error_event(message.id, JsonRpcError(INTERNAL_ERROR, "Internal error")))
         return relay.events(_ClientCall(self._live, record, call, deadline, user))
 
     def _ask(self, future: Any) -> Any:
@@ -578,6 +578,11 @@ class McpService:
         except StoreUnavailable as error:
             logger.warning("%s", error)
             raise Unavailable("Service Unavailable: session storage cannot be reached; retry", 1) from None
+
+
+def _only(event: RelayEvent) -> Iterator[RelayEvent]:
+    """One event as the relay's kind of iterator (a generator: the view closes it)."""
+    yield event
 
 
 def _looked_up(user: UserHandle, identity: Identity | None, method: str, name: str, deadline: Deadline) -> Any:

@@ -148,6 +148,15 @@ class NoBackendsAvailable(JsonRpcError):
         super().__init__(INTERNAL_ERROR, "No backend is available for this session; try again later", http_status=503)
 
 
+class BackendsMissing(JsonRpcError):
+    """``partialFailureMode: fail``: a request needs every backend, and some are missing."""
+
+    def __init__(self, failures: Mapping[str, str]):
+        super().__init__(INTERNAL_ERROR, "Not every backend is available (partialFailureMode: fail): "
+                         + "; ".join(failures[name] for name in sorted(failures)),
+                         {"unavailable": sorted(failures)})
+
+
 class DiscoveryTimedOut(JsonRpcError):
     """The request's deadline ended before any backend was discovered (discovery goes on)."""
 
@@ -170,10 +179,12 @@ class CatalogBoard:
 class AggregatedBackends:
     """The user's backends seen as one server, through the user's catalog."""
 
-    def __init__(self, user: Any, channels: Mapping[str, BackendChannel], board: CatalogBoard):
+    def __init__(self, user: Any, channels: Mapping[str, BackendChannel], board: CatalogBoard,
+                 fail_on_partial: bool = False):
         self._user = user  # ActorProxy[UserActor]
         self._channels = channels
         self._board = board
+        self._fail_on_partial = fail_on_partial  # operational.failureHandling.partialFailureMode: fail
 
     # -- catalog -----------------------------------------------------------------------
 
@@ -198,6 +209,8 @@ class AggregatedBackends:
             raise NoBackendsAvailable()
         if catalog.errors:
             raise ConflictingNames(catalog.errors)
+        if catalog.failures and self._fail_on_partial:
+            raise BackendsMissing(catalog.failures)
         return catalog
 
     def freshness_ms(self) -> int | None:

@@ -43,12 +43,13 @@ from vmcp_actors.backends import (
     OutgoingAuth,
     describe_failure,
 )
-from vmcp_actors.backends import BackendRequest
+from vmcp_actors.backends import DEGRADED, HEALTHY, BackendHealth, BackendRequest
 from vmcp_actors.concurrency import (
     ASK_TIMEOUT,
     Deadline,
     TimerHandle,
     call_later,
+    failed,
     resolved,
     result_or_none,
     run_in_thread,
@@ -56,7 +57,7 @@ from vmcp_actors.concurrency import (
     tell_quietly,
 )
 from vmcp_actors.config import BackendConfig, VmcpConfig
-from vmcp_actors.exceptions import BackendError
+from vmcp_actors.exceptions import BackendError, BackendUnavailable
 from vmcp_actors.identity import Identity
 from vmcp_actors.sessions._aggregation import Catalog, build_catalog
 from vmcp_actors.sessions._capabilities import AggregatedBackends, Capabilities, CatalogBoard
@@ -76,6 +77,7 @@ logger = logging.getLogger(__name__)
 
 # A backend that failed discovery is tried again this long after, on the next request.
 RETRY_FAILED_AFTER = 10.0
+RETRY_WHEN_HEALTHY = 1.0  # a missing backend whose health checks pass again
 # List changes this close together make one refresh (and one notification per list).
 LIST_CHANGES_SETTLE = 0.2
 LIST_CHANGED = {
@@ -104,12 +106,15 @@ class SessionServices:
     request_id_base: int = 0
     # Wrap each user's core, innermost first (authz, an embedder's layers, the optimizer).
     layers: tuple[Callable[[Capabilities], Capabilities], ...] = ()
+    # Backend health and circuits (operational.failureHandling); None: neither.
+    health: BackendHealth | None = None
 
     @classmethod
     def for_config(cls, config: VmcpConfig, **kwargs: Any) -> SessionServices:
-        """Services whose backend eras start from the config's pins."""
+        """Services whose backend eras start from the config's pins, with the config's
+        health board."""
         pinned = {backend.name: backend.protocol for backend in config.backends if backend.protocol != "auto"}
-        return cls(eras=BackendEras(pinned), **kwargs)
+        return cls(eras=BackendEras(pinned), health=BackendHealth(config), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,9 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
                 for backend in sorted(config.backends, key=lambda b: b.name)}
     ref = UserActor.start(record, identity, config, services, channels, board)
     proxy = ref.proxy()
-    aggregated = AggregatedBackends(proxy, channels, board)
+    handling = config.operational.failure_handling
+    aggregated = AggregatedBackends(proxy, channels, board,
+                                    fail_on_partial=handling is not None and handling.partial_failure_mode == "fail")
     # The core, outermost first: advertising filter -> composite tools -> backends; the
     # services' layers (authz, an embedder's, the optimizer) go on top of it.
     composites = CompositeTools(aggregated, config.composite_tools, config.aggregation, services.workflow_metrics,
@@ -164,7 +171,8 @@ def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionS
 
 def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServices,
              client_capabilities: Mapping[str, Any] | None = None) -> BackendChannel:
-    return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url),
+    breaker = services.health.breaker(backend.name) if services.health is not None else None
+    return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url, breaker=breaker),
                           config.operational.timeouts.for_backend(backend.name),
                           services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
                           services.request_id_base)
@@ -296,9 +304,17 @@ class UserActor(pykka.ThreadingActor):
         elif current.done() and current.result().failures and self._round is None:
             if self._catalog_done_at is None:
                 self._catalog_done_at = time.monotonic()
-            elif time.monotonic() - self._catalog_done_at >= RETRY_FAILED_AFTER:
+            elif time.monotonic() - self._catalog_done_at >= self._retry_after(current.result().failures):
                 self._discover(sorted(current.result().failures), full=False)
         return self._catalog
+
+    def _retry_after(self, failures: Mapping[str, str]) -> float:
+        """How long a catalog missing ``failures`` is served before they are retried:
+        sooner once the health checks see one of them answer again."""
+        health = self._services.health
+        if health is not None and any(health.state(name) in (HEALTHY, DEGRADED) for name in failures):
+            return RETRY_WHEN_HEALTHY
+        return RETRY_FAILED_AFTER
 
     def catalog_so_far(self) -> Catalog | None:
         """For a request whose deadline ends before discovery does: what is known now."""
@@ -535,14 +551,19 @@ class UserActor(pykka.ThreadingActor):
         """Ask each named connection to discover; each outcome comes back as a message."""
         round_ = _Round(next(self._round_ids), set(names), full)
         self._round = round_
-        asked = {name: self._connections[name].discover(self._identity) for name in names}
+        health = self._services.health
+        skipped = {name: reason for name in names
+                   if health is not None and (reason := health.skip_reason(name)) is not None}
+        asked = {name: self._connections[name].discover(self._identity) for name in names if name not in skipped}
         ref = self.actor_ref
-        for name, future in asked.items():
-            try:
-                outcome = future.get(timeout=ASK_TIMEOUT)  # children answer at once
-            except (pykka.ActorDeadError, pykka.Timeout):
-                outcome = cf.Future()
-                outcome.set_exception(BackendError(name, f"backend {name!r} connection is closed"))
+        for name in names:
+            if name in skipped:  # known to be down: no waiting for its timeout
+                outcome = failed(BackendUnavailable(name, skipped[name]))
+            else:
+                try:
+                    outcome = asked[name].get(timeout=ASK_TIMEOUT)  # children answer at once
+                except (pykka.ActorDeadError, pykka.Timeout):
+                    outcome = failed(BackendError(name, f"backend {name!r} connection is closed"))
             outcome.add_done_callback(
                 lambda done, name=name: tell_quietly(ref, _BackendDiscovered(round_.id, name, done)))
         return round_
