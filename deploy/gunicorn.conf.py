@@ -13,6 +13,7 @@ from vmcp_actors.web.gunicorn_settings import (  # noqa: F401
     keepalive,
     max_requests,
     post_fork,
+    post_worker_init,
     preload_app,
     threads,
     timeout,

@@ -93,6 +93,17 @@ class BoundedPool:
     def workers(self) -> int:
         return self._workers
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) until no job is queued or running; True if so."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._pending == 0 and self._idle >= self._workers:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
     @property
     def queued(self) -> int:
         with self._lock:
@@ -128,6 +139,11 @@ def run_in_thread(fn: Callable[..., T], *args: Any) -> cf.Future[T]:
     """Run ``fn(*args)`` on a pooled worker thread; its outcome lands in the returned future.
     ``fn`` must not wait for another pooled job (chain with ``on_settled`` instead)."""
     return _POOL.submit(fn, *args)
+
+
+def wait_for_io(timeout: float) -> bool:
+    """At shutdown: let the pooled exchanges under way (backend DELETEs) finish."""
+    return _POOL.wait_idle(timeout)
 
 
 def pool_stats() -> dict[str, int]:

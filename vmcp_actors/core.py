@@ -39,6 +39,7 @@ Nothing here exposes an actor, a thread or a Flask object.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -117,7 +118,10 @@ def serve(core: Core, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, wor
 
     class GatewayApplication(BaseApplication):  # type: ignore[misc]
         def load_config(self) -> None:
-            for key, value in {**SETTINGS, "bind": bind, "workers": workers}.items():
+            for key, value in {**SETTINGS, "bind": bind, "workers": workers,
+                               # gunicorn takes whole seconds
+                               "graceful_timeout": max(1, math.ceil(core.config.operational.shutdown_grace_period)),
+                               }.items():
                 self.cfg.set(key, value)
 
         def load(self) -> Any:

@@ -190,6 +190,8 @@ class OperationalConfig:
     # Users whose actors run at once (each holds one thread: its UserActor); at the cap the
     # least recently used user with nothing in flight is released (its records stay).
     max_live_users: int = 1000
+    # After SIGTERM: how long calls in flight may take before the worker stops anyway.
+    shutdown_grace_period: float = 30.0
     # None: no health checks, no circuit breaker, partial failures served (best effort).
     failure_handling: FailureHandlingConfig | None = None
     # NAME of the env var holding the key that signs session ids; None = a random key per start.

@@ -739,6 +739,7 @@ class OperationalSchema(_StrictSchema):
     max_sessions_per_identity = _Integer(
         data_key="maxSessionsPerIdentity", load_default=0,
         validate=validate.Range(0, 1_000_000, error="must be between 0 (no cap of its own) and 1000000"))
+    shutdown_grace_period = _Duration(data_key="shutdownGracePeriod", load_default=30.0, at_most="1h")
     failure_handling = _Nested(FailureHandlingSchema, data_key="failureHandling", load_default=None,
                                allow_none=True)
     max_live_users = _Integer(data_key="maxLiveUsers", load_default=1000,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -150,8 +151,10 @@ CAP_RETRY_AFTER = 5
 
 class McpService:
     def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer,
-                 live: LiveSessions | None = None, parked: ParkedCalls | None = None):
+                 live: LiveSessions | None = None, parked: ParkedCalls | None = None,
+                 draining: threading.Event | None = None):
         self._config = config
+        self._draining = draining if draining is not None else threading.Event()
         self._live = live if live is not None else LiveSessions()
         self._gateway = gateway  # ActorProxy[Gateway]
         self._directory = directory
@@ -524,6 +527,9 @@ class McpService:
             outcome = initialize(message.params)
         except JsonRpcError as error:
             return Answer(body=error_response(message.id, error))
+        if self._draining.is_set():
+            return Unavailable("Service Unavailable: this gateway process is shutting down; initialize again "
+                               "(another process serves new sessions)", 1).refuse(Answer(), message.id)
         try:
             record = self._ask(self._gateway.open_session(identity, outcome))
         except Unavailable as unavailable:

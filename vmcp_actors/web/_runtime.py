@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,13 @@ class Runtime:
     allowed_hosts: frozenset[str]
     any_host: bool
     fanout: StreamFanout | None = None
+    # Set on SIGTERM: /readyz answers 503 and new sessions are refused while calls finish.
+    draining: threading.Event = field(default_factory=threading.Event)
+
+    def drain(self) -> None:
+        if not self.draining.is_set():
+            logger.info("draining: new sessions are refused; calls in flight may finish")
+        self.draining.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.fanout is not None:
@@ -88,9 +96,10 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     if services.fanout is not None:
         services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
-    service = McpService(config, gateway, directory, signer, services.live, services.parked)
+    draining = threading.Event()
+    service = McpService(config, gateway, directory, signer, services.live, services.parked, draining)
     return Runtime(config, gateway, service, authenticator, admin_token,
-                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout)
+                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout, draining)
 
 
 def _to_live_user(directory: Directory, key: UserKey, backend: str, message: dict) -> None:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import signal
 from logging.handlers import QueueHandler, QueueListener
 
 import pykka
+
+from vmcp_actors.concurrency import wait_for_io
 
 worker_class = "gthread"
 workers = 1
@@ -27,7 +30,7 @@ preload_app = False
 max_requests = 0
 # SSE answers and slow backends hold a thread; gthread keeps them off the accept loop.
 timeout = 120
-graceful_timeout = 5
+graceful_timeout = 30  # `vmcp-actors serve` takes it from operational.shutdownGracePeriod
 # Longer than a reverse proxy's idle timeout (nginx: 60 s), so the proxy, not us, closes
 # idle connections: a server closing a kept-alive connection just as a client reuses it
 # makes that request fail (a 1 s keep-alive did, for clients pausing about a second).
@@ -56,12 +59,43 @@ def post_fork(server, worker):  # noqa: ANN001 - gunicorn hook signature
     _log_writer.start()
 
 
+def post_worker_init(worker):  # noqa: ANN001 - gunicorn hook signature
+    """On SIGTERM the worker drains before gunicorn's own handling: /readyz answers 503 and
+    new sessions are refused, while the requests in flight finish (up to graceful_timeout,
+    which `vmcp-actors serve` takes from operational.shutdownGracePeriod)."""
+    runtime = _runtime_of(worker)
+    stop_accepting = signal.getsignal(signal.SIGTERM)
+    if runtime is None or not callable(stop_accepting):
+        return
+
+    def drain_then_stop(signum, frame):  # noqa: ANN001 - signal handler signature
+        runtime.drain()
+        stop_accepting(signum, frame)
+
+    signal.signal(signal.SIGTERM, drain_then_stop)
+
+
 def worker_exit(server, worker):  # noqa: ANN001 - gunicorn hook signature
-    """Stop every actor so SIGTERM ends the worker in a moment, not after graceful_timeout;
-    then write the log lines still queued."""
+    """The requests are done: end the sessions this process holds (its backend sessions
+    get their DELETE when records are not shared), stop every actor so the worker ends in
+    a moment, let the DELETEs under way finish, then write the log lines still queued."""
+    runtime = _runtime_of(worker)
+    if runtime is not None:
+        runtime.stop(timeout=2)
     pykka.ActorRegistry.stop_all(block=True, timeout=2)
+    wait_for_io(SHUTDOWN_IO_WAIT)
     if _log_writer is not None:
         _log_writer.stop()
+
+
+# How long worker_exit lets backend DELETEs under way finish.
+SHUTDOWN_IO_WAIT = 3.0
+
+
+def _runtime_of(worker):  # noqa: ANN001, ANN202 - a gunicorn worker; the Runtime or None
+    app = getattr(worker, "wsgi", None)
+    extensions = getattr(app, "extensions", None)
+    return extensions.get("vmcp_actors") if isinstance(extensions, dict) else None
 
 
 SETTINGS = {
@@ -76,5 +110,6 @@ SETTINGS = {
     "keepalive": keepalive,
     "control_socket_disable": control_socket_disable,
     "post_fork": post_fork,
+    "post_worker_init": post_worker_init,
     "worker_exit": worker_exit,
 }
