@@ -41,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -50,6 +52,7 @@ from typing import Any
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import VmcpConfig, config_from_mapping, load_config
 from vmcp_actors.identity import Identity
+from vmcp_actors.metrics import METRICS_DIR_ENV
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 from vmcp_actors.sessions._aggregation import Route
 from vmcp_actors.sessions._capabilities import Capabilities, CapabilitiesLayer
@@ -129,7 +132,15 @@ def serve(core: Core, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, wor
 
             return create_app(core.config, host=host, layers=core.layers)
 
-    GatewayApplication().run()
+    # Several workers add up their metrics through files in one directory (vmcp_actors.metrics).
+    made_metrics_dir = workers > 1 and METRICS_DIR_ENV not in os.environ
+    if made_metrics_dir:
+        os.environ[METRICS_DIR_ENV] = tempfile.mkdtemp(prefix="vmcp-metrics-")
+    try:
+        GatewayApplication().run()
+    finally:
+        if made_metrics_dir:
+            shutil.rmtree(os.environ.pop(METRICS_DIR_ENV), ignore_errors=True)
     return 0
 
 

@@ -37,6 +37,7 @@ from vmcp_actors.exceptions import (
     BackendTimeout,
     BackendUnavailable,
 )
+from vmcp_actors.metrics import record_backend
 from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from vmcp_actors.protocol.sse import iter_sse_events
 
@@ -443,7 +444,12 @@ class McpHttpClient:
         remaining = self._remaining(deadline, timeout)
         breaker = self._breaker
         if breaker is not None:
-            breaker.admit()  # an open circuit: fail now, send nothing
+            try:
+                breaker.admit()  # an open circuit: fail now, send nothing
+            except BackendError:
+                record_backend(self._name, "circuit_open", 0.0)
+                raise
+        started = time.monotonic()
         try:
             resp = self._http.request(
                 method,
@@ -457,11 +463,13 @@ class McpHttpClient:
             )
         except Exception as exc:
             mapped = self._map_exception(exc, timeout)
+            record_backend(self._name, _outcome_of(mapped), time.monotonic() - started)
             if breaker is not None:
                 # Unreachable or silent counts against the backend; anything else answered.
                 (breaker.failed if isinstance(mapped, (BackendUnavailable, BackendTimeout)) else breaker.succeeded)()
             # `from None`: requests' messages carry the URL; keep it out of tracebacks.
             raise mapped from None
+        record_backend(self._name, "ok" if resp.status_code < 500 else "http_5xx", time.monotonic() - started)
         if breaker is not None:
             (breaker.failed if resp.status_code >= 500 else breaker.succeeded)()
         return resp
@@ -697,3 +705,12 @@ class McpHttpClient:
             logger.debug("backend %r sent a response for another request id; skipped", self._name)
             return False
         return True
+
+
+def _outcome_of(error: Exception) -> str:
+    """A failed exchange's outcome label in the metrics."""
+    if isinstance(error, BackendTimeout):
+        return "timeout"
+    if isinstance(error, BackendUnavailable):
+        return "unreachable"
+    return "error"

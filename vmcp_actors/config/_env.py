@@ -16,6 +16,8 @@ def required_env_vars(config: VmcpConfig) -> list[tuple[str, str]]:
         found.append(("operational.signingKeyEnv", config.operational.signing_key_env))
     if config.admin.token_env is not None:
         found.append(("admin.tokenEnv", config.admin.token_env))
+    if config.admin.metrics_token_env is not None:
+        found.append(("admin.metricsTokenEnv", config.admin.metrics_token_env))
     outgoing = config.outgoing_auth
     found.extend(_backend_auth_env_vars("outgoingAuth.default", outgoing.default))
     for name, auth in outgoing.backends.items():

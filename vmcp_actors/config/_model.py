@@ -207,6 +207,8 @@ class AdminConfig:
     """``token_env`` is the NAME of the env var holding the admin token, never the token."""
 
     token_env: str | None = None
+    # NAME of the env var holding a token GET /metrics then requires; None = /metrics is open.
+    metrics_token_env: str | None = None
 
 
 @dataclass(frozen=True)

@@ -753,6 +753,8 @@ class OperationalSchema(_StrictSchema):
 
 class AdminSchema(_StrictSchema):
     token_env = _String(data_key="tokenEnv", load_default=None, allow_none=True, validate=_env_var_name)
+    metrics_token_env = _String(data_key="metricsTokenEnv", load_default=None, allow_none=True,
+                                validate=_env_var_name)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> AdminConfig:

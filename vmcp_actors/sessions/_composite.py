@@ -34,6 +34,7 @@ import pykka
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, stop_quietly
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.identity import Identity
+from vmcp_actors.metrics import METRICS
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.sessions._aggregation import Catalog, InternalTool, Route
 from vmcp_actors.sessions._capabilities import ANSWER_MARGIN, AggregatedBackends, CapabilitiesLayer
@@ -144,6 +145,8 @@ class WorkflowMetrics:
             counters["durationSecondsMax"] = max(counters["durationSecondsMax"], status["duration"])
             counters["stepsStarted"] += status["stepsStarted"]
             counters["stepsFailed"] += status["stepsFailed"]
+        METRICS.observe("workflow", (status["composite"], state if state in ("completed", "cancelled") else "failed"),
+                        status["duration"])
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         with self._lock:

@@ -59,6 +59,7 @@ from vmcp_actors.concurrency import (
 from vmcp_actors.config import BackendConfig, VmcpConfig
 from vmcp_actors.exceptions import BackendError, BackendUnavailable
 from vmcp_actors.identity import Identity
+from vmcp_actors.metrics import METRICS
 from vmcp_actors.sessions._aggregation import Catalog, build_catalog
 from vmcp_actors.sessions._capabilities import AggregatedBackends, Capabilities, CatalogBoard
 from vmcp_actors.sessions._composite import CompositeTools, WorkflowMetrics
@@ -210,6 +211,7 @@ class _Round:
     pending: set[str]
     full: bool
     future: cf.Future[Catalog] = field(default_factory=cf.Future)
+    started: float = field(default_factory=time.monotonic)
 
 
 class UserActor(pykka.ThreadingActor):
@@ -573,6 +575,7 @@ class UserActor(pykka.ThreadingActor):
         if round_ is None or round_.id != message.round_id:
             return  # an older round's answer: a newer round speaks for this backend
         name, error = message.backend, message.outcome.exception()
+        METRICS.observe("discovery", (name, "ok" if error is None else "failed"), time.monotonic() - round_.started)
         if error is None:
             self._discovered[name] = message.outcome.result()
             self._failures.pop(name, None)

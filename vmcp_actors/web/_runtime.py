@@ -19,6 +19,7 @@ from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.gateway import Directory, Gateway, McpService
 from vmcp_actors.layers import LayerFactory, stack_layers
+from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals
 from vmcp_actors.sessions import (
     DiscoveryCache,
     MemoryRecordStore,
@@ -49,6 +50,9 @@ class Runtime:
     fanout: StreamFanout | None = None
     # Set on SIGTERM: /readyz answers 503 and new sessions are refused while calls finish.
     draining: threading.Event = field(default_factory=threading.Event)
+    metrics: GatewayCollector | None = None  # what GET /metrics returns
+    metrics_token: str | None = field(default=None, repr=False)
+    totals: ProcessTotals | None = None  # this worker's metric totals, for the other workers
 
     def drain(self) -> None:
         if not self.draining.is_set():
@@ -56,6 +60,8 @@ class Runtime:
         self.draining.set()
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self.totals is not None:
+            self.totals.stop()
         if self.fanout is not None:
             self.fanout.stop()
         try:
@@ -98,8 +104,35 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
     draining = threading.Event()
     service = McpService(config, gateway, directory, signer, services.live, services.parked, draining)
+    totals = ProcessTotals(os.environ.get(METRICS_DIR_ENV))
+    totals.start()
+    metrics_token = os.environ[config.admin.metrics_token_env] if config.admin.metrics_token_env else None
     return Runtime(config, gateway, service, authenticator, admin_token,
-                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout, draining)
+                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout, draining,
+                   GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals)
+
+
+def process_gauges(config: VmcpConfig, directory: Directory, services: SessionServices) -> list[Any]:
+    """The gauges of this process for a scrape: (name, help, {labels: value}, label names)."""
+    health = services.health.snapshot() if services.health is not None else {}
+    circuit_values = {"closed": 0, "half_open": 1, "open": 2}
+    cache = services.discovery_cache.stats()
+    workflows = services.workflow_metrics.snapshot()
+    return [
+        ("vmcp_sessions", "Client sessions this process serves.", {(): directory.session_count()}, ()),
+        ("vmcp_live_users", "Users whose actors run in this process.", {(): len(directory.live_users())}, ()),
+        ("vmcp_threads", "Threads of this process.", {(): threading.active_count()}, ()),
+        ("vmcp_discovery_cache_hits", "Discovery cache hits since start.", {(): cache["hits"]}, ()),
+        ("vmcp_discovery_cache_misses", "Discovery cache misses since start.", {(): cache["misses"]}, ()),
+        ("vmcp_workflow_runs_in_flight", "Composite tool runs under way.",
+         {(name, ): counters["running"] for name, counters in workflows.items()}, ("composite",)),
+        ("vmcp_circuit_state", "Each backend's circuit: 0 closed, 1 half-open, 2 open.",
+         {(name, ): circuit_values[row["circuit"]["state"]] for name, row in health.items() if "circuit" in row},
+         ("backend",)),
+        ("vmcp_backend_health", "1 for each backend's current health state (unknown, healthy, degraded, "
+                                "unhealthy, unauthenticated).",
+         {(name, row["state"]): 1 for name, row in health.items() if "state" in row}, ("backend", "state")),
+    ]
 
 
 def _to_live_user(directory: Directory, key: UserKey, backend: str, message: dict) -> None:

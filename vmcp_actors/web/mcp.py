@@ -20,6 +20,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from vmcp_actors.gateway import Answer, short_id
 from vmcp_actors.identity import Identity, anonymous_with
+from vmcp_actors.metrics import record_request
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -260,6 +261,7 @@ def _identity() -> Identity | None:
 
 
 def _log(method: str, session_id: str | None, started: float, status: int, streamed: bool = False) -> None:
+    record_request(method, status, time.monotonic() - started)
     logger.info(
         "%s session=%s status=%s%s duration_ms=%.1f",
         method,

@@ -1,0 +1,28 @@
+"""GET /metrics: Prometheus text, for a scraper (a token of its own when
+``admin.metricsTokenEnv`` is set; open otherwise, as scrapers expect)."""
+
+from __future__ import annotations
+
+import hmac
+
+from flask import Blueprint, Response, request
+
+from vmcp_actors.metrics import CONTENT_TYPE, exposition
+from vmcp_actors.web._responses import json_response
+from vmcp_actors.web._runtime import current_runtime
+
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    runtime = current_runtime()
+    expected = runtime.metrics_token
+    if expected is not None:
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+            return json_response({"error": "metrics token required"}, 401,
+                                 {"WWW-Authenticate": 'Bearer realm="vmcp-metrics"'})
+    if runtime.metrics is None:
+        return json_response({"error": "not found"}, 404)
+    return Response(exposition(runtime.metrics), 200, {"Content-Type": CONTENT_TYPE})
