@@ -145,3 +145,22 @@ def test_two_workers_add_up(tmp_path, redis_server):
 @pytest.fixture(autouse=True)
 def admin_token(monkeypatch):
     monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
+
+
+def test_the_grafana_dashboard_uses_only_metrics_the_gateway_exports():
+    import json
+    from pathlib import Path
+
+    from vmcp_actors.metrics import FAMILIES
+
+    exported = {"vmcp_sessions", "vmcp_live_users", "vmcp_threads", "vmcp_discovery_cache_hits",
+                "vmcp_discovery_cache_misses", "vmcp_workflow_runs_in_flight", "vmcp_circuit_state",
+                "vmcp_backend_health"}
+    for counter, histogram, _help, _labels in FAMILIES.values():
+        exported |= {f"{counter}_total", f"{histogram}_bucket", f"{histogram}_count", f"{histogram}_sum"}
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana-dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"\bvmcp_[a-z_]+", target["expr"])}
+    assert used and used <= exported, used - exported
+    documented = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    assert all(name.removesuffix("_bucket") in documented for name in used)
