@@ -22,16 +22,14 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 METRICS_DIR_ENV = "VMCP_METRICS_DIR"
 FLUSH_EVERY = 2.0
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # family -> (its counter, its histogram, help, label names): a count by labels and the
 # durations of the same observations.
@@ -188,6 +186,9 @@ class GatewayCollector:
         self._recorder = recorder
 
     def collect(self) -> Iterator[Metric]:
+        # Imported at the first scrape: a process nobody scrapes never loads it.
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
         summed = self._recorder.totals()
         for key, row in self._totals.others().items():
             _add(summed, key, row)
@@ -213,8 +214,12 @@ class GatewayCollector:
             yield gauge
 
 
-def exposition(collector: GatewayCollector) -> bytes:
+def exposition(collector: GatewayCollector) -> tuple[bytes, str]:
+    """The scrape's body and its content type."""
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return generate_latest(registry)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
 

@@ -7,7 +7,7 @@ import hmac
 
 from flask import Blueprint, Response, request
 
-from vmcp_actors.metrics import CONTENT_TYPE, exposition
+from vmcp_actors.metrics import exposition
 from vmcp_actors.web._responses import json_response
 from vmcp_actors.web._runtime import current_runtime
 
@@ -25,4 +25,5 @@ def metrics() -> Response:
                                  {"WWW-Authenticate": 'Bearer realm="vmcp-metrics"'})
     if runtime.metrics is None:
         return json_response({"error": "not found"}, 404)
-    return Response(exposition(runtime.metrics), 200, {"Content-Type": CONTENT_TYPE})
+    body, content_type = exposition(runtime.metrics)
+    return Response(body, 200, {"Content-Type": content_type})
