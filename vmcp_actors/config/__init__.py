@@ -7,6 +7,7 @@ from ._warnings import config_warnings
 from ._model import (
     AdminConfig,
     AggregationConfig,
+    AuditConfig,
     AuthzConfig,
     BackendAuthConfig,
     BackendConfig,
@@ -27,6 +28,7 @@ from ._model import (
 )
 
 __all__ = [
+    "AuditConfig",
     "CircuitBreakerConfig",
     "FailureHandlingConfig",
     "SessionStorageConfig",

@@ -171,6 +171,30 @@ class FailureHandlingConfig:
     circuit_breaker: CircuitBreakerConfig = field(default_factory=CircuitBreakerConfig)
 
 
+# What the audit log can record (ToolHive's event type names).
+AUDIT_EVENT_TYPES = ("mcp_tool_call", "mcp_resource_read", "mcp_prompt_get")
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """``audit`` (ToolHive's fields): one JSON line per tool call, resource read and prompt
+    get. Arguments and results only when included, cut to ``max_data_size`` bytes."""
+
+    enabled: bool = False
+    component: str = "vmcp-actors"
+    event_types: tuple[str, ...] = ()  # empty: every type
+    exclude_event_types: tuple[str, ...] = ()
+    include_request_data: bool = False
+    include_response_data: bool = False
+    max_data_size: int = 1024
+    log_file: str | None = None  # None: the vmcp_actors.audit logger (the process's log)
+
+    def records(self, event_type: str) -> bool:
+        if not self.enabled or event_type in self.exclude_event_types:
+            return False
+        return not self.event_types or event_type in self.event_types
+
+
 @dataclass(frozen=True)
 class OperationalConfig:
     """Timeouts and limits of the running gateway."""
@@ -354,6 +378,7 @@ class VmcpConfig:
     composite_tools: tuple[CompositeTool, ...] = field(default=(), hash=False)
     optimizer: OptimizerConfig | None = None
     session_storage: SessionStorageConfig = field(default_factory=SessionStorageConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "backends")

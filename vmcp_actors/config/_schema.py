@@ -36,8 +36,10 @@ from ._model import (
     DEFAULT_ALGORITHMS,
     DEFAULT_PREFIX_FORMAT,
     DEFAULT_TRANSPORT,
+    AUDIT_EVENT_TYPES,
     AdminConfig,
     AggregationConfig,
+    AuditConfig,
     CircuitBreakerConfig,
     FailureHandlingConfig,
     AuthzConfig,
@@ -718,6 +720,28 @@ class FailureHandlingSchema(_StrictSchema):
         return FailureHandlingConfig(**data)
 
 
+class AuditSchema(_StrictSchema):
+    enabled = _Boolean(load_default=False)
+    component = _String(load_default="vmcp-actors", validate=_not_blank)
+    event_types = _List(_String(validate=_Choice(AUDIT_EVENT_TYPES)), data_key="eventTypes", load_default=tuple)
+    exclude_event_types = _List(_String(validate=_Choice(AUDIT_EVENT_TYPES)), data_key="excludeEventTypes",
+                                load_default=tuple)
+    include_request_data = _Boolean(data_key="includeRequestData", load_default=False)
+    include_response_data = _Boolean(data_key="includeResponseData", load_default=False)
+    max_data_size = _Integer(data_key="maxDataSize", load_default=1024,
+                             validate=validate.Range(1, 1_048_576, error="must be between 1 and 1048576"))
+    log_file = _String(data_key="logFile", load_default=None, allow_none=True, validate=_not_blank)
+    # ToolHive's: JSON-RPC errors in 200 answers are always detected here.
+    detect_application_errors = _Boolean(data_key="detectApplicationErrors", load_default=True)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> AuditConfig:
+        data.pop("detect_application_errors")
+        data["event_types"] = tuple(data["event_types"])
+        data["exclude_event_types"] = tuple(data["exclude_event_types"])
+        return AuditConfig(**data)
+
+
 class OperationalSchema(_StrictSchema):
     timeouts = _Nested(TimeoutsSchema, load_default=TimeoutsConfig)
     session_ttl = _Duration(data_key="sessionTTL", load_default=1800.0)
@@ -826,6 +850,7 @@ class VmcpSchema(_StrictSchema):
     audit = NotSupportedYet()
     optimizer = _Nested(OptimizerSchema, load_default=None, allow_none=True)
     session_storage = _Nested(SessionStorageSchema, data_key="sessionStorage", load_default=SessionStorageConfig)
+    audit = _Nested(AuditSchema, load_default=AuditConfig)
 
     # These read what the sections loaded (see ``_loaded``), so they run even when fields
     # failed and their lines join the other errors.
@@ -895,6 +920,7 @@ class VmcpSchema(_StrictSchema):
             composite_tools=tuple(data["composite_tools"]),
             optimizer=data.get("optimizer"),
             session_storage=data["session_storage"],
+            audit=data["audit"],
         )
 
 

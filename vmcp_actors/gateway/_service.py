@@ -22,6 +22,7 @@ from vmcp_actors.backends import CallOpened
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.gateway._actor import CapReached
+from vmcp_actors.gateway._audit import AuditLog, timer, watched
 from vmcp_actors.gateway._directory import Directory, Lease
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
@@ -124,6 +125,7 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
     session_id: str | None = None
     on_close: list[Callable[[], None]] = field(default_factory=list)
+    served_by: UserHandle | None = None  # the user whose actors served it (for the audit log)
 
     def close(self) -> None:
         callbacks, self.on_close = self.on_close, []
@@ -155,6 +157,7 @@ class McpService:
                  draining: threading.Event | None = None):
         self._config = config
         self._draining = draining if draining is not None else threading.Event()
+        self._audit = AuditLog(config.audit)
         self._live = live if live is not None else LiveSessions()
         self._gateway = gateway  # ActorProxy[Gateway]
         self._directory = directory
@@ -171,6 +174,30 @@ class McpService:
     def post(self, message: Message, identity: Identity | None, session_id: str | None,
              header_version: str | None, method_header: str | None = None, name_header: str | None = None,
              param_headers: dict[str, str] | None = None) -> Answer:
+        event_type = self._audit.event_type(message.method) if message.is_request else None
+        if event_type is None:
+            return self._post(message, identity, session_id, header_version, method_header, name_header, param_headers)
+        elapsed = timer()
+        answer = self._post(message, identity, session_id, header_version, method_header, name_header, param_headers)
+        seen: list[RelayEvent] = []
+        if answer.events is not None:
+            answer.events = watched(answer.events, seen)
+
+        def write() -> None:
+            final = seen[-1] if seen else None
+            self._audit.write(event_type, identity=identity, session_id=session_id or answer.session_id,
+                              method=message.method or "", params=message.params,
+                              backend=_backend_of(answer.served_by, identity, message),
+                              answer=final.message if final is not None else answer.body,
+                              http_status=final.http_status if final is not None else answer.status,
+                              seconds=elapsed())
+
+        answer.on_close.insert(0, write)  # before the lease ends (the user may be released after)
+        return answer
+
+    def _post(self, message: Message, identity: Identity | None, session_id: str | None,
+              header_version: str | None, method_header: str | None, name_header: str | None,
+              param_headers: dict[str, str] | None) -> Answer:
         if message.method == "server/discover" or is_modern_request(header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS,
                                                                      session_id):
             return self._post_modern(message, identity,
@@ -210,6 +237,7 @@ class McpService:
             user.backends.notify_backends(identity, message.method, None)
             answer.status = 202
             return answer
+        answer.served_by = user
         answer.events = self._dispatch(user, lease, message, identity)
         if lease.session.protocol_version >= RESUMABLE_SINCE:
             answer.resumable = lambda: self._live.open_call_stream(session_id)
@@ -300,6 +328,7 @@ class McpService:
             user = self._hold_user(key, identity, request, answer)
         except Unavailable as unavailable:
             return unavailable.refuse(answer, message.id)
+        answer.served_by = user
         if message.method == "subscriptions/listen":
             return self._listen(message, request, identity, user, answer)
         params = message.params if isinstance(message.params, dict) else {}
@@ -584,6 +613,19 @@ class McpService:
         except StoreUnavailable as error:
             logger.warning("%s", error)
             raise Unavailable("Service Unavailable: session storage cannot be reached; retry", 1) from None
+
+
+def _backend_of(user: UserHandle | None, identity: Identity | None, message: Message) -> str | None:
+    """For the audit log: the backend that serves the request's target, if it is known."""
+    params = message.params if isinstance(message.params, dict) else {}
+    name = params.get("uri" if message.method == "resources/read" else "name")
+    if user is None or not isinstance(name, str):
+        return None
+    try:
+        found = _looked_up(user, identity, message.method or "", name, Deadline.after(1.0))
+    except Exception:  # noqa: BLE001 - the line is written without it
+        return None
+    return found if isinstance(found, str) or found is None else getattr(found, "backend", None)
 
 
 def _only(event: RelayEvent) -> Iterator[RelayEvent]:

@@ -1,0 +1,111 @@
+"""The audit log (``audit``): one JSON line per tool call, resource read and prompt get,
+written when its answer is done: time, component, event type, user (issuer, subject),
+the session's short id, method, the advertised name, the backend that served it,
+outcome and duration. Arguments and results only when the config includes them (cut to
+``maxDataSize``); never a token, a full session id or a backend's URL.
+
+Lines go to ``logFile`` (created 0600, appended) or, without one, to the
+``vmcp_actors.audit`` logger (the process's log, as Cedar's decisions).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from vmcp_actors.config import AuditConfig
+from vmcp_actors.identity import Identity, subject_of
+
+EVENT_TYPES = {"tools/call": "mcp_tool_call", "resources/read": "mcp_resource_read", "prompts/get": "mcp_prompt_get"}
+TARGETS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+
+
+class AuditLog:
+    def __init__(self, config: AuditConfig):
+        self._config = config
+        self._logger = logging.getLogger("vmcp_actors.audit")
+        if config.enabled and config.log_file:
+            # Its own logger and file: audit lines do not mix with the process log.
+            self._logger = logging.getLogger("vmcp_actors.audit.file")
+            self._logger.propagate = False
+            self._logger.setLevel(logging.INFO)
+            os.close(os.open(config.log_file, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
+            handler = logging.FileHandler(config.log_file, encoding="utf-8")
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            for previous in self._logger.handlers:  # a gateway started again in this process
+                previous.close()
+            self._logger.handlers = [handler]
+
+    def event_type(self, method: str | None) -> str | None:
+        """The event type a request of ``method`` is audited as; None when it is not."""
+        event = EVENT_TYPES.get(method or "")
+        return event if event is not None and self._config.records(event) else None
+
+    def write(self, event_type: str, *, identity: Identity | None, session_id: str | None, method: str,
+              params: Any, backend: str | None, answer: dict[str, Any] | None, http_status: int,
+              seconds: float) -> None:
+        params = params if isinstance(params, dict) else {}
+        target = params.get(TARGETS[method])
+        line: dict[str, Any] = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "component": self._config.component,
+            "type": event_type,
+            "user": {"issuer": identity.issuer or None if identity is not None else None,
+                     "subject": subject_of(identity)},
+            "session": session_id[:8] if session_id else None,
+            "method": method,
+            "name": target if isinstance(target, str) else None,
+            "backend": backend,
+            "outcome": _outcome(answer, http_status),
+            "durationMs": round(seconds * 1000, 1),
+        }
+        if self._config.include_request_data:
+            data = params.get("arguments") if method != "resources/read" else None
+            line["request"] = _cut(data, self._config.max_data_size)
+        if self._config.include_response_data and answer is not None:
+            line["response"] = _cut(answer.get("result", answer.get("error")), self._config.max_data_size)
+        self._logger.info("%s", json.dumps(line, separators=(",", ":"), ensure_ascii=False))
+
+
+def watched(events: Iterator[Any], seen: list[Any]) -> Iterator[Any]:
+    """The answer's events, unchanged; the final one is kept in ``seen``."""
+    try:
+        for event in events:
+            if getattr(event, "final", False):
+                seen.append(event)
+            yield event
+    finally:
+        close = getattr(events, "close", None)
+        if callable(close):
+            close()
+
+
+def _outcome(answer: dict[str, Any] | None, http_status: int) -> str:
+    if answer is None:
+        return "success" if http_status < 400 else "error"
+    if "error" in answer:
+        return "error"
+    result = answer.get("result")
+    if isinstance(result, dict) and result.get("isError") is True:
+        return "tool_error"
+    if isinstance(result, dict) and result.get("resultType") == "input_required":
+        return "input_required"
+    return "success"
+
+
+def _cut(value: Any, limit: int) -> Any:
+    """``value`` as it is when its JSON fits in ``limit`` bytes, else its JSON cut to it."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    if len(text.encode("utf-8")) <= limit:
+        return value
+    return {"truncated": text.encode("utf-8")[:limit].decode("utf-8", "ignore")}
+
+
+def timer() -> Callable[[], float]:
+    started = time.monotonic()
+    return lambda: time.monotonic() - started
