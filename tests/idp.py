@@ -26,6 +26,7 @@ import base64
 import hmac
 import hashlib
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -194,6 +195,8 @@ class LocalIdP:
         self._jwks_fetches = 0
         self._discovery_fetches = 0
         self._token_requests = 0
+        self._opaque: dict[str, dict[str, Any]] = {}  # RFC 7662: opaque token -> its introspection answer
+        self._introspections = 0
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -458,6 +461,7 @@ class LocalIdP:
             "issuer": self.issuer,
             "jwks_uri": self.jwks_url,
             "token_endpoint": self.token_url,
+            "introspection_endpoint": self.introspection_url,
             "grant_types_supported": [TOKEN_EXCHANGE_GRANT],
             "response_types_supported": ["token"],
             "subject_types_supported": ["public"],
@@ -476,7 +480,57 @@ class LocalIdP:
             Route("/.well-known/oauth-authorization-server", self._discovery, methods=["GET"]),
             Route("/jwks", self._jwks, methods=["GET"]),
             Route("/token", self._token, methods=["POST"]),
+            Route("/introspect", self._introspect, methods=["POST"]),
         ])
+
+    # -- RFC 7662 introspection of opaque tokens ---------------------------------------
+
+    @property
+    def introspection_url(self) -> str:
+        return f"{self.issuer}/introspect"
+
+    def issue_opaque_token(self, subject: str, audience: str | None, expires_in: int = 300,
+                           **claims: Any) -> str:
+        """An opaque (non-JWT) access token, active until it expires or is revoked."""
+        token = "opaque-" + secrets.token_urlsafe(24)
+        now = int(time.time())
+        record = {"active": True, "sub": subject, "iss": self.issuer, "exp": now + expires_in, "iat": now,
+                  "token_type": "Bearer", **claims}
+        if audience is not None:
+            record["aud"] = audience
+        with self._lock:
+            self._opaque[token] = record
+        return token
+
+    def revoke_opaque(self, token: str) -> None:
+        with self._lock:
+            self._opaque.pop(token, None)
+
+    @property
+    def introspections(self) -> int:
+        with self._lock:
+            return self._introspections
+
+    async def _introspect(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        with self._lock:
+            self._introspections += 1
+        try:
+            form = await self._read_form(request)
+            client_id, secrets_given, _method = self._client_credentials(request, form)
+            if client_id is None or client_id not in self._clients:
+                raise _TokenError("invalid_client", "introspection needs a registered client", 401)
+            self._authenticate(client_id, secrets_given)
+        except _TokenError as exc:
+            return JSONResponse({"error": exc.error, "error_description": exc.description},
+                                status_code=exc.status, headers=dict(NO_STORE))
+        token = _single(form, "token") or ""
+        with self._lock:
+            record = dict(self._opaque.get(token) or {})
+        if not record or record["exp"] <= time.time():
+            return JSONResponse({"active": False}, headers=dict(NO_STORE))
+        return JSONResponse(record, headers=dict(NO_STORE))
 
     async def _discovery(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

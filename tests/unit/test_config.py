@@ -329,9 +329,9 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
     ("overrides", "expected"),
     [
         ({"compositeToolRefs": ["t"]}, "compositeToolRefs: compositeToolRefs is not supported yet"),
-        ({"groupRef": "engineering"}, "groupRef: groupRef is not supported yet"),
+        ({"groupRef": "engineering"}, "groupRef: groupRef is not supported yet outside ToolHive's Kubernetes "
+                                      "operator: list the group's servers under backends (name and url each)"),
         ({"telemetry": {}}, "telemetry: telemetry is not supported yet"),
-        ({"audit": {"enabled": True}}, "audit: audit is not supported yet"),
         ({"incomingAuth": {"authz": {"type": "cedar", "policies": ["permit(principal, action, resource);"],
                                      "primaryUpstreamProvider": "github"}}},
          "incomingAuth.authz.primaryUpstreamProvider: primaryUpstreamProvider is not supported yet "
@@ -339,7 +339,8 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
         ({"incomingAuth": {"authz": {"type": "cedar"}}},
          "incomingAuth.authz.policies: must list at least one Cedar policy for type cedar (without one, every "
          "request is denied)"),
-        ({"outgoingAuth": {"source": "inline"}}, "outgoingAuth.source: source is not supported yet (backends are configured inline)"),
+        ({"outgoingAuth": {"source": "discovered"}},
+         "outgoingAuth.source: 'discovered' is not supported yet (outside Kubernetes every backend is inline)"),
     ],
 )
 def test_contract_field_not_built_yet_is_rejected_by_name(overrides: dict[str, Any], expected: str) -> None:
@@ -783,11 +784,19 @@ def test_oidc_urls_are_validated(field: str, value: str, message: str) -> None:
     assert errors_of(with_oidc(**{field: value})) == (f"incomingAuth.oidc.{field}: {message}",)
 
 
+def test_toolhive_oidc_client_introspection_scopes_and_resource_load() -> None:
+    loaded = config_from_mapping(with_oidc(clientId="vmcp", clientSecretEnv="VMCP_CLIENT_SECRET", scopes=["mcp:tools"],
+                            introspectionUrl="https://idp.example.com/introspect",
+                            resource="https://gw.example.com/mcp")).incoming_auth.oidc
+    assert (loaded.client_id, loaded.client_secret_env, loaded.scopes) == ("vmcp", "VMCP_CLIENT_SECRET", ("mcp:tools",))
+    assert (loaded.introspection_url, loaded.resource_url) == ("https://idp.example.com/introspect",
+                                                               "https://gw.example.com/mcp")
+    assert errors_of(with_oidc(clientSecretEnv="X")) == ("incomingAuth.oidc.clientSecretEnv: needs clientId",)
+    assert errors_of(with_oidc(resource="https://a.example.com/mcp", resourceUrl="https://b.example.com/mcp")) == (
+        "incomingAuth.oidc.resource: resource and resourceUrl name the same thing: give one",)
+
+
 @pytest.mark.parametrize(("field", "expected"), [
-    ("clientId", "clientId is not supported yet"),
-    ("clientSecretEnv", "clientSecretEnv is not supported yet"),
-    ("scopes", "scopes is not supported yet"),
-    ("resource", "resource is not supported yet (resourceUrl sets the advertised resource)"),
     ("insecureAllowHttp", "insecureAllowHttp is not supported yet (http issuers are accepted)"),
     ("protectedResourceAllowPrivateIp", "protectedResourceAllowPrivateIp is not supported yet"),
 ])

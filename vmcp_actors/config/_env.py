@@ -16,6 +16,9 @@ def required_env_vars(config: VmcpConfig) -> list[tuple[str, str]]:
         found.append(("operational.signingKeyEnv", config.operational.signing_key_env))
     if config.admin.token_env is not None:
         found.append(("admin.tokenEnv", config.admin.token_env))
+    oidc = config.incoming_auth.oidc
+    if oidc is not None and oidc.client_secret_env is not None:
+        found.append(("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env))
     if config.admin.metrics_token_env is not None:
         found.append(("admin.metricsTokenEnv", config.admin.metrics_token_env))
     outgoing = config.outgoing_auth

@@ -248,10 +248,16 @@ class OidcConfig:
     jwks_url: str | None = None
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     clock_skew: float = 30.0
-    resource_url: str | None = None  # advertised as the protected resource (RFC 9728)
+    resource_url: str | None = None  # advertised as the protected resource (RFC 9728); ToolHive's `resource`
+    # RFC 7662: opaque (non-JWT) tokens are asked about here, as this client.
+    introspection_url: str | None = None
+    client_id: str | None = None
+    client_secret_env: str | None = None  # NAME of the env var holding the client secret
+    scopes: tuple[str, ...] = ()  # advertised as scopes_supported (RFC 9728)
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "algorithms")
+        _freeze_sequence(self, "scopes")
 
 
 DEFAULT_GROUP_ENTITY_TYPE = "THVGroup"

@@ -347,16 +347,30 @@ class OidcSchema(_StrictSchema):
     clock_skew = _Duration(data_key="clockSkew", load_default=30.0, allow_zero=True, at_most=MAX_CLOCK_SKEW)
     resource_url = _String(data_key="resourceUrl", load_default=None, allow_none=True, validate=_resource_url)
 
+    resource = _String(load_default=None, allow_none=True, validate=_resource_url)  # ToolHive's name
+    introspection_url = _String(data_key="introspectionUrl", load_default=None, allow_none=True, validate=_http_url)
+    client_id = _String(data_key="clientId", load_default=None, allow_none=True, validate=_not_blank)
+    client_secret_env = _String(data_key="clientSecretEnv", load_default=None, allow_none=True,
+                                validate=_env_var_name)
+    scopes = _List(_String(validate=_not_blank), load_default=tuple)
+
     # ToolHive's fields for features this project has not built.
-    client_id = NotSupportedYet(data_key="clientId")
-    client_secret_env = NotSupportedYet(data_key="clientSecretEnv")
-    scopes = NotSupportedYet()
-    resource = NotSupportedYet(hint=" (resourceUrl sets the advertised resource)")
     insecure_allow_http = NotSupportedYet(data_key="insecureAllowHttp", hint=" (http issuers are accepted)")
     protected_resource_allow_private_ip = NotSupportedYet(data_key="protectedResourceAllowPrivateIp")
 
+    @validates_schema
+    def _one_resource(self, data: dict[str, Any], **kwargs: Any) -> None:
+        resource, resource_url = data.get("resource"), data.get("resource_url")
+        if resource and resource_url and resource != resource_url:
+            raise ValidationError({"resource": ["resource and resourceUrl name the same thing: give one"]})
+        if data.get("client_secret_env") and not data.get("client_id"):
+            raise ValidationError({"clientSecretEnv": ["needs clientId"]})
+
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OidcConfig:
+        resource = data.pop("resource", None)
+        data["resource_url"] = data.get("resource_url") or resource
+        data["scopes"] = tuple(data["scopes"])
         return OidcConfig(**data)
 
 
@@ -506,10 +520,13 @@ class OutgoingAuthSchema(_StrictSchema):
         load_default=tuple,
         validate=_NoDuplicates("header", "passthroughHeaders", fold=str.lower),
     )
-    source = NotSupportedYet(hint=" (backends are configured inline)")
+    # ToolHive's: inline (the config says it all) or discovered (from Kubernetes, not here).
+    source = _String(load_default="inline", validate=_Choice(["inline"], ["discovered"],
+                                                             hint=" (outside Kubernetes every backend is inline)"))
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OutgoingAuthConfig:
+        data.pop("source", None)
         return OutgoingAuthConfig(**data)
 
 
@@ -845,9 +862,10 @@ class VmcpSchema(_StrictSchema):
 
     composite_tools = _List(_Nested(CompositeToolSchema), data_key="compositeTools", load_default=tuple)
     composite_tool_refs = NotSupportedYet(data_key="compositeToolRefs")
-    group_ref = NotSupportedYet(data_key="groupRef")
+    # ToolHive's operator resolves an MCPGroup in Kubernetes; here backends are listed.
+    group_ref = NotSupportedYet(data_key="groupRef", hint=" outside ToolHive's Kubernetes operator: list the "
+                                                           "group's servers under backends (name and url each)")
     telemetry = NotSupportedYet()
-    audit = NotSupportedYet()
     optimizer = _Nested(OptimizerSchema, load_default=None, allow_none=True)
     session_storage = _Nested(SessionStorageSchema, data_key="sessionStorage", load_default=SessionStorageConfig)
     audit = _Nested(AuditSchema, load_default=AuditConfig)

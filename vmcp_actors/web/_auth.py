@@ -6,10 +6,16 @@ a JWT with PyJWT against the issuer's JWKS: the signature (allowed algorithms on
 an unknown ``kid`` refetches the JWKS once, at most every ``MIN_JWKS_REFETCH`` seconds, so
 tokens with made-up key ids cannot hammer the IdP. Nothing is fetched until the first
 token arrives.
+
+With ``introspectionUrl``, a token that is not a JWT is asked about (RFC 7662) as the
+configured client: it must be ``active``, issued by the issuer (when the answer says),
+for the audience and unexpired. An answer is reused for at most ``INTROSPECTION_TTL``
+seconds (never past the token's ``exp``), keyed by the token's digest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -30,6 +36,8 @@ MIN_JWKS_REFETCH = 30.0
 # How long a failed first fetch answers 503 before the IdP is asked again.
 JWKS_RETRY_AFTER_FAILURE = 5.0
 IDP_TIMEOUT = 10.0
+INTROSPECTION_TTL = 60.0
+INTROSPECTION_CACHE_MAX = 10_000
 
 
 class AuthError(Exception):
@@ -118,13 +126,76 @@ class JwksKeys:
         return jwks_uri
 
 
+class Introspection:
+    """RFC 7662 for opaque tokens, with a short cache of the answers."""
+
+    def __init__(self, oidc: OidcConfig, client_secret: str | None, http: requests.Session):
+        self._oidc = oidc
+        self._auth = (oidc.client_id, client_secret or "") if oidc.client_id else None
+        self._http = http
+        self._lock = threading.Lock()
+        self._answers: dict[bytes, tuple[float, Identity]] = {}
+
+    def identity(self, token: str) -> Identity:
+        digest = hashlib.sha256(token.encode()).digest()
+        now = time.time()
+        with self._lock:
+            cached = self._answers.get(digest)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        claims = self._ask(token)
+        if claims.get("active") is not True:
+            raise AuthError("token is not active")
+        issuer = claims.get("iss", self._oidc.issuer)
+        if issuer != self._oidc.issuer:
+            raise AuthError("token was issued by another issuer")
+        audience = claims.get("aud")
+        audiences = audience if isinstance(audience, list) else [audience] if isinstance(audience, str) else []
+        if self._oidc.audience not in audiences:
+            raise AuthError("token is not for this audience")
+        expires = claims.get("exp")
+        if not isinstance(expires, (int, float)) or expires + self._oidc.clock_skew <= now:
+            raise AuthError("token expired")
+        subject = claims.get("sub")
+        if not isinstance(subject, str) or not subject:
+            raise AuthError("token has no subject")
+        identity = Identity(issuer, subject, claims=MappingProxyType(dict(claims)), token=token)
+        with self._lock:
+            if len(self._answers) >= INTROSPECTION_CACHE_MAX:
+                self._answers.clear()  # a flood of distinct tokens costs lookups, not memory
+            self._answers[digest] = (min(now + INTROSPECTION_TTL, float(expires)), identity)
+        return identity
+
+    def _ask(self, token: str) -> dict[str, Any]:
+        assert self._oidc.introspection_url is not None
+        try:
+            response = self._http.post(self._oidc.introspection_url, data={
+                "token": token, "token_type_hint": "access_token"}, auth=self._auth,
+                headers={"Accept": "application/json"}, timeout=IDP_TIMEOUT, allow_redirects=False)
+        except requests.RequestException:
+            logger.warning("token introspection failed: the identity provider cannot be reached")
+            raise IdentityProviderUnavailable() from None
+        if response.status_code != 200:
+            logger.warning("token introspection answered HTTP %d (is incomingAuth.oidc.clientId registered?)",
+                           response.status_code)
+            raise IdentityProviderUnavailable()
+        try:
+            claims = response.json()
+        except ValueError:
+            raise IdentityProviderUnavailable() from None
+        if not isinstance(claims, dict):
+            raise IdentityProviderUnavailable()
+        return claims
+
+
 class OidcAuthenticator:
-    def __init__(self, oidc: OidcConfig, http: requests.Session | None = None):
+    def __init__(self, oidc: OidcConfig, http: requests.Session | None = None, client_secret: str | None = None):
         self._oidc = oidc
         self.issuer = oidc.issuer
         session = http if http is not None else requests.Session()
         session.trust_env = False
         self._keys = JwksKeys(oidc.issuer, oidc.jwks_url, session)
+        self._introspection = Introspection(oidc, client_secret, session) if oidc.introspection_url else None
 
     def authenticate(self, authorization: str | None) -> Identity:
         if not authorization:
@@ -133,6 +204,8 @@ class OidcAuthenticator:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise AuthError("the Authorization header must be 'Bearer <token>'", error="invalid_request")
+        if self._introspection is not None and token.count(".") != 2:
+            return self._introspection.identity(token)  # opaque: not a JWT
         try:
             header = jwt.get_unverified_header(token)
         except jwt.DecodeError:
@@ -187,8 +260,8 @@ def _reason(error: jwt.PyJWTError) -> str:
     return "token rejected"
 
 
-def build_authenticator(oidc: OidcConfig | None) -> Authenticator:
-    return AnonymousAuthenticator() if oidc is None else OidcAuthenticator(oidc)
+def build_authenticator(oidc: OidcConfig | None, client_secret: str | None = None) -> Authenticator:
+    return AnonymousAuthenticator() if oidc is None else OidcAuthenticator(oidc, client_secret=client_secret)
 
 
 def www_authenticate(resource_metadata_url: str, error: AuthError) -> str:
@@ -199,11 +272,15 @@ def www_authenticate(resource_metadata_url: str, error: AuthError) -> str:
     return ", ".join(parts)
 
 
-def protected_resource_metadata(resource: str, issuer: str, name: str) -> dict[str, Any]:
-    """RFC 9728: where this resource's tokens come from."""
-    return {
+def protected_resource_metadata(resource: str, issuer: str, name: str,
+                                scopes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """RFC 9728: where this resource's tokens come from (and, when configured, the scopes)."""
+    metadata: dict[str, Any] = {
         "resource": resource,
         "authorization_servers": [issuer],
         "bearer_methods_supported": ["header"],
         "resource_name": name,
     }
+    if scopes:
+        metadata["scopes_supported"] = list(scopes)
+    return metadata

@@ -101,7 +101,9 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     gateway = Gateway.start(config, directory, services, signer).proxy()
     if services.fanout is not None:
         services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
-    authenticator = build_authenticator(config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None)
+    oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
+    client_secret = os.environ[oidc.client_secret_env] if oidc is not None and oidc.client_secret_env else None
+    authenticator = build_authenticator(oidc, client_secret)
     draining = threading.Event()
     service = McpService(config, gateway, directory, signer, services.live, services.parked, draining)
     totals = ProcessTotals(os.environ.get(METRICS_DIR_ENV))

@@ -30,4 +30,6 @@ def metadata() -> Response:
     runtime = current_runtime()
     if runtime.authenticator.issuer is None:
         return json_response({"error": "not found"}, 404)  # anonymous: no authorization server
-    return json_response(protected_resource_metadata(resource_url(), runtime.authenticator.issuer, runtime.config.name))
+    oidc = runtime.config.incoming_auth.oidc
+    return json_response(protected_resource_metadata(resource_url(), runtime.authenticator.issuer, runtime.config.name,
+                                                     oidc.scopes if oidc is not None else ()))
