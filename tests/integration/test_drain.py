@@ -29,7 +29,13 @@ def test_draining_refuses_new_sessions_and_turns_readyz_503(start_gateway, backe
     gateway = start_gateway({"name": "drain", "backends": [backend_entry("rs", backend)]})
     session = gateway.initialize()
     assert requests.get(gateway.base + "/readyz", timeout=5).status_code == 200
+    stream = requests.get(gateway.url, headers={**HEADERS, "Accept": "text/event-stream", "Mcp-Session-Id": session,
+                                                "MCP-Protocol-Version": "2025-11-25"}, stream=True, timeout=10)
+    assert stream.status_code == 200
+    ended = threading.Event()
+    threading.Thread(target=lambda: (list(stream.iter_content(chunk_size=None)), ended.set()), daemon=True).start()
     gateway.app.extensions["vmcp_actors"].drain()
+    assert ended.wait(5)  # the standalone stream ends: its client reconnects to another process
     ready = requests.get(gateway.base + "/readyz", timeout=5)
     assert (ready.status_code, ready.json()) == (503, {"status": "draining"})
     refused = gateway.post(INIT)

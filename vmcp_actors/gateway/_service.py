@@ -167,6 +167,15 @@ class McpService:
         self._parked = parked if parked is not None else ParkedCalls()
         self._cache_hints = cache_hints_for(config)
 
+    def drain(self) -> None:
+        """SIGTERM: refuse new sessions, end the standalone streams (their clients reopen
+        them elsewhere: a stream would hold the process for the whole grace period), let
+        the calls in flight finish."""
+        self._draining.set()
+        closed = self._live.close_streams()
+        if closed:
+            logger.info("draining: %d standalone stream(s) ended; their clients reconnect elsewhere", closed)
+
     @property
     def parked(self) -> ParkedCalls:
         return self._parked

@@ -451,6 +451,15 @@ class LiveSessions:
                 pending.timer.cancel()
             pending.respond({"error": {"code": INVALID_REQUEST, "message": "the client session ended"}})
 
+    def close_streams(self) -> int:
+        """The process drains: every standalone (and listen) stream ends, so its client
+        opens it again on another process; calls and what they wait for go on. How many."""
+        with self._lock:
+            streams = [session.stream for session in self._sessions.values() if session.stream is not None]
+        for stream in streams:
+            stream.close()
+        return len(streams)
+
     def end_all(self) -> None:
         """The process is stopping: every stream closes, every waiting request fails."""
         with self._lock:

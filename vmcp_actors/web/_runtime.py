@@ -57,7 +57,7 @@ class Runtime:
     def drain(self) -> None:
         if not self.draining.is_set():
             logger.info("draining: new sessions are refused; calls in flight may finish")
-        self.draining.set()
+        self.service.drain()
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.totals is not None:
