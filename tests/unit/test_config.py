@@ -331,7 +331,6 @@ def test_per_workload_naming_an_unknown_backend_is_rejected() -> None:
         ({"compositeToolRefs": ["t"]}, "compositeToolRefs: compositeToolRefs is not supported yet"),
         ({"groupRef": "engineering"}, "groupRef: groupRef is not supported yet outside ToolHive's Kubernetes "
                                       "operator: list the group's servers under backends (name and url each)"),
-        ({"telemetry": {}}, "telemetry: telemetry is not supported yet"),
         ({"incomingAuth": {"authz": {"type": "cedar", "policies": ["permit(principal, action, resource);"],
                                      "primaryUpstreamProvider": "github"}}},
          "incomingAuth.authz.primaryUpstreamProvider: primaryUpstreamProvider is not supported yet "

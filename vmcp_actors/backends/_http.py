@@ -38,8 +38,9 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.metrics import record_backend
-from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from vmcp_actors.protocol.mcp import MODERN_PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from vmcp_actors.protocol.sse import iter_sse_events
+from vmcp_actors.tracing import backend_span
 
 if TYPE_CHECKING:
     from vmcp_actors.backends._health import CircuitBreaker
@@ -355,14 +356,19 @@ class McpHttpClient:
     ) -> requests.Response:
         headers = self._headers(session_id, protocol_version, extra_headers)
         headers["Content-Type"] = _JSON
-        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        resp = self._send("POST", headers, body, deadline, timeout)
-        try:
-            self._check_status(resp, session_id, deadline, timeout)
-        except BaseException:
-            resp.close()
-            raise
-        return resp
+        with backend_span(self._name, message.get("method"), headers) as span:
+            if span is not None and protocol_version is not None and protocol_version >= MODERN_PROTOCOL_VERSION:
+                message = _with_traceparent(message, headers["traceparent"])  # 2026-07-28: in _meta too
+            body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            resp = self._send("POST", headers, body, deadline, timeout)
+            if span is not None:
+                span.set_attribute("http.response.status_code", resp.status_code)
+            try:
+                self._check_status(resp, session_id, deadline, timeout)
+            except BaseException:
+                resp.close()
+                raise
+            return resp
 
     def _reopener(self, session_id: str | None, protocol_version: str | None,
                   extra_headers: Mapping[str, str] | None, deadline: float, timeout: float,
@@ -714,3 +720,12 @@ def _outcome_of(error: Exception) -> str:
     if isinstance(error, BackendUnavailable):
         return "unreachable"
     return "error"
+
+
+def _with_traceparent(message: dict, traceparent: str) -> dict:
+    """A copy of a request whose ``params._meta`` carries ``traceparent`` (2026-07-28)."""
+    if "id" not in message:
+        return message
+    params = dict(message.get("params") or {})
+    params["_meta"] = {**(params.get("_meta") or {}), "traceparent": traceparent}
+    return {**message, "params": params}

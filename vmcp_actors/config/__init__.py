@@ -20,6 +20,7 @@ from ._model import (
     OptimizerConfig,
     SessionStorageConfig,
     OutgoingAuthConfig,
+    TelemetryConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
     ToolOverride,
@@ -28,6 +29,7 @@ from ._model import (
 )
 
 __all__ = [
+    "TelemetryConfig",
     "AuditConfig",
     "CircuitBreakerConfig",
     "FailureHandlingConfig",

@@ -196,6 +196,24 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """``telemetry`` (ToolHive's fields): OpenTelemetry traces exported with OTLP over HTTP."""
+
+    endpoint: str | None = None  # OTLP/HTTP base URL (…/v1/traces is added), e.g. http://collector:4318
+    service_name: str = "vmcp-actors"
+    service_version: str | None = None
+    tracing_enabled: bool = False
+    metrics_enabled: bool = False  # OTLP metrics are not sent: GET /metrics serves Prometheus
+    sampling_rate: float = 1.0
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # sent to the collector (may hold keys)
+    insecure: bool = False
+    enable_prometheus_metrics_path: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
+
+
+@dataclass(frozen=True)
 class OperationalConfig:
     """Timeouts and limits of the running gateway."""
 
@@ -385,6 +403,7 @@ class VmcpConfig:
     optimizer: OptimizerConfig | None = None
     session_storage: SessionStorageConfig = field(default_factory=SessionStorageConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "backends")

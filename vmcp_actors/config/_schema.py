@@ -40,6 +40,7 @@ from ._model import (
     AdminConfig,
     AggregationConfig,
     AuditConfig,
+    TelemetryConfig,
     CircuitBreakerConfig,
     FailureHandlingConfig,
     AuthzConfig,
@@ -759,6 +760,28 @@ class AuditSchema(_StrictSchema):
         return AuditConfig(**data)
 
 
+class TelemetrySchema(_StrictSchema):
+    endpoint = _String(load_default=None, allow_none=True, validate=_http_url)
+    service_name = _String(data_key="serviceName", load_default="vmcp-actors", validate=_not_blank)
+    service_version = _String(data_key="serviceVersion", load_default=None, allow_none=True)
+    tracing_enabled = _Boolean(data_key="tracingEnabled", load_default=False)
+    metrics_enabled = _Boolean(data_key="metricsEnabled", load_default=False)
+    sampling_rate = fields.Float(data_key="samplingRate", load_default=1.0,
+                                 validate=validate.Range(0.0, 1.0, error="must be between 0 and 1"))
+    headers = fields.Dict(keys=_String(validate=_not_blank), values=_String(), load_default=dict)
+    insecure = _Boolean(load_default=False)
+    enable_prometheus_metrics_path = _Boolean(data_key="enablePrometheusMetricsPath", load_default=True)
+
+    @validates_schema
+    def _endpoint_for_traces(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data.get("tracing_enabled") and not data.get("endpoint"):
+            raise ValidationError({"endpoint": ["tracingEnabled needs the OTLP endpoint to send traces to"]})
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> TelemetryConfig:
+        return TelemetryConfig(**data)
+
+
 class OperationalSchema(_StrictSchema):
     timeouts = _Nested(TimeoutsSchema, load_default=TimeoutsConfig)
     session_ttl = _Duration(data_key="sessionTTL", load_default=1800.0)
@@ -865,7 +888,7 @@ class VmcpSchema(_StrictSchema):
     # ToolHive's operator resolves an MCPGroup in Kubernetes; here backends are listed.
     group_ref = NotSupportedYet(data_key="groupRef", hint=" outside ToolHive's Kubernetes operator: list the "
                                                            "group's servers under backends (name and url each)")
-    telemetry = NotSupportedYet()
+    telemetry = _Nested(TelemetrySchema, load_default=TelemetryConfig)
     optimizer = _Nested(OptimizerSchema, load_default=None, allow_none=True)
     session_storage = _Nested(SessionStorageSchema, data_key="sessionStorage", load_default=SessionStorageConfig)
     audit = _Nested(AuditSchema, load_default=AuditConfig)
@@ -939,6 +962,7 @@ class VmcpSchema(_StrictSchema):
             optimizer=data.get("optimizer"),
             session_storage=data["session_storage"],
             audit=data["audit"],
+            telemetry=data["telemetry"],
         )
 
 

@@ -19,6 +19,7 @@ from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.gateway import Directory, Gateway, McpService
 from vmcp_actors.layers import LayerFactory, stack_layers
+from vmcp_actors import tracing
 from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals
 from vmcp_actors.sessions import (
     DiscoveryCache,
@@ -60,6 +61,7 @@ class Runtime:
         self.service.drain()
 
     def stop(self, timeout: float = 5.0) -> None:
+        tracing.shutdown()
         if self.totals is not None:
             self.totals.stop()
         if self.fanout is not None:
@@ -108,6 +110,7 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     service = McpService(config, gateway, directory, signer, services.live, services.parked, draining)
     totals = ProcessTotals(os.environ.get(METRICS_DIR_ENV))
     totals.start()
+    tracing.configure(config.telemetry)
     metrics_token = os.environ[config.admin.metrics_token_env] if config.admin.metrics_token_env else None
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout, draining,

@@ -37,6 +37,7 @@ from vmcp_actors.protocol.mcp import (
     SESSION_HEADER,
 )
 from vmcp_actors.sessions import RESUME_RETRY_MS, CallStream, RelayEvent
+from vmcp_actors.tracing import request_span
 from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, www_authenticate
 from vmcp_actors.web._responses import json_response, rpc_error
 from vmcp_actors.web._runtime import current_runtime
@@ -113,13 +114,19 @@ def post_message() -> Response:
         message = parse_message(_read_body())
     except JsonRpcError as error:
         return _write(Answer(400, error_response(None, error)), "-", started)
-    answer = current_runtime().service.post(
-        message, _identity(), request.headers.get(SESSION_HEADER), _field(PROTOCOL_VERSION_HEADER),
-        _field(METHOD_HEADER), _field(NAME_HEADER),
-        {name[len(PARAM_HEADER_PREFIX):].lower(): _ows(value) for name, value in request.headers.items()
-         if name.lower().startswith(PARAM_HEADER_PREFIX.lower())},
-    )
-    return _write(answer, message.method or message.kind, started)
+    session_id = request.headers.get(SESSION_HEADER)
+    params = message.params if isinstance(message.params, dict) else {}
+    target = params.get("uri" if message.method == "resources/read" else "name")
+    with request_span(message.method or message.kind, request.headers, {
+            "mcp.method.name": message.method, "mcp.session.id": short_id(session_id) if session_id else None,
+            "mcp.target": target if isinstance(target, str) else None}):
+        answer = current_runtime().service.post(
+            message, _identity(), session_id, _field(PROTOCOL_VERSION_HEADER),
+            _field(METHOD_HEADER), _field(NAME_HEADER),
+            {name[len(PARAM_HEADER_PREFIX):].lower(): _ows(value) for name, value in request.headers.items()
+             if name.lower().startswith(PARAM_HEADER_PREFIX.lower())},
+        )
+        return _write(answer, message.method or message.kind, started)
 
 
 def _write(answer: Answer, method: str, started: float) -> Response:
