@@ -205,7 +205,7 @@ class TelemetryConfig:
     tracing_enabled: bool = False
     metrics_enabled: bool = False  # OTLP metrics are not sent: GET /metrics serves Prometheus
     sampling_rate: float = 1.0
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # sent to the collector (may hold keys)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False, hash=False)  # to the collector (may hold keys)
     insecure: bool = False
     enable_prometheus_metrics_path: bool = True
 
