@@ -18,6 +18,7 @@ threads so a hung exchange never holds up process exit.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import heapq
 import itertools
 import queue
@@ -84,7 +85,8 @@ class BoundedPool:
             start_worker = self._pending > self._idle and self._workers < self._max
             if start_worker:
                 self._workers += 1
-        self._jobs.put((fn, args, future))
+        # The job runs in the submitter's context (a trace's current span goes with it).
+        self._jobs.put((contextvars.copy_context().run, (fn, *args), future))
         if start_worker:
             threading.Thread(target=self._work, name=self._name, daemon=True).start()
         return future

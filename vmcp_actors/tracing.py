@@ -93,5 +93,43 @@ def backend_span(backend: str, method: str | None, headers: MutableMapping[str, 
         yield span
 
 
-def traceparent(headers: Mapping[str, str]) -> str | None:
-    return headers.get("traceparent")
+def current_context() -> Any:
+    """The trace context of this thread (None when tracing is off): for work that goes on
+    on other threads (a composite tool's steps)."""
+    if _tracer is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
+def start_span(name: str, parent: Any, attributes: Mapping[str, Any]) -> Any:
+    """A span under ``parent`` (a context from ``current_context``), not made current; None
+    when tracing is off."""
+    if _tracer is None or parent is None:
+        return None
+    return _tracer.start_span(name, context=parent, attributes=dict(attributes))
+
+
+def within(span: Any, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with ``span`` current, so what it starts (pooled jobs copy the context)
+    is under it."""
+    if span is None:
+        return fn(*args)
+    from opentelemetry import context, trace
+
+    token = context.attach(trace.set_span_in_context(span))
+    try:
+        return fn(*args)
+    finally:
+        context.detach(token)
+
+
+def end(span: Any, error: BaseException | None = None) -> None:
+    if span is None:
+        return
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+    span.end()

@@ -105,3 +105,32 @@ def test_the_telemetry_config_is_checked():
     loaded = config_from_mapping({**base, "telemetry": {"endpoint": "http://c:4318", "tracingEnabled": True,
                                                         "headers": {"x-api-key": "s3cret"}}})
     assert "s3cret" not in repr(loaded)
+
+
+def test_a_composite_tools_steps_are_spans_under_its_call(start_gateway, spans):
+    backend = restartable_backend("rs")
+    try:
+        gateway = start_gateway({"name": "traced", "backends": [backend_entry("rs", backend)],
+                                 "telemetry": {"endpoint": "http://127.0.0.1:9", "tracingEnabled": True},
+                                 "compositeTools": [{
+                                     "name": "twice", "description": "echo twice",
+                                     "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+                                     "steps": [{"id": "first", "tool": "rs.echo", "arguments": {"text": "a"}},
+                                               {"id": "second", "tool": "rs.echo", "arguments": {"text": "b"},
+                                                "dependsOn": ["first"]}]}]})
+        tracing.configure(ON, exporter=spans)
+        sid = gateway.initialize()
+        spans.clear()
+        answer = gateway.rpc(sid, "tools/call", {"name": "twice", "arguments": {"text": "x"}})
+        assert "result" in answer, answer
+        finished = spans.get_finished_spans()
+        (server,) = [span for span in finished if span.name == "mcp tools/call"]
+        steps = [span for span in finished if span.name == "composite step rs.echo"]
+        assert len(steps) == 2
+        assert all(step.parent.span_id == server.context.span_id for step in steps)
+        backends = [span for span in finished
+                    if span.name == "backend rs" and span.attributes["mcp.method.name"] == "tools/call"]
+        assert len(backends) == 2 and all(span.context.trace_id == server.context.trace_id for span in backends)
+        assert {span.parent.span_id for span in backends} <= {step.context.span_id for step in steps}
+    finally:
+        backend.stop()

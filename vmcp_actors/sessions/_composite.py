@@ -31,6 +31,7 @@ from typing import Any
 
 import pykka
 
+from vmcp_actors import tracing
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, stop_quietly
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.identity import Identity
@@ -174,6 +175,7 @@ class _StepCaller:
         self._targets = targets
         self._client_capabilities = client_capabilities
         self._to_client = to_client  # puts events on the calling client's stream
+        self._trace = tracing.current_context()  # the composite call's span: steps go under it
 
     def input_schema(self, tool: str) -> Mapping[str, Any] | None:
         target = self._targets.get(tool)
@@ -184,7 +186,11 @@ class _StepCaller:
         target = self._targets.get(tool)
         if target is None:
             raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
-        return self._backends.submit_route(self._identity, target.route, arguments, deadline)
+        span = tracing.start_span(f"composite step {tool}", self._trace, {"vmcp.backend": target.route.backend})
+        outcome = tracing.within(span, self._backends.submit_route, self._identity, target.route, arguments, deadline)
+        if span is not None:
+            outcome.add_done_callback(lambda done: tracing.end(span, done.exception()))
+        return outcome
 
     def elicit(self, step_id: str, message: str, requested_schema: Mapping[str, Any],
                deadline: Deadline) -> cf.Future[dict[str, Any]]:
