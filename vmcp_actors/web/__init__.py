@@ -13,7 +13,7 @@ from vmcp_actors.config import VmcpConfig
 from vmcp_actors.layers import LayerFactory
 from vmcp_actors.sessions import StoreUnavailable
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST
-from vmcp_actors.web import admin, health, mcp, metrics, wellknown
+from vmcp_actors.web import admin, admin_page, health, mcp, metrics, wellknown
 from vmcp_actors.web._responses import rpc_error
 from vmcp_actors.web._runtime import Runtime, current_runtime, install, start_runtime
 
@@ -33,6 +33,7 @@ def create_app(config: VmcpConfig, *, host: str = "127.0.0.1", test_config: dict
     install(app, start_runtime(config, host, layers))
     app.register_blueprint(mcp.bp)
     app.register_blueprint(admin.bp)
+    app.register_blueprint(admin_page.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(metrics.bp)
     app.register_blueprint(wellknown.bp)

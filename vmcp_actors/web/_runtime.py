@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import secrets
@@ -37,6 +38,36 @@ from vmcp_actors.web._auth import Authenticator, build_authenticator
 logger = logging.getLogger(__name__)
 
 EXTENSION_KEY = "vmcp_actors"
+# The admin page's "recent problems": the last warnings and errors of vmcp_actors' loggers.
+RECENT_PROBLEMS = 50
+
+
+@dataclass(frozen=True)
+class Problem:
+    at: float
+    level: str
+    logger: str
+    message: str
+
+
+class _RecentProblems(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.problems: collections.deque[Problem] = collections.deque(maxlen=RECENT_PROBLEMS)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.problems.append(Problem(record.created, record.levelname, record.name, record.getMessage()[:500]))
+        except Exception:  # noqa: BLE001 - a log line that cannot be formatted is left out
+            pass
+
+
+_PROBLEMS = _RecentProblems()
+
+
+def recent_problems() -> list[Problem]:
+    """Newest first."""
+    return list(reversed(_PROBLEMS.problems))
 
 
 @dataclass(frozen=True)
@@ -108,6 +139,9 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     authenticator = build_authenticator(oidc, client_secret)
     draining = threading.Event()
     service = McpService(config, gateway, directory, signer, services.live, services.parked, draining)
+    package_logger = logging.getLogger("vmcp_actors")
+    if _PROBLEMS not in package_logger.handlers:
+        package_logger.addHandler(_PROBLEMS)
     totals = ProcessTotals(os.environ.get(METRICS_DIR_ENV))
     totals.start()
     tracing.configure(config.telemetry)
