@@ -1375,13 +1375,33 @@ def test_filter_with_exclude_all_true_is_contradictory() -> None:
     assert github.filter == ("a",)
 
 
-def test_filter_naming_a_renamed_tools_old_name_is_rejected() -> None:
+def test_filter_may_name_a_renamed_tool_by_its_backend_name_as_toolhive_does() -> None:
     renamed = {"open_pr": {"name": "create_pr"}}
-    data = tools({"workload": "github", "filter": ["create_pr", "open_pr"], "overrides": renamed})
+    loaded = config_from_mapping(tools({"workload": "github", "filter": ["open_pr"], "overrides": renamed}))
+    assert loaded.aggregation.is_advertised("github", "create_pr", "open_pr")  # ToolHive: the backend's name
+    assert not loaded.aggregation.is_advertised("github", "merge_pr", "merge_pr")
+    both = config_from_mapping(tools({"workload": "github", "filter": ["create_pr"], "overrides": renamed}))
+    assert both.aggregation.is_advertised("github", "create_pr", "open_pr")  # this project's: the new name
+
+
+def test_a_config_with_every_field_of_toolhives_example_loads() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    data = yaml.safe_load((Path(__file__).parents[1] / "fixtures" / "toolhive-example-fields.yaml").read_text())
     assert errors_of(data) == (
-        "aggregation.tools[0].filter[1]: 'open_pr' is renamed to 'create_pr' by its override "
-        "(filter lists the new names)",
+        "backends: is required",
+        "groupRef: groupRef is not supported yet outside ToolHive's Kubernetes operator: list the group's "
+        "servers under backends (name and url each)",
     )
+    del data["groupRef"]
+    data["backends"] = [{"name": "tracker", "url": "http://127.0.0.1:9001/mcp"},
+                        {"name": "wiki", "url": "http://127.0.0.1:9002/mcp"}]
+    loaded = config_from_mapping(data)
+    assert loaded.telemetry.endpoint == "http://localhost:4317" and loaded.telemetry.sampling_rate == 0.1
+    assert loaded.operational.failure_handling.partial_failure_mode == "fail"
+    assert loaded.incoming_auth.oidc.scopes == ("openid", "profile")
 
 
 def test_filter_may_name_an_old_name_that_another_override_reuses() -> None:

@@ -761,7 +761,7 @@ def _configured_overrides(aggregation: AggregationConfig, backends: set[str]) ->
                 path=f"aggregation.tools[{index}].overrides.{original}",
                 resolved_name=resolved,
                 advertised_as=aggregation.advertised_name(tools.workload, resolved),
-                visible=aggregation.is_advertised(tools.workload, resolved),
+                visible=aggregation.is_advertised(tools.workload, resolved, original),
             ))
     return found
 

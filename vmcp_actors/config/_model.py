@@ -123,15 +123,18 @@ class AggregationConfig:
             return self.prefix_for(workload) + name
         return name
 
-    def is_advertised(self, workload: str, name: str) -> bool:
-        """Whether backend ``workload``'s tool ``name`` (after overrides, before prefixing)
-        passes ``exclude_all_tools``, the backend's ``exclude_all`` and its ``filter``."""
+    def is_advertised(self, workload: str, name: str, original: str | None = None) -> bool:
+        """Whether backend ``workload``'s tool ``name`` (after overrides, before prefixing;
+        ``original``: the backend's own name) passes ``exclude_all_tools``, the backend's
+        ``exclude_all`` and its ``filter``, whose entries match either name (ToolHive's
+        filter matches the backend's own name; this project's, the name after overrides)."""
         if self.exclude_all_tools:
             return False
         tools = self.tools_for(workload)
         if tools is None:
             return True
-        return not tools.exclude_all and (tools.filter is None or name in tools.filter)
+        return not tools.exclude_all and (tools.filter is None or name in tools.filter
+                                          or (original is not None and original in tools.filter))
 
 
 @dataclass(frozen=True)

@@ -578,8 +578,7 @@ class WorkloadToolsSchema(_StrictSchema):
 
 
 def _rename_problems(tools: WorkloadToolsConfig) -> dict[str, Any]:
-    """Overrides of one backend that rename two tools alike, and filter entries naming a
-    renamed tool's old name (filter matches names after overrides: the old one matches nothing)."""
+    """Overrides of one backend that rename two tools alike."""
     renames = tools.renames()
     errors: dict[str, Any] = {}
     first_with_name: dict[str, str] = {}
@@ -591,13 +590,6 @@ def _rename_problems(tools: WorkloadToolsConfig) -> dict[str, Any]:
             first_with_name[new] = original
     if clashes:
         errors["overrides"] = clashes
-    stale = {
-        index: [f"{entry!r} is renamed to {renames[entry]!r} by its override (filter lists the new names)"]
-        for index, entry in enumerate(tools.filter or ())
-        if renames.get(entry, entry) != entry and entry not in first_with_name
-    }
-    if stale:
-        errors["filter"] = stale
     return errors
 
 
@@ -761,7 +753,8 @@ class AuditSchema(_StrictSchema):
 
 
 class TelemetrySchema(_StrictSchema):
-    endpoint = _String(load_default=None, allow_none=True, validate=_http_url)
+    # A URL, or ToolHive's host:port (http with insecure, else https).
+    endpoint = _String(load_default=None, allow_none=True, validate=_not_blank)
     service_name = _String(data_key="serviceName", load_default="vmcp-actors", validate=_not_blank)
     service_version = _String(data_key="serviceVersion", load_default=None, allow_none=True)
     tracing_enabled = _Boolean(data_key="tracingEnabled", load_default=False)
@@ -774,12 +767,27 @@ class TelemetrySchema(_StrictSchema):
 
     @validates_schema
     def _endpoint_for_traces(self, data: dict[str, Any], **kwargs: Any) -> None:
-        if data.get("tracing_enabled") and not data.get("endpoint"):
+        endpoint = data.get("endpoint")
+        if data.get("tracing_enabled") and not endpoint:
             raise ValidationError({"endpoint": ["tracingEnabled needs the OTLP endpoint to send traces to"]})
+        if endpoint:
+            try:
+                _http_url(_endpoint_url(endpoint, data.get("insecure", False)))
+            except ValidationError:
+                raise ValidationError({"endpoint": ["must be an http(s) URL or host:port"]}) from None
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> TelemetryConfig:
+        if data.get("endpoint"):
+            data["endpoint"] = _endpoint_url(data["endpoint"], data["insecure"])
         return TelemetryConfig(**data)
+
+
+def _endpoint_url(endpoint: str, insecure: bool) -> str:
+    """ToolHive's ``host:port`` form as a URL: http when ``insecure``, else https."""
+    if "://" in endpoint:
+        return endpoint
+    return ("http://" if insecure else "https://") + endpoint
 
 
 class OperationalSchema(_StrictSchema):

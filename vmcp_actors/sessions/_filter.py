@@ -22,9 +22,10 @@ from vmcp_actors.sessions._explain import HIDES, Explanation, Finding
 
 
 def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
-    """The one predicate: ``filter`` matches the post-override, pre-prefix name. Composite
-    tools are the operator's own and are not filtered (the filter chooses backend tools)."""
-    return route.composite or aggregation.is_advertised(route.backend, route.resolved_name)
+    """The one predicate: a ``filter`` entry matches the post-override, pre-prefix name or
+    the backend's own name. Composite tools are the operator's own and are not filtered
+    (the filter chooses backend tools)."""
+    return route.composite or aggregation.is_advertised(route.backend, route.resolved_name, route.original_name)
 
 
 class AdvertisingFilter(CapabilitiesLayer):
