@@ -1400,6 +1400,9 @@ def test_a_config_with_every_field_of_toolhives_example_loads() -> None:
                         {"name": "wiki", "url": "http://127.0.0.1:9002/mcp"}]
     loaded = config_from_mapping(data)
     assert loaded.telemetry.endpoint == "http://localhost:4317" and loaded.telemetry.sampling_rate == 0.1
+    from vmcp_actors.config import config_warnings
+
+    assert [w.split(":")[0] for w in config_warnings(loaded)] == ["telemetry.endpoint", "telemetry.metricsEnabled"]
     assert loaded.operational.failure_handling.partial_failure_mode == "fail"
     assert loaded.incoming_auth.oidc.scopes == ("openid", "profile")
 

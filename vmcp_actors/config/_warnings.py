@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from vmcp_actors.config._model import VmcpConfig
 from vmcp_actors.workflows import MAX_ELICITATION_TIMEOUT
 
@@ -20,6 +22,12 @@ def config_warnings(config: VmcpConfig) -> list[str]:
     if config.optimizer is not None and config.optimizer.ignored:
         warnings.append("optimizer: " + ", ".join(config.optimizer.ignored) + " ignored: find_tool ranks with "
                         "BM25 over tool names, descriptions and parameter names (no embedding model)")
+    telemetry = config.telemetry
+    if telemetry.endpoint and urlsplit(telemetry.endpoint).port == 4317:
+        warnings.append("telemetry.endpoint: port 4317 is OTLP over gRPC; this gateway sends OTLP over HTTP "
+                        "(a collector's port 4318)")
+    if telemetry.metrics_enabled:
+        warnings.append("telemetry.metricsEnabled: no OTLP metrics are sent; GET /metrics serves them to Prometheus")
     authz = config.incoming_auth.authz
     if authz is not None and config.incoming_auth.type == "anonymous":
         warnings.append("incomingAuth.authz: every caller is anonymous (no claims, no subject), so every request "
