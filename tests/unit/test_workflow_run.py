@@ -752,6 +752,10 @@ def test_a_user_who_declines_is_logged_at_info_not_as_a_gateway_problem(caplog):
     caplog.set_level("INFO", logger="vmcp_actors.workflows._run")
     outcome(composite(confirm_step(), deploy_step()), AskingCaller({"deploy": echo}, {"action": "decline"}),
             {"app": "web"})
+    # The run logs on its own thread, which may still be writing when the outcome arrives.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(r.name == "vmcp_actors.workflows._run" for r in caplog.records):
+        time.sleep(0.01)
     lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows._run"]
     assert [record.levelname for record in lines] == ["INFO"]
     assert "step 'confirm' failed: the user declined (onDecline is abort)" in lines[0].getMessage()
