@@ -82,7 +82,8 @@ def test_a_2026_07_28_backend_gets_the_traceparent_in_meta_too(spans):
                                session_id=None, protocol_version="2026-07-28", timeout=5)
     with pytest.raises(StopIteration):
         next(exchange)
-    sent = responses.calls[0].request
+    # (responses intercepts every thread's requests: other tests' leftovers may be among them)
+    (sent,) = [call.request for call in responses.calls if call.request.url == url and call.request.method == "POST"]
     body = json.loads(sent.body)
     assert body["params"]["_meta"]["traceparent"] == sent.headers["traceparent"]
     assert body["params"]["_meta"]["io.modelcontextprotocol/clientInfo"] == {}  # the rest of _meta kept
