@@ -34,8 +34,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import requests
-
 from bench._common import (
     Check,
     McpClient,
@@ -48,7 +46,7 @@ from bench._common import (
     run_benchmark,
     table,
 )
-from bench.threads import Footprint, row, worker_pid
+from bench.threads import Footprint, call_every_tool, per_thread_http, row, wait_for_release, worker_pid
 
 BACKENDS = 5
 AUDIENCE = "vmcp"
@@ -79,25 +77,6 @@ def _peak_threads(pid: int):
         sampler.join(5)
 
 
-def _per_thread_http() -> tuple[Callable[[], requests.Session], list[requests.Session]]:
-    local, made = threading.local(), []
-
-    def http() -> requests.Session:
-        if not hasattr(local, "http"):
-            local.http = requests.Session()
-            made.append(local.http)
-        return local.http
-
-    return http, made
-
-
-def _call_all(client: McpClient, tools: Sequence[str], text: str) -> None:
-    for tool in tools:
-        answer = client.call_tool(tool, {"text": text})["content"][0]["text"]
-        if not answer.endswith(f":{text}"):
-            raise RuntimeError(f"{tool}: unexpected answer {answer!r}")
-
-
 # ----------------------------------------------------------------------------------
 # S1: 10,000 sessions of 1,000 users, idle release, everyone back
 # ----------------------------------------------------------------------------------
@@ -118,14 +97,14 @@ def s1(sessions: int, users: int, pool: int) -> list[Check]:
             "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}}))
         pid = worker_pid(gw)
         started = Footprint.of(pid)
-        http, made = _per_thread_http()
+        http, made = per_thread_http()
         # Session i belongs to user i % users: each user's sessions are spread over the run.
         session_ids: list[str | None] = [None] * sessions
 
         def open_one(index: int) -> None:
             client = McpClient(gw.url, http=http(), headers={"Authorization": f"Bearer {tokens[index % users]}"})
             session_ids[index] = client.initialize()
-            _call_all(client, tools, f"s{index}")
+            call_every_tool(client, tools, f"s{index}")
 
         with _peak_threads(pid) as peak:
             begun = time.perf_counter()
@@ -134,15 +113,14 @@ def s1(sessions: int, users: int, pool: int) -> list[Check]:
             took = time.perf_counter() - begun
             opened = Footprint.of(pid)
             last_request = time.monotonic()
-            released = _wait_for_release(pid, last_request)
-            waited = time.monotonic() - last_request
+            released, waited = wait_for_release(pid, last_request, IDLE_RELEASE, TARGET_S1_THREADS, RELEASE_GRACE)
             failures: list[str] = []
 
             def again(user: int) -> None:
                 client = McpClient(gw.url, http=http(), session_id=session_ids[user],
                                    headers={"Authorization": f"Bearer {tokens[user]}"})
                 try:
-                    _call_all(client, tools, f"again{user}")
+                    call_every_tool(client, tools, f"again{user}")
                 except Exception as exc:  # noqa: BLE001 - counted and reported
                     failures.append(f"user {user}: {exc!r}")
 
@@ -179,16 +157,6 @@ def s1(sessions: int, users: int, pool: int) -> list[Check]:
         Check(f"S1: {users} users calling again all succeed", f"{users - len(failures)} of {users}",
               f"{users} of {users}", not failures),
     ]
-
-
-def _wait_for_release(pid: int, last_request: float) -> Footprint:
-    time.sleep(max(0.0, last_request + IDLE_RELEASE + 1.0 - time.monotonic()))
-    deadline = last_request + IDLE_RELEASE + RELEASE_GRACE
-    seen = Footprint.of(pid)
-    while seen.threads >= TARGET_S1_THREADS and time.monotonic() < deadline:
-        time.sleep(0.25)
-        seen = Footprint.of(pid)
-    return seen
 
 
 # ----------------------------------------------------------------------------------

@@ -104,23 +104,37 @@ def growth(opened: Footprint, started: Footprint, sessions: int) -> str:
 # ----------------------------------------------------------------------------------
 
 
+def per_thread_http() -> tuple[Callable[[], requests.Session], list[requests.Session]]:
+    """``http()``: the calling thread's keep-alive connection (made on first use), and the
+    list of every one made, for closing them."""
+    local, made = threading.local(), []
+
+    def http() -> requests.Session:
+        if not hasattr(local, "http"):
+            local.http = requests.Session()
+            made.append(local.http)
+        return local.http
+
+    return http, made
+
+
+def call_every_tool(client: McpClient, tools: Sequence[str], text: str) -> None:
+    """Each echo tool once with ``text``; an answer that does not echo it is an error."""
+    for tool in tools:
+        answer = client.call_tool(tool, {"text": text})["content"][0]["text"]
+        if not answer.endswith(f":{text}"):
+            raise RuntimeError(f"{tool}: unexpected answer {answer!r}")
+
+
 def open_sessions(url: str, count: int, tools: Sequence[str], pool: int,
                   headers: Callable[[int], Mapping[str, str]] = lambda i: {}) -> float:
     """Open ``count`` sessions, each calling every tool once; they stay open. Wall seconds."""
-    local = threading.local()
-    connections: list[requests.Session] = []
+    http, connections = per_thread_http()
 
     def one(index: int) -> str | None:
-        if not hasattr(local, "http"):
-            local.http = requests.Session()
-            connections.append(local.http)
-        client = McpClient(url, headers=headers(index), http=local.http)
+        client = McpClient(url, headers=headers(index), http=http())
         session_id = client.initialize()
-        for tool in tools:
-            text = f"s{index}"
-            answer = client.call_tool(tool, {"text": text})["content"][0]["text"]
-            if not answer.endswith(f":{text}"):
-                raise RuntimeError(f"{tool}: unexpected answer {answer!r}")
+        call_every_tool(client, tools, f"s{index}")
         return session_id
 
     started = time.perf_counter()
@@ -147,12 +161,10 @@ def t0(backends: Mapping[str, str], tools: Sequence[str], flood: int, pool: int)
     with gateway(backends) as gw:
         pid = worker_pid(gw)
         started = Footprint.of(pid)
-        local = threading.local()
+        http, _connections = per_thread_http()
 
         def bare(index: int) -> None:
-            if not hasattr(local, "http"):
-                local.http = requests.Session()
-            McpClient(gw.url, http=local.http).initialize()
+            McpClient(gw.url, http=http()).initialize()
 
         begun = time.perf_counter()
         with ThreadPoolExecutor(pool, thread_name_prefix="bench-flood") as executor:
@@ -255,13 +267,14 @@ def idle_seconds(duration: str) -> float:
     return float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
 
 
-def wait_for_release(pid: int, last_request: float, idle: float) -> tuple[Footprint, float]:
-    """Wait past the idle timeout, then until the threads drop under the target (or give up
-    ``RELEASE_GRACE`` s later). The footprint then, and the seconds since the last request."""
+def wait_for_release(pid: int, last_request: float, idle: float, below: int = TARGET_T2_RELEASED_THREADS,
+                     grace: float = RELEASE_GRACE) -> tuple[Footprint, float]:
+    """Wait past the idle timeout, then until the threads drop under ``below`` (or give up
+    ``grace`` s later). The footprint then, and the seconds since the last request."""
     time.sleep(max(0.0, last_request + idle + 1.0 - time.monotonic()))
-    deadline = last_request + idle + RELEASE_GRACE
+    deadline = last_request + idle + grace
     seen = Footprint.of(pid)
-    while seen.threads >= TARGET_T2_RELEASED_THREADS and time.monotonic() < deadline:
+    while seen.threads >= below and time.monotonic() < deadline:
         time.sleep(0.25)
         seen = Footprint.of(pid)
     return seen, time.monotonic() - last_request
