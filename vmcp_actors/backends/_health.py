@@ -34,7 +34,6 @@ from vmcp_actors.exceptions import (
     BackendHTTPError,
     BackendRpcError,
     BackendSessionExpired,
-    BackendTimeout,
     BackendUnavailable,
 )
 from vmcp_actors.pooled import PooledActor
@@ -102,15 +101,6 @@ class CircuitBreaker:
 
     def snapshot(self) -> dict[str, Any]:
         return {"state": self.state, "failuresInARow": self.failures, "opened": self.opened}
-
-
-def counts_against(error: BaseException) -> bool:
-    """Whether an exchange's failure says the backend is in trouble (not the request)."""
-    if isinstance(error, CircuitOpen):
-        return False
-    if isinstance(error, BackendHTTPError):
-        return error.status >= 500
-    return isinstance(error, (BackendUnavailable, BackendTimeout))
 
 
 @dataclass
