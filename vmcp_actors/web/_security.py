@@ -1,8 +1,12 @@
-"""DNS-rebinding protection: the Host and Origin of a request must be ours."""
+"""DNS-rebinding protection (the Host and Origin of a request must be ours), and the
+operator tokens' check."""
 
 from __future__ import annotations
 
+import hmac
 from urllib.parse import urlsplit
+
+from flask import request
 
 from vmcp_actors.web._runtime import Runtime
 
@@ -31,3 +35,9 @@ def origin_allowed(runtime: Runtime, origin: str | None) -> bool:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return False
     return runtime.any_host or parts.hostname.lower() in runtime.allowed_hosts or parts.netloc.lower() in runtime.allowed_hosts
+
+
+def bearer_matches(expected: str) -> bool:
+    """The request's ``Authorization: Bearer`` token is ``expected`` (constant-time)."""
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), expected.encode())

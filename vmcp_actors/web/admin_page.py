@@ -18,6 +18,7 @@ from flask import Blueprint, Response, redirect, render_template, request
 from vmcp_actors.gateway import collect_admin_state
 from vmcp_actors.web._responses import json_response
 from vmcp_actors.web._runtime import current_runtime, recent_problems
+from vmcp_actors.web._security import bearer_matches
 
 bp = Blueprint("admin_page", __name__)
 
@@ -39,8 +40,7 @@ def _cookie_value(token: str, expires: int) -> str:
 
 
 def _signed_in(token: str) -> bool:
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
+    if bearer_matches(token):
         return True
     cookie = request.cookies.get(ADMIN_COOKIE, "")
     expires, _, _tag = cookie.partition(".")

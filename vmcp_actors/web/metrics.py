@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import hmac
-
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response
 
 from vmcp_actors.metrics import exposition
 from vmcp_actors.web._responses import json_response
 from vmcp_actors.web._runtime import current_runtime
+from vmcp_actors.web._security import bearer_matches
 
 bp = Blueprint("metrics", __name__)
 
@@ -19,8 +18,7 @@ def metrics() -> Response:
     runtime = current_runtime()
     expected = runtime.metrics_token
     if expected is not None:
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+        if not bearer_matches(expected):
             return json_response({"error": "metrics token required"}, 401,
                                  {"WWW-Authenticate": 'Bearer realm="vmcp-metrics"'})
     if runtime.metrics is None:
