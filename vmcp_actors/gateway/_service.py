@@ -100,6 +100,11 @@ class Unavailable(Exception):
         return cls(f"Service Unavailable: the gateway {what}; retry later", CAP_RETRY_AFTER,
                    {"limit": reached.cap.rsplit(".", 1)[-1]})
 
+    @classmethod
+    def store_down(cls) -> Unavailable:
+        """The record store (Redis) cannot be reached: retry in a second."""
+        return cls("Service Unavailable: session storage cannot be reached; retry", 1)
+
     def refuse(self, answer: Answer, request_id: Any = None) -> Answer:
         """``answer`` made this 503 (its close hooks kept: the lease still ends)."""
         error = JsonRpcError(INTERNAL_ERROR, self.message, self.data)
@@ -621,7 +626,7 @@ class McpService:
             raise Unavailable.at_cap(reached) from None
         except StoreUnavailable as error:
             logger.warning("%s", error)
-            raise Unavailable("Service Unavailable: session storage cannot be reached; retry", 1) from None
+            raise Unavailable.store_down() from None
 
 
 def _backend_of(user: UserHandle | None, identity: Identity | None, message: Message) -> str | None:

@@ -10,6 +10,7 @@ from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from vmcp_actors.config import VmcpConfig
+from vmcp_actors.gateway import Unavailable
 from vmcp_actors.layers import LayerFactory
 from vmcp_actors.sessions import StoreUnavailable
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST
@@ -57,8 +58,9 @@ def _register_error_handlers(app: Flask) -> None:
     @app.errorhandler(StoreUnavailable)
     def store_unavailable(error: StoreUnavailable) -> Response:
         logger.warning("%s", error)
-        response = rpc_error(503, INTERNAL_ERROR, "Service Unavailable: session storage cannot be reached; retry")
-        response.headers["Retry-After"] = "1"
+        refusal = Unavailable.store_down()
+        response = rpc_error(503, INTERNAL_ERROR, refusal.message)
+        response.headers["Retry-After"] = str(refusal.retry_after)
         return response
 
     @app.errorhandler(Exception)
