@@ -158,10 +158,9 @@ CAP_RETRY_AFTER = 5
 
 class McpService:
     def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer,
-                 live: LiveSessions | None = None, parked: ParkedCalls | None = None,
-                 draining: threading.Event | None = None):
+                 live: LiveSessions | None = None, parked: ParkedCalls | None = None):
         self._config = config
-        self._draining = draining if draining is not None else threading.Event()
+        self._draining = threading.Event()  # set once, on SIGTERM
         self._audit = AuditLog(config.audit)
         self._live = live if live is not None else LiveSessions()
         self._gateway = gateway  # ActorProxy[Gateway]
@@ -171,6 +170,10 @@ class McpService:
         self._seal = StateSeal(signer)
         self._parked = parked if parked is not None else ParkedCalls()
         self._cache_hints = cache_hints_for(config)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
 
     def drain(self) -> None:
         """SIGTERM: refuse new sessions, end the standalone streams (their clients reopen

@@ -80,14 +80,12 @@ class Runtime:
     allowed_hosts: frozenset[str]
     any_host: bool
     fanout: StreamFanout | None = None
-    # Set on SIGTERM: /readyz answers 503 and new sessions are refused while calls finish.
-    draining: threading.Event = field(default_factory=threading.Event)
     metrics: GatewayCollector | None = None  # what GET /metrics returns
     metrics_token: str | None = field(default=None, repr=False)
     totals: ProcessTotals | None = None  # this worker's metric totals, for the other workers
 
     def drain(self) -> None:
-        if not self.draining.is_set():
+        if not self.service.draining:
             logger.info("draining: new sessions are refused; calls in flight may finish")
         self.service.drain()
 
@@ -137,8 +135,7 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
     client_secret = os.environ[oidc.client_secret_env] if oidc is not None and oidc.client_secret_env else None
     authenticator = build_authenticator(oidc, client_secret)
-    draining = threading.Event()
-    service = McpService(config, gateway, directory, signer, services.live, services.parked, draining)
+    service = McpService(config, gateway, directory, signer, services.live, services.parked)
     package_logger = logging.getLogger("vmcp_actors")
     if _PROBLEMS not in package_logger.handlers:
         package_logger.addHandler(_PROBLEMS)
@@ -147,7 +144,7 @@ def start_runtime(config: VmcpConfig, bind_host: str, layers: Sequence[LayerFact
     tracing.configure(config.telemetry)
     metrics_token = os.environ[config.admin.metrics_token_env] if config.admin.metrics_token_env else None
     return Runtime(config, gateway, service, authenticator, admin_token,
-                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout, draining,
+                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
                    GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals)
 
 

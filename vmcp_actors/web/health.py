@@ -18,7 +18,7 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    if current_runtime().draining.is_set():
+    if current_runtime().service.draining:
         return json_response({"status": "draining"}, 503)  # a balancer sends new clients elsewhere
     try:
         sessions = current_runtime().gateway.session_count().get(timeout=2.0)
