@@ -57,20 +57,17 @@ def method_label(method: str | None) -> str:
     return method if method in MCP_METHODS else "other"
 
 
-class _Accumulator(dict):
-    """One thread's totals: (family, labels) -> [count, sum, bucket counts...]."""
-
-
 class Recorder:
     def __init__(self) -> None:
         self._local = threading.local()
         self._lock = threading.Lock()  # only when a thread records for the first time
-        self._accumulators: list[_Accumulator] = []
+        # One dict per thread, written by that thread only: (family, labels) -> [count, sum, buckets...].
+        self._accumulators: list[dict[tuple[str, tuple[str, ...]], list[float]]] = []
 
     def observe(self, family: str, labels: tuple[str, ...], seconds: float) -> None:
         accumulator = getattr(self._local, "accumulator", None)
         if accumulator is None:
-            accumulator = self._local.accumulator = _Accumulator()
+            accumulator = self._local.accumulator = {}
             with self._lock:
                 self._accumulators.append(accumulator)
         key = (family, labels)

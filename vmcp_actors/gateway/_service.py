@@ -191,11 +191,11 @@ class McpService:
     def post(self, message: Message, identity: Identity | None, session_id: str | None,
              header_version: str | None, method_header: str | None = None, name_header: str | None = None,
              param_headers: dict[str, str] | None = None) -> Answer:
-        event_type = self._audit.event_type(message.method) if message.is_request else None
-        if event_type is None:
-            return self._post(message, identity, session_id, header_version, method_header, name_header, param_headers)
         elapsed = timer()
         answer = self._post(message, identity, session_id, header_version, method_header, name_header, param_headers)
+        event_type = self._audit.event_type(message.method) if message.is_request else None
+        if event_type is None:
+            return answer
         seen: list[RelayEvent] = []
         if answer.events is not None:
             answer.events = watched(answer.events, seen)
