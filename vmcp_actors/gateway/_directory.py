@@ -239,11 +239,10 @@ class Directory:
         """Take out the live user used longest ago with no request or stream in flight
         (its records stay); None when every live user is busy."""
         with self._lock:
-            idle = [(activity.last_used, index, key) for index, (key, activity)
-                    in enumerate(self._user_activity.items()) if activity.in_flight == 0]
+            idle = [(key, activity) for key, activity in self._user_activity.items() if activity.in_flight == 0]
             if not idle:
                 return None
-            key = min(idle)[2]
+            key = min(idle, key=lambda pair: pair[1].last_used)[0]
             del self._user_activity[key]
             return self._users.pop(key)
 
