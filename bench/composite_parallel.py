@@ -14,7 +14,16 @@ from __future__ import annotations
 import contextlib
 import time
 
-from bench._common import Check, McpClient, gateway, median, parse_args, print_header, run_benchmark, table
+from bench._common import (
+    Check,
+    McpClient,
+    gateway,
+    median,
+    parse_args,
+    print_header,
+    run_benchmark,
+    table,
+)
 
 SLEEP = 0.5
 ROUNDS = 5

@@ -25,8 +25,8 @@ from typing import Any
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import AuthzConfig
 from vmcp_actors.core import Route, answered
+from vmcp_actors.decorators import CedarAuthz, CedarPolicies, ToolOptimizer
 from vmcp_actors.identity import Identity
-from vmcp_actors.layers import CedarAuthz, CedarPolicies, ToolOptimizer
 
 TARGET_P50_MS = 20.0
 TOP = 3

@@ -48,7 +48,7 @@ def body(server: str) -> list[Check]:
     from tests.backends import hanging_backend, sdk_backend
 
     print_header("isolation: good-backend latency while a backend hangs", server,
-                 [f"sessions A and B over backends 'good' (sdk_backend echo) and 'hanging'",
+                 ["sessions A and B over backends 'good' (sdk_backend echo) and 'hanging'",
                   f"{CALLS} sequential calls to good_echo per session and phase, after {WARMUP} warm-up calls; "
                   f"{HANGING_CALLS} hanging calls in flight on session A during the second phase"])
     with contextlib.ExitStack() as stack:

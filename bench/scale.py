@@ -46,7 +46,14 @@ from bench._common import (
     run_benchmark,
     table,
 )
-from bench.threads import Footprint, call_every_tool, per_thread_http, row, wait_for_release, worker_pid
+from bench.threads import (
+    Footprint,
+    call_every_tool,
+    per_thread_http,
+    row,
+    wait_for_release,
+    worker_pid,
+)
 
 BACKENDS = 5
 AUDIENCE = "vmcp"

@@ -11,6 +11,7 @@ import requests
 from werkzeug.serving import make_server
 
 from vmcp_actors.config import config_from_mapping
+from vmcp_actors.runtime import start_runtime
 from vmcp_actors.web import create_app, stop_app
 
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -36,7 +37,7 @@ class GatewayServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> GatewayServer:
-        self.app = create_app(self.config, host=self.host)
+        self.app = create_app(start_runtime(self.config, self.host))
         self._server = make_server(self.host, 0, self.app, threaded=True)
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="gateway-http", daemon=True)
@@ -170,7 +171,7 @@ class QuickStopGatewayServer(GatewayServer):
     poll_interval = 0.02
 
     def start(self) -> QuickStopGatewayServer:
-        self.app = create_app(self.config, host=self.host)
+        self.app = create_app(start_runtime(self.config, self.host))
         self._server = make_server(self.host, 0, self.app, threaded=True)
         self.port = self._server.server_port
         self._thread = threading.Thread(

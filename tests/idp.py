@@ -23,8 +23,8 @@ Nothing here logs; neither tokens nor secrets are ever recorded.
 from __future__ import annotations
 
 import base64
-import hmac
 import hashlib
+import hmac
 import json
 import secrets
 import threading

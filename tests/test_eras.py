@@ -11,7 +11,15 @@ import pytest
 import requests
 
 from tests.backends import SdkBackend, build_sdk_server
-from tests.eras import ASSUMED_WITHOUT_HEADER, LEGACY_VERSIONS, ERAS, LegacyOnly, ModernOnly, start_in_era, wrap
+from tests.eras import (
+    ASSUMED_WITHOUT_HEADER,
+    ERAS,
+    LEGACY_VERSIONS,
+    LegacyOnly,
+    ModernOnly,
+    start_in_era,
+    wrap,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -10,7 +10,12 @@ import sys
 import threading
 from typing import Any
 
-from vmcp_actors.config import VmcpConfig, config_from_mapping, config_warnings, load_config
+from vmcp_actors.config import (
+    VmcpConfig,
+    config_from_mapping,
+    config_warnings,
+    load_config,
+)
 from vmcp_actors.exceptions import ConfigError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -128,7 +133,11 @@ def _explain(path: str, tool: str, user: str | None, claims_json: str | None, as
 
 
 def _demo(host: str, port: int) -> int:
-    from vmcp_actors.demo import demo_config_mapping, start_demo_backends, stop_demo_backends
+    from vmcp_actors.demo import (
+        demo_config_mapping,
+        start_demo_backends,
+        stop_demo_backends,
+    )
 
     try:
         backends = start_demo_backends()
@@ -138,9 +147,10 @@ def _demo(host: str, port: int) -> int:
     try:
         from werkzeug.serving import make_server
 
+        from vmcp_actors.runtime import start_runtime
         from vmcp_actors.web import create_app, stop_app
 
-        app = create_app(config_from_mapping(demo_config_mapping(backends)), host=host)
+        app = create_app(start_runtime(config_from_mapping(demo_config_mapping(backends)), host))
         server = make_server(host, port, app, threaded=True)
         url = f"http://{_bracketed(host)}:{port}/mcp"
         print(f"vmcp-actors demo: gateway on {url} over backends {', '.join(n for n, _ in backends)}", flush=True)

@@ -184,7 +184,11 @@ class GatewayCollector:
 
     def collect(self) -> Iterator[Metric]:
         # Imported at the first scrape: a process nobody scrapes never loads it.
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         summed = self._recorder.totals()
         for key, row in self._totals.others().items():

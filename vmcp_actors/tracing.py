@@ -41,7 +41,9 @@ def configure(telemetry: TelemetryConfig, exporter: Any = None) -> None:
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         assert telemetry.endpoint is not None
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
@@ -66,7 +68,9 @@ def request_span(method: str | None, headers: Mapping[str, str], attributes: Map
         yield
         return
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
 
     parent = TraceContextTextMapPropagator().extract({k.lower(): v for k, v in headers.items()})
     with tracer.start_as_current_span(f"mcp {method or 'request'}", context=parent, kind=trace.SpanKind.SERVER,
@@ -83,7 +87,9 @@ def backend_span(backend: str, method: str | None, headers: MutableMapping[str, 
         yield None
         return
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
 
     with tracer.start_as_current_span(f"backend {backend}", kind=trace.SpanKind.CLIENT,
                                       attributes={"vmcp.backend": backend, "mcp.method.name": method or ""}) as span:

@@ -49,8 +49,20 @@ from tests.backends import (
     text_result,
     tool_def,
 )
-from tests.gateway import QuickStopGatewayServer, admin_get, answer_of, backend_entry, list_all, run_client
-from vmcp_actors.config import AggregationConfig, BackendConfig, VmcpConfig, config_from_mapping
+from tests.gateway import (
+    QuickStopGatewayServer,
+    admin_get,
+    answer_of,
+    backend_entry,
+    list_all,
+    run_client,
+)
+from vmcp_actors.config import (
+    AggregationConfig,
+    BackendConfig,
+    VmcpConfig,
+    config_from_mapping,
+)
 from vmcp_actors.demo._serve import serve_asgi_in_thread
 from vmcp_actors.exceptions import ConfigError
 
@@ -707,7 +719,7 @@ def test_a_filter_does_not_resolve_a_manual_clash(backends, start_gateway):
 def test_prompt_claimed_twice_under_manual_is_dropped_for_every_claimant_with_an_error_log(
     backends, start_gateway, caplog
 ):
-    caplog.set_level(logging.ERROR, logger="vmcp_actors.sessions._aggregation")
+    caplog.set_level(logging.ERROR, logger="vmcp_actors.core._catalog")
     case = Case("manual", "rename", "none")
     gateway = start_gateway(gateway_config(backends, case.aggregation()))
     sid = gateway.initialize()
@@ -739,7 +751,7 @@ def raw_prompt_backend(name: str, prompts: list[str]) -> RawMcpBackend:
 
 def test_prompt_claimed_twice_after_priority_resolution_is_dropped_for_both(start_gateway, caplog):
     """alpha is not listed, so its greet becomes alpha_greet: the bare name of a beta prompt."""
-    caplog.set_level(logging.ERROR, logger="vmcp_actors.sessions._aggregation")
+    caplog.set_level(logging.ERROR, logger="vmcp_actors.core._catalog")
     with raw_prompt_backend("alpha", ["greet", "solo"]) as alpha, \
             raw_prompt_backend("beta", ["alpha_greet", "greet"]) as beta:
         gateway = start_gateway(gateway_config({"alpha": alpha, "beta": beta}, STRATEGIES["priority"]))
@@ -758,7 +770,7 @@ def test_prompt_claimed_twice_after_priority_resolution_is_dropped_for_both(star
 
 def test_prompts_under_a_fixed_prefix_collide_and_are_dropped(backends, start_gateway, caplog):
     """A fixed prefixFormat gives every backend's greet the same name: dropped for all."""
-    caplog.set_level(logging.ERROR, logger="vmcp_actors.sessions._aggregation")
+    caplog.set_level(logging.ERROR, logger="vmcp_actors.core._catalog")
     aggregation = {"conflictResolution": "prefix", "conflictResolutionConfig": {"prefixFormat": "gw-"}}
     gateway = start_gateway(gateway_config({b: backends[b] for b in ("alpha", "beta")}, aggregation))
     sid = gateway.initialize()
@@ -853,6 +865,7 @@ def test_the_same_override_names_across_workloads_load_under_prefix_and_priority
 
 def test_create_app_refuses_priority_without_priority_order():
     """A config built in code (not through the loader) must not slip past the rule either."""
+    from vmcp_actors.runtime import start_runtime
     from vmcp_actors.web import create_app, stop_app
 
     try:  # refused when the config is built, or at the latest when the app starts
@@ -861,7 +874,7 @@ def test_create_app_refuses_priority_without_priority_order():
             backends=(BackendConfig("alpha", "http://127.0.0.1:9/mcp"),),
             aggregation=AggregationConfig(conflict_resolution="priority"),
         )
-        app = create_app(config)
+        app = create_app(start_runtime(config))
     except (ConfigError, ValueError) as error:
         assert "priorityOrder" in str(error) or "priority_order" in str(error)
     else:

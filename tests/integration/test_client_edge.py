@@ -19,7 +19,13 @@ import pytest
 import requests
 
 from tests.backends import paged_backend, restartable_backend, sdk_backend
-from tests.gateway import MCP_HEADERS, QuickStopGatewayServer, answer_of, backend_entry, run_client
+from tests.gateway import (
+    MCP_HEADERS,
+    QuickStopGatewayServer,
+    answer_of,
+    backend_entry,
+    run_client,
+)
 
 INVALID_PARAMS = -32602
 INVALID_REQUEST = -32600

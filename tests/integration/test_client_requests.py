@@ -25,7 +25,7 @@ from vmcp_actors.protocol.sse import iter_sse_events
 @pytest.fixture(autouse=True)
 def quick_keepalive(monkeypatch):
     """A client that left its standalone stream is noticed at the next write: write often."""
-    monkeypatch.setattr("vmcp_actors.sessions._live.KEEPALIVE_EVERY", 0.2)
+    monkeypatch.setattr("vmcp_actors.users._live.KEEPALIVE_EVERY", 0.2)
 
 
 def _config(*backends: tuple[str, Any], **aggregation: Any) -> dict:

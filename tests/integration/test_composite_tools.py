@@ -25,7 +25,14 @@ import jsonschema
 import pytest
 import requests
 
-from tests.gateway import GatewayServer, admin_get, backend_entry, list_all, run_client, sse_messages
+from tests.gateway import (
+    GatewayServer,
+    admin_get,
+    backend_entry,
+    list_all,
+    run_client,
+    sse_messages,
+)
 from tests.workflow_backends import WorkflowBackend, workflow_backend
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.exceptions import ConfigError

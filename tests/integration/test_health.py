@@ -8,7 +8,13 @@ import time
 
 import pytest
 
-from tests.backends import delayed_backend, hanging_backend, header_backend, restartable_backend, sdk_backend
+from tests.backends import (
+    delayed_backend,
+    hanging_backend,
+    header_backend,
+    restartable_backend,
+    sdk_backend,
+)
 from tests.gateway import admin_get, backend_entry, wait_until
 
 ADMIN_ENV, ADMIN_TOKEN = "HEALTH_ADMIN_TOKEN", "health-adm1n-Zk2"

@@ -21,7 +21,12 @@ import pykka
 import pytest
 import requests
 
-from tests.backends import authed_backend, delayed_backend, header_backend, restartable_backend
+from tests.backends import (
+    authed_backend,
+    delayed_backend,
+    header_backend,
+    restartable_backend,
+)
 from tests.gateway import (
     GatewayServer,
     admin_get,
@@ -30,8 +35,8 @@ from tests.gateway import (
 )
 from tests.idp import TOKEN_EXCHANGE_GRANT, LocalIdP
 from vmcp_actors.config import config_from_mapping
+from vmcp_actors.edge import _auth as web_auth
 from vmcp_actors.exceptions import ConfigError
-from vmcp_actors.web import _auth as web_auth
 
 AUD = "vmcp"
 CLIENT_ID = "vmcp"

@@ -291,7 +291,12 @@ def test_the_explain_command_explains_for_a_user_with_claims(tmp_path, backends,
 
 def test_a_retry_with_request_state_asks_the_layers_again():
     """MCP 2026-07-28: a grant withdrawn between the rounds of a multi round-trip call holds."""
-    from tests.integration.test_modern import ALL_CAPABILITIES, _config, answer, modern_post
+    from tests.integration.test_modern import (
+        ALL_CAPABILITIES,
+        _config,
+        answer,
+        modern_post,
+    )
     from tests.mrtr_backends import mrtr_backend
 
     blocked: set[str] = set()

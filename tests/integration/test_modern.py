@@ -19,7 +19,13 @@ from mcp import types
 
 from tests.asking_backends import WATCHED_URI, asking_backend
 from tests.backends import sdk_backend
-from tests.gateway import MCP_HEADERS, admin_get, backend_entry, sse_messages, wait_until
+from tests.gateway import (
+    MCP_HEADERS,
+    admin_get,
+    backend_entry,
+    sse_messages,
+    wait_until,
+)
 from tests.mrtr_backends import header_backend, mrtr_backend
 from vmcp_actors.protocol.sse import iter_sse_events
 
@@ -335,7 +341,7 @@ def test_a_state_of_one_person_is_refused_for_another(start_gateway):
 
 
 def test_an_expired_backend_state_is_refused(start_gateway, monkeypatch):
-    monkeypatch.setattr("vmcp_actors.sessions._modern.BACKEND_STATE_TTL", -1.0)
+    monkeypatch.setattr("vmcp_actors.edge._modern.BACKEND_STATE_TTL", -1.0)
     with mrtr_backend("asker") as asker:
         gateway = start_gateway(_config(("asker", asker, "modern")))
         first = _input_required(gateway, "modern")

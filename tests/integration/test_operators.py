@@ -11,6 +11,7 @@ from tests.backends import restartable_backend, sdk_backend, sse_backend
 from tests.gateway import admin_get, backend_entry, wait_until
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.exceptions import ConfigError
+from vmcp_actors.runtime import start_runtime
 from vmcp_actors.web import create_app
 
 TOKEN_ENV = "VMCP_TEST_OPERATORS_ADMIN_TOKEN"
@@ -108,7 +109,7 @@ def test_token_env_set_but_variable_missing_is_a_config_error(monkeypatch):
         {"name": "t", "backends": [{"name": "x", "url": "http://127.0.0.1:9/mcp"}], "admin": {"tokenEnv": TOKEN_ENV}}
     )
     with pytest.raises(ConfigError) as raised:
-        create_app(config)
+        create_app(start_runtime(config))
     assert "admin.tokenEnv" in str(raised.value)
     assert TOKEN_ENV in str(raised.value)
 

@@ -15,7 +15,7 @@ from tests.backends import (
     sdk_backend,
 )
 from tests.gateway import backend_entry, list_all, run_client, wait_until
-from vmcp_actors.sessions import _user as session_module
+from vmcp_actors.users import _actor as session_module
 
 
 def _call(gateway, session_id, name, arguments=None, request_id=1):

@@ -9,8 +9,10 @@ import redis as redis_client
 from tests.backends import sdk_backend
 from tests.gateway import backend_entry
 from tests.integration.test_identity import INIT, bearer
-from vmcp_actors.sessions import RedisRecordStore, SessionRecord, StoreUnavailable, UserKey, UserRecord
 from vmcp_actors.signing import Signer
+from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
+from vmcp_actors.users._redis_store import RedisRecordStore
+from vmcp_actors.users._store import StoreUnavailable
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -161,12 +163,13 @@ def test_with_redis_down_requests_get_503_and_the_gateway_recovers(start_gateway
 def test_redis_storage_needs_the_shared_signing_key():
     from vmcp_actors.config import config_from_mapping
     from vmcp_actors.exceptions import ConfigError
+    from vmcp_actors.runtime import start_runtime
     from vmcp_actors.web import create_app
 
     loaded = config_from_mapping({"name": "x", "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}],
                                   "sessionStorage": {"provider": "redis", "address": "127.0.0.1:1"}})
     with pytest.raises(ConfigError) as caught:
-        create_app(loaded)
+        create_app(start_runtime(loaded))
     assert "operational.signingKeyEnv" in caught.value.errors[0]
     with pytest.raises(ConfigError) as caught:
         config_from_mapping({"name": "x", "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}],
@@ -239,7 +242,13 @@ def test_a_subscription_made_on_one_gateway_is_delivered_by_another(start_gatewa
 
     from tests.asking_backends import asking_backend
     from tests.gateway import wait_until
-    from tests.integration.test_client_requests import OTHER_URI, WATCHED_URI, _config, _open, _Stream
+    from tests.integration.test_client_requests import (
+        OTHER_URI,
+        WATCHED_URI,
+        _config,
+        _open,
+        _Stream,
+    )
 
     with asking_backend() as backend:
         shared = {"operational": {"signingKeyEnv": KEY_ENV},

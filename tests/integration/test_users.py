@@ -14,7 +14,9 @@ import requests
 from tests.backends import delayed_backend, restartable_backend, sse_backend
 from tests.gateway import admin_get, answer_of, backend_entry, sse_messages, wait_until
 from vmcp_actors.config import config_from_mapping
-from vmcp_actors.sessions import MemoryRecordStore, UserActor
+from vmcp_actors.runtime import start_runtime
+from vmcp_actors.users._actor import UserActor
+from vmcp_actors.users._store import MemoryRecordStore
 from vmcp_actors.web import create_app, stop_app
 
 ADMIN_ENV, ADMIN_TOKEN = "VMCP_ADMIN_TOKEN", "admin-secret-for-tests"
@@ -178,7 +180,7 @@ def test_a_configured_signing_key_is_read_from_the_environment(start_gateway, mo
         assert not Signer(b"j" * 40).is_session_id(sid)
         monkeypatch.setenv("VMCP_SIGNING_KEY", "short")
         with pytest.raises(Exception, match="signingKeyEnv"):
-            create_app(config_from_mapping(config))
+            create_app(start_runtime(config_from_mapping(config)))
 
 
 # -- one deadline per request -----------------------------------------------------------------
@@ -228,8 +230,8 @@ def test_a_streamed_answer_whose_body_is_never_read_still_finishes_the_request(m
     """Bookkeeping in the response's close hook: an unread SSE body must not leave its
     session 'in flight' forever (it would never be reaped)."""
     with sse_backend() as sse:
-        app = create_app(config_from_mapping({"name": "t", "backends": [backend_entry("sse", sse)],
-                                              "operational": {"sessionTTL": "300ms"}}))
+        app = create_app(start_runtime(config_from_mapping({"name": "t", "backends": [backend_entry("sse", sse)],
+                                                            "operational": {"sessionTTL": "300ms"}})))
         try:
             client = app.test_client()
             headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

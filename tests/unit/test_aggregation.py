@@ -4,7 +4,7 @@ import pytest
 
 from vmcp_actors.backends import BackendCapabilities
 from vmcp_actors.config import AggregationConfig
-from vmcp_actors.sessions import build_catalog
+from vmcp_actors.core._catalog import build_catalog
 
 
 def caps(name, tools=(), resources=(), templates=(), prompts=()):
@@ -101,7 +101,8 @@ def test_a_catalog_without_backends_says_so():
 # -- overrides, strategies, prompts, internal resolution (issue 4) -------------------------
 
 from vmcp_actors.config import ToolOverride, WorkloadToolsConfig  # noqa: E402
-from vmcp_actors.sessions import AdvertisingFilter, advertised_name, is_advertised  # noqa: E402
+from vmcp_actors.core._catalog import advertised_name  # noqa: E402
+from vmcp_actors.decorators._filter import AdvertisingFilter, is_advertised  # noqa: E402
 
 
 def names(catalog):

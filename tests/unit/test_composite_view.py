@@ -6,8 +6,8 @@ from types import MappingProxyType
 
 from vmcp_actors.backends import BackendCapabilities
 from vmcp_actors.config import AggregationConfig, ToolOverride, WorkloadToolsConfig
-from vmcp_actors.sessions import build_catalog
-from vmcp_actors.sessions._composite import WorkflowMetrics, build_view
+from vmcp_actors.core._catalog import build_catalog
+from vmcp_actors.decorators._composite import WorkflowMetrics, build_view
 from vmcp_actors.workflows import CompositeTool, OutputProperty, OutputSpec, Step
 
 READ_ONLY = {"readOnlyHint": True, "openWorldHint": False, "idempotentHint": True}

@@ -2,7 +2,13 @@ import concurrent.futures as cf
 import threading
 import time
 
-from vmcp_actors.concurrency import BoundedPool, Deadline, on_settled, settle_from, when_all
+from vmcp_actors.concurrency import (
+    BoundedPool,
+    Deadline,
+    on_settled,
+    settle_from,
+    when_all,
+)
 
 
 def test_a_steady_load_reuses_workers():

@@ -10,9 +10,21 @@ from typing import Any
 
 import pytest
 
-from vmcp_actors.config import VmcpConfig, config_from_mapping, config_warnings, load_config
+from vmcp_actors.config import (
+    VmcpConfig,
+    config_from_mapping,
+    config_warnings,
+    load_config,
+)
 from vmcp_actors.exceptions import ConfigError
-from vmcp_actors.workflows import CompositeTool, ForEach, OnError, OutputProperty, OutputSpec, Step
+from vmcp_actors.workflows import (
+    CompositeTool,
+    ForEach,
+    OnError,
+    OutputProperty,
+    OutputSpec,
+    Step,
+)
 
 DESIGN_EXAMPLE = """\
 name: engineering
@@ -931,7 +943,7 @@ def test_every_problem_of_every_composite_is_reported_in_one_config_error(tmp_pa
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.errors == (
-        f"compositeTools[0].description: must not be empty",
+        "compositeTools[0].description: must not be empty",
         "compositeTools[0].maxParallel: must be at least 1",
         f"compositeTools[0].name: 'github_create_pr' {CLASH}",
         "compositeTools[0].steps[0].onError.retryCount: only used with action retry (action is abort)",

@@ -5,8 +5,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from vmcp_actors.config import OidcConfig
-from vmcp_actors.web import _auth
-from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, JwksKeys, OidcAuthenticator
+from vmcp_actors.edge import _auth
+from vmcp_actors.edge._auth import (
+    AuthError,
+    IdentityProviderUnavailable,
+    JwksKeys,
+    OidcAuthenticator,
+)
 
 ISSUER = "https://idp.example.test"
 

@@ -14,11 +14,23 @@ from pathlib import Path
 import pytest
 
 from tests.memory_core import MemoryCore, run, soon, tool
-from vmcp_actors.config import config_from_mapping, config_warnings
-from vmcp_actors.core import HIDES, INVALID_PARAMS, RESOURCE_NOT_FOUND, Identity, JsonRpcError, Layer
+from vmcp_actors.config import AuthzConfig, config_from_mapping, config_warnings
+from vmcp_actors.core import (
+    HIDES,
+    INVALID_PARAMS,
+    RESOURCE_NOT_FOUND,
+    Identity,
+    JsonRpcError,
+    Layer,
+)
+from vmcp_actors.decorators import (
+    CedarAuthz,
+    CedarPolicies,
+    SubtractOnly,
+    ToolOptimizer,
+    stack,
+)
 from vmcp_actors.exceptions import ConfigError
-from vmcp_actors.layers import CedarAuthz, CedarPolicies, SubtractOnly, ToolOptimizer, stack_layers
-from vmcp_actors.config import AuthzConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "filtering_decorator.py"
 TOOLS = (tool("notes_search", "Search notes", read_only=True, query={}),
@@ -275,16 +287,16 @@ def test_the_layers_stack_optimizer_then_embedder_then_authz_over_the_core():
         pass
 
     core = MemoryCore(TOOLS)
-    stack = core
-    for wrap in stack_layers(config, [Embedder]):
-        stack = wrap(stack)
+    layers = core
+    for wrap in stack(config, [Embedder]).above_filter:
+        layers = wrap(layers)
     order = []
-    layer = stack
+    layer = layers
     while layer is not core:
         order.append(type(layer).__name__ if not isinstance(layer, SubtractOnly) else f"guard({layer.layer_name})")
         layer = layer._inner
     assert order == ["ToolOptimizer", "guard(Embedder)", "CedarAuthz"]
-    assert stack._limit == 4
+    assert layers._limit == 4
     assert any(w.startswith("optimizer: embeddingService ignored") for w in config_warnings(config))
 
 
@@ -296,7 +308,7 @@ def test_the_optimizer_config_takes_toolhives_range():
 
 
 def test_search_splits_names_and_hears_the_usual_words_for_list_get_create_update_delete():
-    from vmcp_actors.layers._search import ToolIndex, words
+    from vmcp_actors.decorators._search import ToolIndex, words
 
     assert words("getURLForID github_create-issue café") == ["get", "url", "for", "id", "github", "create", "issue",
                                                              "café"]

@@ -8,9 +8,10 @@ import time
 import pytest
 
 from vmcp_actors.concurrency import Deadline
+from vmcp_actors.core._exchange import ServerRequest
 from vmcp_actors.protocol import Message
-from vmcp_actors.sessions import LiveSessions, ServerRequest
-from vmcp_actors.sessions._live import check_answer, missing_capability
+from vmcp_actors.protocol.mcp import check_answer, missing_capability
+from vmcp_actors.users._live import LiveSessions
 
 ELICITING = {"elicitation": {}}
 
@@ -149,7 +150,7 @@ def test_ping_from_a_backend_needs_no_capability():
 
 
 def test_streams_past_the_limit_are_refused_but_a_session_may_always_replace_its_own(monkeypatch):
-    monkeypatch.setattr("vmcp_actors.sessions._live.STANDALONE_STREAM_LIMIT", 2)
+    monkeypatch.setattr("vmcp_actors.users._live.STANDALONE_STREAM_LIMIT", 2)
     live = LiveSessions()
     assert live.open_stream("a") is not None and live.open_stream("b") is not None
     assert live.open_stream("c") is None

@@ -9,28 +9,32 @@ import json
 import pytest
 import responses
 
-from vmcp_actors.backends import BackendCapabilities, BackendChannel, BackendEras, Handshake, McpHttpClient
+from vmcp_actors.backends import (
+    BackendCapabilities,
+    BackendChannel,
+    BackendEras,
+    Handshake,
+    McpHttpClient,
+)
+from vmcp_actors.config import config_from_mapping
+from vmcp_actors.core._catalog import Catalog, build_catalog
+from vmcp_actors.edge._modern import (
+    CacheHints,
+    complete,
+    is_modern_request,
+    legacy_result,
+    read_modern,
+)
 from vmcp_actors.exceptions import BackendHTTPError
-from vmcp_actors.protocol import Message
+from vmcp_actors.protocol import JsonRpcError, Message
 from vmcp_actors.protocol.mcp import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
     decode_header_value,
     encode_header_value,
 )
-from vmcp_actors.sessions import (
-    CacheHints,
-    Catalog,
-    DiscoveryCache,
-    ListenStream,
-    build_catalog,
-    complete,
-    is_modern_request,
-    read_modern,
-)
-from vmcp_actors.sessions._modern import legacy_result
-from vmcp_actors.config import config_from_mapping
 from vmcp_actors.signing import Signer, Unsealable
-from vmcp_actors.protocol import JsonRpcError
+from vmcp_actors.users._discovery_cache import DiscoveryCache
+from vmcp_actors.users._live import ListenStream
 
 MODERN = "2026-07-28"
 META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {}}
@@ -304,7 +308,11 @@ def _schema(**properties: dict) -> dict:
 
 
 def test_header_marks_are_found_through_properties_only_and_checked():
-    from vmcp_actors.protocol.mcp import param_header_mismatch, param_headers_for, valid_header_params
+    from vmcp_actors.protocol.mcp import (
+        param_header_mismatch,
+        param_headers_for,
+        valid_header_params,
+    )
 
     schema = _schema(region={"type": "string", "x-mcp-header": "Region"},
                      nested={"type": "object", "properties": {"n": {"type": "integer", "x-mcp-header": "N"}}},

@@ -3,7 +3,12 @@ import threading
 import pytest
 import responses
 
-from vmcp_actors.backends import ExchangedTokenCache, HeaderInjection, TokenExchange, build_outgoing_auth
+from vmcp_actors.backends import (
+    ExchangedTokenCache,
+    HeaderInjection,
+    TokenExchange,
+    build_outgoing_auth,
+)
 from vmcp_actors.config import TokenExchangeConfig, config_from_mapping
 from vmcp_actors.exceptions import BackendAuthError, ConfigError
 from vmcp_actors.identity import Identity

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from vmcp_actors.core._pagination import paginate
 from vmcp_actors.protocol import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -12,7 +13,6 @@ from vmcp_actors.protocol import (
     negotiate_protocol_version,
     parse_message,
 )
-from vmcp_actors.sessions._pagination import paginate
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 
 from vmcp_actors.backends import Handshake
 from vmcp_actors.identity import Identity, anonymous_with
-from vmcp_actors.sessions import SessionRecord, UserKey, UserRecord
 from vmcp_actors.signing import Signer
+from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
 
 
 def _through_json(value):

@@ -1,7 +1,10 @@
 import pytest
 
-from vmcp_actors.sessions import compile_uri_template, uri_matches_template
-from vmcp_actors.sessions._uri_template import InvalidUriTemplate
+from vmcp_actors.core._uri_template import (
+    InvalidUriTemplate,
+    compile_uri_template,
+    uri_matches_template,
+)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,12 @@
 import pytest
 
-from vmcp_actors.workflows import DagProblem, StepSpec, ready_steps, topological_levels, validate_dag
+from vmcp_actors.workflows import (
+    DagProblem,
+    StepSpec,
+    ready_steps,
+    topological_levels,
+    validate_dag,
+)
 
 
 def step(step_id, *depends_on, reads=(), reads_output=None, condition=False, defaults=False):

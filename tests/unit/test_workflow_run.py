@@ -14,18 +14,16 @@ from vmcp_actors.concurrency import Deadline, call_later
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows import (
     CompositeTool,
-    StepSpec,
     ForEach,
     OnError,
     OutputProperty,
     OutputSpec,
     Step,
-    WorkflowCancelled,
-    WorkflowRun,
+    StepSpec,
     composite_problems,
     step_specs,
-    validate_params,
 )
+from vmcp_actors.workflows.engine import WorkflowCancelled, WorkflowRun, validate_params
 
 WAIT = 5.0
 
@@ -607,11 +605,11 @@ def test_templates_reading_names_the_context_lacks_are_composite_problems():
 
 
 def test_a_failed_run_is_logged_once_with_the_composite_the_step_and_why(caplog):
-    caplog.set_level("DEBUG", logger="vmcp_actors.workflows._run")
+    caplog.set_level("DEBUG", logger="vmcp_actors.workflows.engine")
     caller = FakeCaller({"bad": failing("backend down")})
     result = outcome(composite(Step("broken", "bad")), caller)
     assert result["isError"] is True
-    lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows._run"]
+    lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows.engine"]
     assert len(lines) == 1 and lines[0].levelname == "WARNING"
     assert "composite 'c' run" in lines[0].getMessage() and "step 'broken' failed: backend down" in lines[0].getMessage()
 
@@ -749,14 +747,14 @@ def test_skip_remaining_lets_steps_in_flight_finish_skips_the_rest_and_completes
 
 
 def test_a_user_who_declines_is_logged_at_info_not_as_a_gateway_problem(caplog):
-    caplog.set_level("INFO", logger="vmcp_actors.workflows._run")
+    caplog.set_level("INFO", logger="vmcp_actors.workflows.engine")
     outcome(composite(confirm_step(), deploy_step()), AskingCaller({"deploy": echo}, {"action": "decline"}),
             {"app": "web"})
     # The run logs on its own thread, which may still be writing when the outcome arrives.
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not any(r.name == "vmcp_actors.workflows._run" for r in caplog.records):
+    while time.monotonic() < deadline and not any(r.name == "vmcp_actors.workflows.engine" for r in caplog.records):
         time.sleep(0.01)
-    lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows._run"]
+    lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows.engine"]
     assert [record.levelname for record in lines] == ["INFO"]
     assert "step 'confirm' failed: the user declined (onDecline is abort)" in lines[0].getMessage()
 
@@ -771,7 +769,7 @@ def test_abort_still_lets_on_error_continue_the_run_as_in_toolhive():
 
 
 def test_a_client_that_cannot_be_asked_fails_the_step_by_name_at_once():
-    from vmcp_actors.workflows import ElicitationUnsupported
+    from vmcp_actors.workflows.engine import ElicitationUnsupported
 
     caller = AskingCaller({"deploy": echo}, ElicitationUnsupported("confirm"))
     started = time.monotonic()

@@ -26,10 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-
 from vmcp_actors.backends._channel import BackendChannel
 from vmcp_actors.backends._http import Abort
-from vmcp_actors.backends._models import BackendCapabilities, ConnectionSnapshot, ConnectionState, Handshake
+from vmcp_actors.backends._models import (
+    BackendCapabilities,
+    ConnectionSnapshot,
+    ConnectionState,
+    Handshake,
+)
 from vmcp_actors.concurrency import (
     TimerHandle,
     call_later,
@@ -51,8 +55,8 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.identity import Identity
-from vmcp_actors.protocol import METHOD_NOT_FOUND
 from vmcp_actors.pooled import PooledActor
+from vmcp_actors.protocol import METHOD_NOT_FOUND
 from vmcp_actors.protocol.mcp import valid_header_params
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,12 @@ from typing import Protocol
 
 import requests
 
-from vmcp_actors.config import BackendAuthConfig, TokenExchangeConfig, VmcpConfig, required_env_vars
+from vmcp_actors.config import (
+    BackendAuthConfig,
+    TokenExchangeConfig,
+    VmcpConfig,
+    required_env_vars,
+)
 from vmcp_actors.exceptions import BackendAuthError, ConfigError
 from vmcp_actors.identity import Identity, token_of
 from vmcp_actors.shared_cache import SharedCache

@@ -30,7 +30,13 @@ from vmcp_actors import __version__
 from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
 from vmcp_actors.backends._http import Abort, McpHttpClient
 from vmcp_actors.backends._models import Handshake
-from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, on_settled, run_in_thread, settle_from
+from vmcp_actors.concurrency import (
+    ASK_TIMEOUT,
+    Deadline,
+    on_settled,
+    run_in_thread,
+    settle_from,
+)
 from vmcp_actors.exceptions import (
     BackendCancelled,
     BackendError,
@@ -42,7 +48,12 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.identity import Identity, forwarded_headers_of
-from vmcp_actors.protocol import INTERNAL_ERROR, LATEST_PROTOCOL_VERSION, METHOD_NOT_FOUND, NEGOTIABLE_PROTOCOL_VERSIONS
+from vmcp_actors.protocol import (
+    INTERNAL_ERROR,
+    LATEST_PROTOCOL_VERSION,
+    METHOD_NOT_FOUND,
+    NEGOTIABLE_PROTOCOL_VERSIONS,
+)
 from vmcp_actors.protocol.mcp import (
     META_CLIENT_CAPABILITIES,
     META_CLIENT_INFO,

@@ -38,7 +38,11 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.metrics import record_backend
-from vmcp_actors.protocol.mcp import MODERN_PROTOCOL_VERSION, PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from vmcp_actors.protocol.mcp import (
+    MODERN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+)
 from vmcp_actors.protocol.sse import iter_sse_events
 from vmcp_actors.tracing import backend_span
 

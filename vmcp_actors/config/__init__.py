@@ -3,7 +3,6 @@
 from ._durations import parse_duration
 from ._env import required_env_vars
 from ._load import config_from_mapping, load_config
-from ._warnings import config_warnings
 from ._model import (
     AdminConfig,
     AggregationConfig,
@@ -18,8 +17,8 @@ from ._model import (
     OidcConfig,
     OperationalConfig,
     OptimizerConfig,
-    SessionStorageConfig,
     OutgoingAuthConfig,
+    SessionStorageConfig,
     TelemetryConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
@@ -27,6 +26,7 @@ from ._model import (
     VmcpConfig,
     WorkloadToolsConfig,
 )
+from ._warnings import config_warnings
 
 __all__ = [
     "TelemetryConfig",

@@ -21,19 +21,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from marshmallow import ValidationError, fields, post_load, validate, validates_schema
-from marshmallow.exceptions import SCHEMA
-
 from jsonschema import Draft202012Validator
 from jsonschema.validators import validator_for
+from marshmallow import ValidationError, fields, post_load, validate, validates_schema
+from marshmallow.exceptions import SCHEMA
 
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows import (
     ANNOTATION_KEYS,
+    ELICITATION_ACTIONS,
     HINTS,
     MAX_FOR_EACH_ITERATIONS,
     MAX_RETRY_COUNT,
-    ELICITATION_ACTIONS,
     ON_ERROR_ACTIONS,
     OUTPUT_TYPES,
     STEP_TYPES,
@@ -46,8 +45,8 @@ from vmcp_actors.workflows import (
     composite_problems,
     is_template,
     unsafe_claims,
-    validate_params,
 )
+from vmcp_actors.workflows._params import validate_params
 
 from ._fields import (
     _Boolean,

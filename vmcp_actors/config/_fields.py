@@ -14,7 +14,6 @@ from vmcp_actors.protocol import is_valid_tool_name
 
 from ._durations import parse_duration
 
-
 # --- fields -----------------------------------------------------------------------------
 
 

@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from marshmallow import Schema, ValidationError, fields, post_load, validate, validates_schema
+from marshmallow import (
+    Schema,
+    ValidationError,
+    fields,
+    post_load,
+    validate,
+    validates_schema,
+)
 
 from ._composite import CompositeToolSchema, composite_reference_problems
 from ._durations import parse_duration
@@ -33,28 +40,28 @@ from ._fields import (
     _tool_name,
 )
 from ._model import (
+    AUDIT_EVENT_TYPES,
     DEFAULT_ALGORITHMS,
+    DEFAULT_GROUP_ENTITY_TYPE,
+    DEFAULT_MAX_TOOLS_TO_RETURN,
     DEFAULT_PREFIX_FORMAT,
     DEFAULT_TRANSPORT,
-    AUDIT_EVENT_TYPES,
     AdminConfig,
     AggregationConfig,
     AuditConfig,
-    TelemetryConfig,
-    CircuitBreakerConfig,
-    FailureHandlingConfig,
     AuthzConfig,
-    DEFAULT_GROUP_ENTITY_TYPE,
-    DEFAULT_MAX_TOOLS_TO_RETURN,
-    OptimizerConfig,
-    SessionStorageConfig,
     BackendAuthConfig,
     BackendConfig,
+    CircuitBreakerConfig,
+    FailureHandlingConfig,
     HeaderInjectionConfig,
     IncomingAuthConfig,
     OidcConfig,
     OperationalConfig,
+    OptimizerConfig,
     OutgoingAuthConfig,
+    SessionStorageConfig,
+    TelemetryConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
     ToolOverride,

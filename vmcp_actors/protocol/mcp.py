@@ -5,6 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Mapping
+from typing import Any
+
+from vmcp_actors.protocol.jsonrpc import Message
 
 # Revisions the gateway negotiates in initialize, newest first.
 NEGOTIABLE_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18")
@@ -204,3 +208,70 @@ def param_header_mismatch(input_schema: object, arguments: object, received: dic
         if not matches:
             return f"the Mcp-Param-{name} header does not match the body's argument"
     return None
+
+
+# What a backend may ask a client, and the client capability each needs.
+CLIENT_METHODS = {
+    "sampling/createMessage": "sampling",
+    "elicitation/create": "elicitation",
+    "roots/list": "roots",
+    "ping": None,
+}
+ELICITATION_ACTIONS = ("accept", "decline", "cancel")
+
+
+def missing_capability(method: str, params: Mapping[str, Any], capabilities: Mapping[str, Any]) -> str | None:
+    """Why a client with ``capabilities`` cannot take ``method``; None when it can."""
+    if method not in CLIENT_METHODS:
+        return f"{method} is not a request an MCP client takes"
+    needed = CLIENT_METHODS[method]
+    if needed is None:
+        return None
+    declared = capabilities.get(needed)
+    if not isinstance(declared, Mapping):
+        return f"the client did not declare the {needed} capability"
+    if method == "elicitation/create":
+        mode = params.get("mode", "form")
+        # An empty elicitation capability means form mode only (2025-11-25).
+        supported = {"form"} if not declared else {m for m in ("form", "url") if m in declared}
+        if mode not in supported:
+            return f"the client did not declare {mode!r} elicitation"
+    return None
+
+
+def check_answer(method: str, answer: Message) -> str | None:
+    """What is wrong with a client's answer to ``method``; None when it is well formed."""
+    body = answer.params
+    if not isinstance(body, dict):
+        return "the result must be an object" if not answer.is_error else "the error must be an object"
+    if answer.is_error:
+        if not isinstance(body.get("code"), int) or isinstance(body.get("code"), bool) \
+                or not isinstance(body.get("message"), str):
+            return "the error must have an integer code and a message"
+        return None
+    if method == "elicitation/create":
+        if body.get("action") not in ELICITATION_ACTIONS:
+            return f"action must be one of {', '.join(ELICITATION_ACTIONS)}"
+        if "content" in body and body["content"] is not None and not isinstance(body["content"], dict):
+            return "content must be an object"
+    elif method == "sampling/createMessage":
+        if not isinstance(body.get("role"), str) or not isinstance(body.get("model"), str) \
+                or not isinstance(body.get("content"), (dict, list)):
+            return "a sampling result needs role, content and model"
+    elif method == "roots/list":
+        roots = body.get("roots")
+        if not isinstance(roots, list) or not all(isinstance(r, dict) and isinstance(r.get("uri"), str) for r in roots):
+            return "roots must be a list of objects with a uri"
+    return None
+
+
+def is_logged_at(message: Mapping[str, Any], level: str | None) -> bool:
+    """Whether a session that asked for ``level`` gets this message: log messages less
+    severe than its level are not relayed; everything else is."""
+    if level is None or message.get("method") != "notifications/message":
+        return True
+    params = message.get("params")
+    severity = params.get("level") if isinstance(params, Mapping) else None
+    if severity not in LOGGING_LEVELS:
+        return True
+    return LOGGING_LEVELS.index(severity) >= LOGGING_LEVELS.index(level)

@@ -3,35 +3,32 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
-from vmcp_actors.config import VmcpConfig
-from vmcp_actors.gateway import Unavailable
-from vmcp_actors.layers import LayerFactory
-from vmcp_actors.sessions import StoreUnavailable
+from vmcp_actors.edge._service import Unavailable
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST
+from vmcp_actors.runtime import Runtime
+from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web import admin, admin_page, health, mcp, metrics, wellknown
+from vmcp_actors.web._installed import EXTENSION_KEY, current_runtime, install
 from vmcp_actors.web._responses import rpc_error
-from vmcp_actors.web._runtime import Runtime, current_runtime, install, start_runtime
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Runtime", "create_app", "current_runtime", "stop_app"]
 
 
-def create_app(config: VmcpConfig, *, host: str = "127.0.0.1", test_config: dict[str, Any] | None = None,
-               layers: Sequence[LayerFactory] = ()) -> Flask:
-    """Build the app and start its actors. Call inside the process that serves (never before a fork).
-    ``layers``: an embedder's decorators over each user's core (see ``vmcp_actors.core``)."""
+def create_app(runtime: Runtime, test_config: dict[str, Any] | None = None) -> Flask:
+    """The app over a started runtime (``vmcp_actors.runtime.start_runtime``, called inside
+    the process that serves, never before a fork); ``stop_app`` stops the runtime."""
     app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = config.operational.max_request_body_bytes
+    app.config["MAX_CONTENT_LENGTH"] = runtime.config.operational.max_request_body_bytes
     if test_config:
         app.config.update(test_config)
-    install(app, start_runtime(config, host, layers))
+    install(app, runtime)
     app.register_blueprint(mcp.bp)
     app.register_blueprint(admin.bp)
     app.register_blueprint(admin_page.bp)
@@ -43,7 +40,7 @@ def create_app(config: VmcpConfig, *, host: str = "127.0.0.1", test_config: dict
 
 
 def stop_app(app: Flask, timeout: float = 5.0) -> None:
-    app.extensions["vmcp_actors"].stop(timeout)
+    app.extensions[EXTENSION_KEY].stop(timeout)
 
 
 def _register_error_handlers(app: Flask) -> None:

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from flask import request
 
-from vmcp_actors.web._runtime import Runtime
+from vmcp_actors.runtime import Runtime
 
 
 def _hostname(host_header: str) -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
-from vmcp_actors.gateway import collect_admin_state, explain_for_admin
 from vmcp_actors.protocol import JsonRpcError
+from vmcp_actors.users._admin import collect_admin_state, explain_for_admin
+from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response
-from vmcp_actors.web._runtime import current_runtime
 from vmcp_actors.web._security import bearer_matches
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")

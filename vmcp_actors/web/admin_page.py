@@ -15,9 +15,10 @@ from typing import Any
 
 from flask import Blueprint, Response, redirect, render_template, request
 
-from vmcp_actors.gateway import collect_admin_state
+from vmcp_actors.runtime import recent_problems
+from vmcp_actors.users._admin import collect_admin_state
+from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response
-from vmcp_actors.web._runtime import current_runtime, recent_problems
 from vmcp_actors.web._security import bearer_matches
 
 bp = Blueprint("admin_page", __name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pykka
 from flask import Blueprint, Response
 
+from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response
-from vmcp_actors.web._runtime import current_runtime
 
 bp = Blueprint("health", __name__)
 

@@ -18,7 +18,13 @@ from dataclasses import replace
 from flask import Blueprint, Response, current_app, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from vmcp_actors.gateway import Answer, short_id
+from vmcp_actors.edge._auth import (
+    AuthError,
+    IdentityProviderUnavailable,
+    www_authenticate,
+)
+from vmcp_actors.edge._relay import RelayEvent
+from vmcp_actors.edge._service import Answer
 from vmcp_actors.identity import Identity, anonymous_with
 from vmcp_actors.metrics import record_request
 from vmcp_actors.protocol import (
@@ -36,11 +42,11 @@ from vmcp_actors.protocol.mcp import (
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
 )
-from vmcp_actors.sessions import RESUME_RETRY_MS, CallStream, RelayEvent
 from vmcp_actors.tracing import request_span
-from vmcp_actors.web._auth import AuthError, IdentityProviderUnavailable, www_authenticate
+from vmcp_actors.users._gateway import short_id
+from vmcp_actors.users._live import RESUME_RETRY_MS, CallStream
+from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response, rpc_error
-from vmcp_actors.web._runtime import current_runtime
 from vmcp_actors.web._security import host_allowed, origin_allowed
 from vmcp_actors.web.wellknown import resource_metadata_url
 

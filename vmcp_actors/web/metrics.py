@@ -6,8 +6,8 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from vmcp_actors.metrics import exposition
+from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response
-from vmcp_actors.web._runtime import current_runtime
 from vmcp_actors.web._security import bearer_matches
 
 bp = Blueprint("metrics", __name__)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
-from vmcp_actors.web._auth import protected_resource_metadata
+from vmcp_actors.edge._auth import protected_resource_metadata
+from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response
-from vmcp_actors.web._runtime import current_runtime
 
 bp = Blueprint("wellknown", __name__)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from vmcp_actors.config import load_config
+from vmcp_actors.runtime import start_runtime
 from vmcp_actors.web import create_app
 
-application = create_app(load_config(os.environ["VMCP_CONFIG"]), host=os.environ.get("VMCP_HOST", "127.0.0.1"))
+application = create_app(start_runtime(load_config(os.environ["VMCP_CONFIG"]), os.environ.get("VMCP_HOST", "127.0.0.1")))

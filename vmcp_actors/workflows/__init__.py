@@ -1,5 +1,6 @@
-"""Composite tools: definitions, templating, argument coercion, the step graph, and the
-WorkflowRun actor that executes one call. The config and session wiring build on them.
+"""Composite tools as definitions: templating, argument coercion, the step graph, annotation
+rules. Pure values and functions (the config imports them); the engine that runs one call,
+``WorkflowRun``, is ``vmcp_actors.workflows.engine``.
 """
 
 from vmcp_actors.workflows._annotations import (
@@ -11,7 +12,13 @@ from vmcp_actors.workflows._annotations import (
     unsafe_claims,
 )
 from vmcp_actors.workflows._coercion import coerce_arguments
-from vmcp_actors.workflows._dag import DagProblem, StepSpec, ready_steps, topological_levels, validate_dag
+from vmcp_actors.workflows._dag import (
+    DagProblem,
+    StepSpec,
+    ready_steps,
+    topological_levels,
+    validate_dag,
+)
 from vmcp_actors.workflows._definition import (
     ELICITATION_ACTIONS,
     MAX_ELICITATION_TIMEOUT,
@@ -31,15 +38,11 @@ from vmcp_actors.workflows._definition import (
     output_templates,
     step_specs,
 )
-from vmcp_actors.workflows._errors import TemplateError, TemplateRenderError, TemplateSyntaxError, UnsafeTemplate
-from vmcp_actors.workflows._run import (
-    ElicitationUnsupported,
-    StepCaller,
-    WorkflowCancelled,
-    WorkflowRun,
-    error_result,
-    step_output,
-    validate_params,
+from vmcp_actors.workflows._errors import (
+    TemplateError,
+    TemplateRenderError,
+    TemplateSyntaxError,
+    UnsafeTemplate,
 )
 from vmcp_actors.workflows._templates import (
     ForEachItem,
@@ -76,7 +79,6 @@ __all__ = [
     "OutputProperty",
     "OutputSpec",
     "Step",
-    "StepCaller",
     "StepOutcome",
     "StepSpec",
     "Template",
@@ -84,25 +86,19 @@ __all__ = [
     "TemplateRenderError",
     "TemplateSyntaxError",
     "UnsafeTemplate",
-    "ElicitationUnsupported",
-    "WorkflowCancelled",
-    "WorkflowRun",
     "coerce_arguments",
     "compile_template",
     "composite_problems",
     "output_schema",
     "output_templates",
-    "error_result",
     "is_template",
     "iter_templates",
     "ready_steps",
     "referenced_steps",
     "render_condition",
     "render_value",
-    "step_output",
     "step_specs",
     "template_context",
     "topological_levels",
     "validate_dag",
-    "validate_params",
 ]

@@ -17,7 +17,12 @@ from typing import Any
 
 from vmcp_actors.workflows._dag import StepSpec, validate_dag
 from vmcp_actors.workflows._errors import TemplateError
-from vmcp_actors.workflows._templates import compile_template, free_names, iter_templates, referenced_steps
+from vmcp_actors.workflows._templates import (
+    compile_template,
+    free_names,
+    iter_templates,
+    referenced_steps,
+)
 
 ON_ERROR_ACTIONS = ("abort", "continue", "retry")
 MAX_RETRY_COUNT = 10

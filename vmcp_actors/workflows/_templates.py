@@ -37,7 +37,12 @@ from jinja2 import nodes
 from jinja2.environment import TemplateExpression
 from jinja2.sandbox import SecurityError
 
-from vmcp_actors.workflows._errors import TemplateError, TemplateRenderError, TemplateSyntaxError, UnsafeTemplate
+from vmcp_actors.workflows._errors import (
+    TemplateError,
+    TemplateRenderError,
+    TemplateSyntaxError,
+    UnsafeTemplate,
+)
 from vmcp_actors.workflows._sandbox import ENVIRONMENT, MAX_TEXT, render_budget, to_data
 from vmcp_actors.workflows._toolhive_syntax import (
     SUPPORTED_FORMS,

@@ -1,0 +1,316 @@
+"""The innermost core: a user's backends seen as one server, through the user's catalog.
+
+List and lookup methods wait for the catalog (a published complete one is read without a
+message; else the UserActor is asked, within the request's deadline); calls return an
+Exchange the request's thread drives.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Mapping
+from typing import Any
+
+import pykka
+
+from vmcp_actors.backends import BackendChannel, drain
+from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
+from vmcp_actors.core._catalog import Catalog, InternalTool, Route
+from vmcp_actors.core._exchange import Exchange, from_backend, to_jsonrpc_error
+from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
+from vmcp_actors.exceptions import BackendError
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
+    RESOURCE_NOT_FOUND,
+    JsonRpcError,
+)
+from vmcp_actors.protocol.mcp import param_headers_for
+
+# When a request's deadline ends before discovery does, it stops waiting this much
+# earlier, to answer with what discovery found so far.
+ANSWER_MARGIN = 0.1
+
+
+class ConflictingNames(JsonRpcError):
+    """Aggregation left clashes that the config must resolve (manual strategy)."""
+
+    def __init__(self, errors: tuple[str, ...]):
+        super().__init__(INTERNAL_ERROR, "Tool names conflict: " + "; ".join(errors), {"conflicts": list(errors)})
+
+
+class NoBackendsAvailable(JsonRpcError):
+    def __init__(self) -> None:
+        super().__init__(INTERNAL_ERROR, "No backend is available for this session; try again later", http_status=503)
+
+
+class BackendsMissing(JsonRpcError):
+    """``partialFailureMode: fail``: a request needs every backend, and some are missing."""
+
+    def __init__(self, failures: Mapping[str, str]):
+        super().__init__(INTERNAL_ERROR, "Not every backend is available (partialFailureMode: fail): "
+                         + "; ".join(failures[name] for name in sorted(failures)),
+                         {"unavailable": sorted(failures)})
+
+
+class DiscoveryTimedOut(JsonRpcError):
+    """The request's deadline ended before any backend was discovered (discovery goes on)."""
+
+    def __init__(self) -> None:
+        super().__init__(REQUEST_TIMEOUT, "Request timed out: the backends were not discovered within the "
+                                          "request's deadline; try again")
+
+
+class CatalogBoard:
+    """The user's catalog as its UserActor last published it (one atomic reference), so
+    web threads read a complete catalog without a message."""
+
+    def __init__(self) -> None:
+        self.current: cf.Future[Catalog] | None = None
+
+    def publish(self, catalog: cf.Future[Catalog] | None) -> None:
+        self.current = catalog
+
+
+class AggregatedBackends:
+    """The user's backends seen as one server, through the user's catalog."""
+
+    def __init__(self, user: Any, channels: Mapping[str, BackendChannel], board: CatalogBoard,
+                 fail_on_partial: bool = False):
+        self._user = user  # ActorProxy[UserActor]
+        self._channels = channels
+        self._board = board
+        self._fail_on_partial = fail_on_partial  # operational.failureHandling.partialFailureMode: fail
+
+    # -- catalog -----------------------------------------------------------------------
+
+    def catalog(self, identity: Identity | None, deadline: Deadline) -> Catalog:
+        published = self._board.current
+        if published is not None and published.done() and published.exception() is None:
+            ready = published.result()
+            if ready.has_backends and not ready.failures and not ready.errors:
+                return ready  # complete: nothing for the UserActor to decide, no message needed
+        try:
+            pending = self._user.catalog(identity).get(timeout=deadline.cap(ASK_TIMEOUT))
+            try:
+                catalog: Catalog = pending.result(timeout=max(0.0, deadline.remaining() - ANSWER_MARGIN))
+            except cf.TimeoutError:
+                # Discovery goes on for the requests after this one; answer with what it found.
+                catalog = self._user.catalog_so_far().get(timeout=deadline.cap(ASK_TIMEOUT))
+                if catalog is None or not catalog.has_backends:
+                    raise DiscoveryTimedOut() from None
+        except (pykka.ActorDeadError, pykka.Timeout):
+            raise NoBackendsAvailable() from None
+        if not catalog.has_backends:
+            raise NoBackendsAvailable()
+        if catalog.errors:
+            raise ConflictingNames(catalog.errors)
+        if catalog.failures and self._fail_on_partial:
+            raise BackendsMissing(catalog.failures)
+        return catalog
+
+    def freshness_ms(self) -> int | None:
+        """The shortest ttlMs the user's 2026-07-28 backends gave their lists (None: no hint)."""
+        published = self._board.current
+        if published is None or not published.done() or published.exception() is not None:
+            return None
+        hints = [found.ttl_ms for found in published.result().backends.values() if found.ttl_ms is not None]
+        return min(hints) if hints else None
+
+    def lookup_internal(self, identity: Identity | None, name: str, deadline: Deadline) -> InternalTool | None:
+        """For composite steps: any tool, advertised or hidden, by advertised name or ``workload.tool``."""
+        return self.catalog(identity, deadline).resolve_internal(name)
+
+    def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).tools
+
+    def list_resources(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).resources
+
+    def list_resource_templates(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).resource_templates
+
+    def list_prompts(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self.catalog(identity, deadline).prompts
+
+    def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
+        return self.catalog(identity, deadline).tool_routes.get(name)
+
+    def lookup_prompt(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
+        return self.catalog(identity, deadline).prompt_routes.get(name)
+
+    def lookup_resource(self, identity: Identity | None, uri: str, deadline: Deadline) -> str | None:
+        return self.catalog(identity, deadline).route_resource(uri)
+
+    def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
+        """The innermost findings: which backends offer ``name`` (by advertised, overridden
+        or original name), what overrides and conflict resolution made of it."""
+        catalog = self.catalog(identity, deadline)
+        listed = name in catalog.tool_routes
+        findings = [_offered(found, name, catalog) for found in catalog.internal_tools.values()
+                     if name in (found.advertised_as, found.route.original_name, found.route.resolved_name)]
+        if not findings:
+            reason = "no backend of this caller offers a tool by that name"
+            if catalog.failures:
+                reason += "; not discovered: " + ", ".join(sorted(catalog.failures))
+            findings.append(Finding("backends", ABSENT, reason))
+        return Explanation(name, listed, listed, tuple(findings))
+
+    # -- calls -------------------------------------------------------------------------
+
+    def call_tool(self, identity, name, arguments, meta, deadline) -> Exchange:
+        route = self.lookup_tool(identity, name, deadline)
+        if route is None:
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+        return self.call_route(identity, route, arguments, meta, deadline)
+
+    def call_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
+                   meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
+        """Call the backend tool ``route`` leads to, on this thread."""
+        params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
+        headers = self._param_headers(identity, route, arguments, deadline)
+        return from_backend(self._channels[route.backend].request(identity, "tools/call", params, deadline, headers),
+                            route.backend)
+
+    def submit_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
+                     deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        """``call_route`` as pooled work (composite steps, hidden tools too): the result
+        lands in the future; nothing blocks on the way."""
+        params = {"name": route.original_name, "arguments": arguments or {}}
+        headers = self._param_headers(identity, route, arguments, deadline)
+        return self._channels[route.backend].submit(identity, "tools/call", params, deadline, headers)
+
+    def read_resource(self, identity, uri, meta, deadline) -> Exchange:
+        backend = self.lookup_resource(identity, uri, deadline)
+        if backend is None:
+            raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        return self._request(identity, backend, "resources/read", _with_meta({"uri": uri}, meta), deadline)
+
+    def get_prompt(self, identity, name, arguments, meta, deadline) -> Exchange:
+        route = self.lookup_prompt(identity, name, deadline)
+        if route is None:
+            raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {name}")
+        params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
+        return self._request(identity, route.backend, "prompts/get", params, deadline)
+
+    def complete(self, identity, params, deadline) -> Exchange | dict[str, Any]:
+        ref = params["ref"]
+        catalog = self.catalog(identity, deadline)
+        if ref["type"] == "ref/prompt":
+            route = catalog.prompt_routes.get(ref["name"])
+            if route is None:
+                raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref['name']}")
+            backend, ref = route.backend, {**ref, "name": route.original_name}
+        else:
+            backend = catalog.route_template(ref["uri"]) or catalog.resource_owners.get(ref["uri"])
+            if backend is None:
+                raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": ref["uri"]})
+        if not catalog.backends[backend].supports("completions"):
+            return {"completion": {"values": [], "hasMore": False}}
+        return self._request(identity, backend, "completion/complete", {**params, "ref": ref}, deadline)
+
+    def set_logging_level(self, identity, level, deadline) -> dict[str, Any]:
+        """Forwarded to every backend that has logging, in the background: the answer waits for none."""
+        for backend, found in self.catalog(identity, deadline).backends.items():
+            if found.supports("logging") and not self._channels[backend].speaks_modern():
+                self._channels[backend].submit(identity, "logging/setLevel", {"level": level}, deadline)
+        return {}
+
+    def subscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
+        """Subscribe at the backend that owns ``uri`` and note ``subscriber`` (a client
+        session) as one to tell of its updates."""
+        backend = self._subscribable(identity, uri, deadline)
+        if not self._channels[backend].speaks_modern():  # a 2026-07-28 backend hears it in subscriptions/listen
+            self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
+        self._ask_user("subscribed", subscriber, uri, deadline=deadline)
+        return {}
+
+    def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
+        """The backend is told only when no other session of the user still listens."""
+        backend = self._subscribable(identity, uri, deadline)
+        if self._ask_user("unsubscribed", subscriber, uri, deadline=deadline) \
+                and not self._channels[backend].speaks_modern():
+            self._call(identity, backend, "resources/unsubscribe", {"uri": uri}, deadline)
+        return {}
+
+    def speaks_modern(self, backend: str) -> bool:
+        channel = self._channels.get(backend)
+        return channel is not None and channel.speaks_modern()
+
+    def resume(self, identity: Identity | None, backend: str, method: str, params: dict[str, Any],
+               deadline: Deadline) -> Exchange:
+        """A 2026-07-28 client's retry of a call its backend answered ``input_required``:
+        straight to that backend (the sealed state named it and what it was asked)."""
+        if backend not in self._channels:
+            raise JsonRpcError(INVALID_PARAMS, "Invalid requestState: its backend is not configured here")
+        return self._request(identity, backend, method, params, deadline)
+
+    def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:
+        """A client notification every backend session of the user should hear (roots changed)."""
+        for channel in self._channels.values():
+            channel.notify_if_open(identity, method, params)
+
+    def close(self) -> None:
+        """Nothing to release here: the UserActor owns the connections."""
+
+    def _param_headers(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
+                       deadline: Deadline) -> dict[str, str] | None:
+        """The ``Mcp-Param-*`` headers a 2026-07-28 backend's tool asks its arguments mirrored in."""
+        if not self._channels[route.backend].speaks_modern():
+            return None
+        found = self.catalog(identity, deadline).backends.get(route.backend)
+        tool = next((t for t in found.tools if t.get("name") == route.original_name), None) if found else None
+        return param_headers_for(tool.get("inputSchema"), arguments or {}) if tool else None
+
+    def _subscribable(self, identity: Identity | None, uri: str, deadline: Deadline) -> str:
+        catalog = self.catalog(identity, deadline)
+        backend = catalog.route_resource(uri)
+        if backend is None:
+            raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        resources = catalog.backends[backend].capabilities.get("resources")
+        if not isinstance(resources, Mapping) or not resources.get("subscribe"):
+            raise JsonRpcError(METHOD_NOT_FOUND, "Subscriptions are not supported for this resource", {"uri": uri})
+        return backend
+
+    def _ask_user(self, method: str, *args: Any, deadline: Deadline) -> Any:
+        try:
+            return getattr(self._user, method)(*args).get(timeout=deadline.cap(ASK_TIMEOUT))
+        except (pykka.ActorDeadError, pykka.Timeout):
+            raise NoBackendsAvailable() from None
+
+    def _call(self, identity, backend, method, params, deadline) -> dict[str, Any]:
+        try:
+            return drain(self._channels[backend].request(identity, method, params, deadline))
+        except BackendError as error:
+            raise to_jsonrpc_error(error) from None
+
+    def _request(self, identity, backend, method, params, deadline) -> Exchange:
+        return from_backend(self._channels[backend].request(identity, method, params, deadline), backend)
+
+
+def _offered(found: InternalTool, name: str, catalog: Catalog) -> Finding:
+    route = found.route
+    said = [f"backend {route.backend!r} offers it as {route.original_name!r}"]
+    if route.resolved_name != route.original_name:
+        said.append(f"an override renames it {route.resolved_name!r}")
+    if found.advertised_as is None:
+        lost = [problem for problem in catalog.problems
+                if f"{route.resolved_name!r} of backend {route.backend!r}" in problem
+                or f"{route.original_name!r} of backend {route.backend!r}" in problem]
+        said.append("it is not advertised: " + ("; ".join(lost) if lost else "conflict resolution left it out"))
+    elif found.advertised_as != route.resolved_name:
+        said.append(f"conflict resolution advertises it as {found.advertised_as!r}")
+    else:
+        said.append(f"advertised as {found.advertised_as!r}")
+    details = (("backend", route.backend), ("originalName", route.original_name),
+               ("resolvedName", route.resolved_name), ("advertisedAs", found.advertised_as))
+    return Finding("backends", OFFERS, "; ".join(said), details)
+
+
+def _with_meta(params: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:
+    if meta:
+        params["_meta"] = meta
+    return params

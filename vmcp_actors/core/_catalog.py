@@ -1,0 +1,336 @@
+"""Aggregating the backends' lists into one catalog with a routing table.
+
+Pure functions over immutable inputs. Backends are always visited in sorted name order,
+so the same inputs give the same names whichever backend answered first (ToolHive's
+map-order nondeterminism is a known flaw we do not copy).
+
+Tools go through: overrides (per backend, keyed by the backend's own name) -> conflict
+resolution (prefix | priority | manual) -> name validation. Every tool, advertised or
+not, stays in the internal index so composite steps can reach it as ``workload.tool``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from vmcp_actors.backends import BackendCapabilities
+from vmcp_actors.config import AggregationConfig
+from vmcp_actors.core._uri_template import InvalidUriTemplate, compile_uri_template
+from vmcp_actors.protocol import is_valid_tool_name
+
+logger = logging.getLogger(__name__)
+
+# Under priority, clashing tools of unlisted backends get this fixed prefix (as ToolHive).
+PRIORITY_FALLBACK_PREFIX = "{workload}_"
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where an advertised name really lives.
+
+    ``original_name`` is the backend's own name (what it receives); ``resolved_name`` is the
+    name after overrides and before conflict resolution (what filters match). A composite
+    tool's route has ``composite`` set and no backend.
+    """
+
+    backend: str
+    original_name: str
+    resolved_name: str = ""
+    composite: bool = False
+
+
+@dataclass(frozen=True)
+class TemplateRoute:
+    backend: str
+    uri_template: str
+
+
+@dataclass(frozen=True)
+class InternalTool:
+    """Any backend tool, advertised or not: its route and its definition (overrides applied)."""
+
+    route: Route
+    definition: Mapping[str, Any]
+    advertised_as: str | None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A session's aggregated view of its backends. Advertised dicts are never mutated."""
+
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_routes: Mapping[str, Route] = field(default_factory=lambda: MappingProxyType({}))
+    internal_tools: Mapping[tuple[str, str], InternalTool] = field(default_factory=lambda: MappingProxyType({}))
+    resources: tuple[dict[str, Any], ...] = ()
+    resource_owners: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    resource_templates: tuple[dict[str, Any], ...] = ()
+    template_routes: tuple[TemplateRoute, ...] = ()
+    prompts: tuple[dict[str, Any], ...] = ()
+    prompt_routes: Mapping[str, Route] = field(default_factory=lambda: MappingProxyType({}))
+    backends: Mapping[str, BackendCapabilities] = field(default_factory=lambda: MappingProxyType({}))
+    failures: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # Conflicts that make the catalog unusable (manual resolution left a clash).
+    errors: tuple[str, ...] = ()
+    # Names that were not advertised and why (lost a clash, invalid name).
+    problems: tuple[str, ...] = ()
+
+    @property
+    def has_backends(self) -> bool:
+        return bool(self.backends)
+
+    def route_resource(self, uri: str) -> str | None:
+        """The backend that serves ``uri``: the one that listed it, else the first template that matches."""
+        owner = self.resource_owners.get(uri)
+        if owner is not None:
+            return owner
+        for route in self.template_routes:
+            if compile_uri_template(route.uri_template).match(uri) is not None:
+                return route.backend
+        return None
+
+    def route_template(self, uri_template: str) -> str | None:
+        for route in self.template_routes:
+            if route.uri_template == uri_template:
+                return route.backend
+        return None
+
+    def resolve_internal(self, name: str) -> InternalTool | None:
+        """For internal callers (composite steps): an exact advertised name first, else
+        ``workload.tool`` whatever the strategy or filters, where ``tool`` is the backend's
+        own name or, failing that, the name its override gives it. A leading dot is rejected."""
+        if not name or name.startswith("."):
+            return None
+        route = self.tool_routes.get(name)
+        if route is not None:
+            return self.internal_tools.get((route.backend, route.original_name))
+        workload, dot, tool = name.partition(".")
+        if not dot or not tool:
+            return None
+        found = self.internal_tools.get((workload, tool))
+        if found is not None:
+            return found
+        return next((internal for (backend, _), internal in self.internal_tools.items()
+                     if backend == workload and internal.route.resolved_name == tool), None)
+
+
+def advertised_name(aggregation: AggregationConfig, backend: str, name: str) -> str:
+    """``AggregationConfig.advertised_name``: under ``prefix`` every name is prefixed, clash
+    or not, as ToolHive does. One rule, so the config checks composite names against it too."""
+    return aggregation.advertised_name(backend, name)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    route: Route
+    definition: dict[str, Any]
+
+
+def build_catalog(
+    discovered: Mapping[str, BackendCapabilities],
+    failures: Mapping[str, str],
+    aggregation: AggregationConfig,
+) -> Catalog:
+    backends = sorted(discovered)
+    problems: list[str] = []
+
+    candidates = [c for b in backends for c in _tool_candidates(b, discovered[b].tools, aggregation, problems)]
+    names, errors = _resolve_tool_names(candidates, aggregation, problems)
+    tools: list[dict[str, Any]] = []
+    tool_routes: dict[str, Route] = {}
+    internal: dict[tuple[str, str], InternalTool] = {}
+    for candidate in candidates:
+        name = names.get(candidate.route)
+        internal[(candidate.route.backend, candidate.route.original_name)] = InternalTool(
+            candidate.route, MappingProxyType(candidate.definition), name
+        )
+        if name is not None:
+            tool_routes[name] = candidate.route
+            tools.append({**candidate.definition, "name": name})
+
+    prompts, prompt_routes = _prompts(backends, discovered, aggregation, problems)
+    resources, owners = _resources(backends, discovered)
+    templates, template_routes = _templates(backends, discovered)
+    return Catalog(
+        tools=tuple(tools),
+        tool_routes=MappingProxyType(tool_routes),
+        internal_tools=MappingProxyType(internal),
+        resources=tuple(resources),
+        resource_owners=MappingProxyType(owners),
+        resource_templates=tuple(templates),
+        template_routes=tuple(template_routes),
+        prompts=tuple(prompts),
+        prompt_routes=MappingProxyType(prompt_routes),
+        backends=MappingProxyType(dict(discovered)),
+        failures=MappingProxyType(dict(failures)),
+        errors=tuple(errors),
+        problems=tuple(problems),
+    )
+
+
+# -- tools -------------------------------------------------------------------------------
+
+
+def _tool_candidates(
+    backend: str, listed: tuple[dict[str, Any], ...], aggregation: AggregationConfig, problems: list[str]
+) -> list[_Candidate]:
+    """The backend's tools with its overrides applied (renames, descriptions, annotations)."""
+    workload = aggregation.tools_for(backend)
+    overrides = workload.overrides if workload is not None else {}
+    candidates = []
+    for tool in listed:
+        original = tool.get("name")
+        if not isinstance(original, str) or not original:
+            _problem(problems, logging.WARNING, f"backend {backend!r} lists a tool without a name; skipped")
+            continue
+        definition = dict(tool)
+        resolved = original
+        override = overrides.get(original)
+        if override is not None:
+            resolved = override.name or original
+            if override.description is not None:
+                definition["description"] = override.description
+            if override.annotations is not None:
+                annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
+                definition["annotations"] = {**annotations, **override.annotations}
+        definition["name"] = resolved
+        candidates.append(_Candidate(Route(backend, original, resolved), definition))
+    return candidates
+
+
+def _resolve_tool_names(
+    candidates: list[_Candidate], aggregation: AggregationConfig, problems: list[str]
+) -> tuple[dict[Route, str], list[str]]:
+    """Advertised name per route (absent: not advertised), and the errors that make the
+    catalog unusable. Candidates arrive in sorted backend order."""
+    strategy = aggregation.conflict_resolution
+    by_name: dict[str, list[_Candidate]] = defaultdict(list)
+    for candidate in candidates:
+        by_name[candidate.route.resolved_name].append(candidate)
+
+    proposed: list[tuple[_Candidate, str]] = []
+    errors: list[str] = []
+    if strategy == "prefix":
+        proposed = [(c, advertised_name(aggregation, c.route.backend, c.route.resolved_name)) for c in candidates]
+    else:
+        order = {name: index for index, name in enumerate(aggregation.priority_order)}
+        for name, claimants in by_name.items():
+            if len(claimants) == 1:
+                proposed.append((claimants[0], name))
+            elif strategy == "manual":
+                offered = ", ".join(f"{c.route.backend} (tool {c.route.original_name!r})" for c in claimants)
+                errors.append(f"tool name {name!r} is offered by backends {offered}; "
+                              "rename all but one with an override (manual conflict resolution)")
+            else:  # priority
+                listed = [c for c in claimants if c.route.backend in order]
+                if listed:
+                    winner = min(listed, key=lambda c: order[c.route.backend])
+                    proposed.append((winner, name))
+                    for loser in claimants:
+                        if loser is not winner:
+                            _problem(problems, logging.INFO,
+                                     f"tool {name!r} of backend {loser.route.backend!r} is not advertised: "
+                                     f"backend {winner.route.backend!r} comes first in priorityOrder")
+                else:
+                    for claimant in claimants:
+                        prefix = PRIORITY_FALLBACK_PREFIX.replace("{workload}", claimant.route.backend)
+                        proposed.append((claimant, prefix + name))
+        position = {id(candidate): index for index, candidate in enumerate(candidates)}
+        proposed.sort(key=lambda pair: position[id(pair[0])])  # back to sorted backend order
+    for error in errors:
+        logger.error("%s", error)
+
+    names: dict[Route, str] = {}
+    taken: dict[str, Route] = {}
+    for candidate, name in proposed:
+        route = candidate.route
+        if not is_valid_tool_name(name):
+            _problem(problems, logging.ERROR, f"tool {route.original_name!r} of backend {route.backend!r} would be "
+                                              f"advertised as {name[:140]!r}, not a valid MCP tool name; not advertised")
+        elif name in taken:
+            _problem(problems, logging.ERROR, f"tool name {name!r} of backend {route.backend!r} clashes with backend "
+                                              f"{taken[name].backend!r} after resolution; keeping the first")
+        else:
+            taken[name] = route
+            names[route] = name
+    return names, errors
+
+
+# -- prompts, resources, templates -------------------------------------------------------
+
+
+def _prompts(
+    backends: list[str], discovered: Mapping[str, BackendCapabilities], aggregation: AggregationConfig,
+    problems: list[str],
+) -> tuple[list[dict[str, Any]], dict[str, Route]]:
+    """Named like tools under prefix; bare for listed backends under priority (unlisted ones
+    get the fallback prefix); bare under manual. A name claimed twice is dropped for all."""
+    strategy = aggregation.conflict_resolution
+    proposed: list[tuple[str, Route, dict[str, Any]]] = []
+    for backend in backends:
+        for prompt in discovered[backend].prompts:
+            original = prompt.get("name")
+            if not isinstance(original, str) or not original:
+                _problem(problems, logging.WARNING, f"backend {backend!r} lists a prompt without a name; skipped")
+                continue
+            if strategy == "prefix":
+                name = advertised_name(aggregation, backend, original)
+            elif strategy == "priority" and backend not in aggregation.priority_order:
+                name = PRIORITY_FALLBACK_PREFIX.replace("{workload}", backend) + original
+            else:
+                name = original
+            proposed.append((name, Route(backend, original, original), prompt))
+    claims: dict[str, list[str]] = defaultdict(list)
+    for name, route, _ in proposed:
+        claims[name].append(route.backend)
+    prompts: list[dict[str, Any]] = []
+    routes: dict[str, Route] = {}
+    for name, route, prompt in proposed:
+        if len(claims[name]) > 1:
+            if claims[name][0] == route.backend:  # report once per name
+                _problem(problems, logging.ERROR, f"prompt name {name!r} is claimed by backends "
+                                                  f"{', '.join(claims[name])}; not advertised for any of them")
+            continue
+        routes[name] = route
+        prompts.append({**prompt, "name": name})
+    return prompts, routes
+
+
+def _resources(backends: list[str], discovered: Mapping[str, BackendCapabilities]) -> tuple[list, dict[str, str]]:
+    resources: list[dict[str, Any]] = []
+    owners: dict[str, str] = {}
+    for backend in backends:
+        for resource in discovered[backend].resources:
+            uri = resource.get("uri")
+            if not isinstance(uri, str) or uri in owners:
+                continue  # URIs are never rewritten; the first backend in sorted order serves it
+            owners[uri] = backend
+            resources.append(resource)
+    return resources, owners
+
+
+def _templates(backends: list[str], discovered: Mapping[str, BackendCapabilities]) -> tuple[list, list[TemplateRoute]]:
+    templates: list[dict[str, Any]] = []
+    routes: list[TemplateRoute] = []
+    for backend in backends:
+        for template in discovered[backend].resource_templates:
+            uri_template = template.get("uriTemplate")
+            if not isinstance(uri_template, str) or any(r.uri_template == uri_template for r in routes):
+                continue
+            try:
+                compile_uri_template(uri_template)
+            except InvalidUriTemplate:
+                logger.warning("backend %r lists an invalid resource template %r; skipping it", backend, uri_template)
+                continue
+            routes.append(TemplateRoute(backend, uri_template))
+            templates.append(template)
+    return templates, routes
+
+
+def _problem(problems: list[str], level: int, message: str) -> None:
+    logger.log(level, "%s", message)
+    problems.append(message)

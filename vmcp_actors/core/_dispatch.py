@@ -1,0 +1,120 @@
+"""MCP methods over a user's capabilities: parameter checks, pagination, routing.
+
+The request service hands each JSON-RPC request of a session here and writes out the
+Relay's events. ``initialize`` and the version checks are in ``_lifecycle``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from vmcp_actors.concurrency import Deadline
+from vmcp_actors.core._interface import Capabilities
+from vmcp_actors.core._pagination import paginate
+from vmcp_actors.edge._relay import Relay
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
+from vmcp_actors.protocol.mcp import LOGGING_LEVELS
+
+
+class McpDispatcher:
+    def __init__(self, capabilities: Capabilities, *, page_size: int):
+        self._capabilities = capabilities
+        self._page_size = page_size
+        self._methods: dict[str, Callable[[Identity | None, dict[str, Any], Deadline], Any]] = {
+            "ping": lambda identity, params, deadline: {},
+            "tools/list": self._list("tools", capabilities.list_tools),
+            "resources/list": self._list("resources", capabilities.list_resources),
+            "resources/templates/list": self._list("resourceTemplates", capabilities.list_resource_templates),
+            "prompts/list": self._list("prompts", capabilities.list_prompts),
+            "tools/call": self._call_tool,
+            "resources/read": self._read_resource,
+            "prompts/get": self._get_prompt,
+            "completion/complete": self._complete,
+            "logging/setLevel": self._set_logging_level,
+        }
+
+    def handles(self, method: str) -> bool:
+        return method in self._methods
+
+    def handle(self, identity: Identity | None, request: Message, deadline: Deadline, session_id: str = "") -> Relay:
+        """``session_id``: the client session asking (subscriptions are a session's own)."""
+        handler = self._methods.get(request.method or "")
+        if request.method in ("resources/subscribe", "resources/unsubscribe") and session_id:
+            handler = self._subscription(request.method, session_id)
+        if handler is None:
+            return Relay.failed(request.id, JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}"))
+        params = request.params if request.params is not None else {}
+        try:
+            if not isinstance(params, dict):
+                raise JsonRpcError(INVALID_PARAMS, "params must be an object")
+            outcome = handler(identity, params, deadline)
+        except JsonRpcError as error:
+            return Relay.failed(request.id, error)
+        if isinstance(outcome, dict):
+            return Relay.answered(request.id, outcome)
+        return Relay.streaming(request.id, outcome)
+
+    # -- handlers: return a result dict, or an exchange that yields notifications ------
+
+    def _list(self, key: str, lister: Callable[[Identity | None, Deadline], tuple[dict[str, Any], ...]]):
+        def handler(identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
+            return paginate(lister(identity, deadline), key, params, self._page_size)
+
+        return handler
+
+    def _subscription(self, method: str, session_id: str):
+        change = (self._capabilities.subscribe_resource if method == "resources/subscribe"
+                  else self._capabilities.unsubscribe_resource)
+
+        def handler(identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
+            return change(identity, session_id, _required_string(params, "uri"), deadline)
+
+        return handler
+
+    def _call_tool(self, identity, params, deadline):
+        name = _required_string(params, "name")
+        return self._capabilities.call_tool(
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), deadline
+        )
+
+    def _read_resource(self, identity, params, deadline):
+        uri = _required_string(params, "uri")
+        return self._capabilities.read_resource(identity, uri, _optional_object(params, "_meta"), deadline)
+
+    def _get_prompt(self, identity, params, deadline):
+        name = _required_string(params, "name")
+        return self._capabilities.get_prompt(
+            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), deadline
+        )
+
+    def _complete(self, identity, params, deadline):
+        ref = params.get("ref")
+        if not isinstance(ref, dict) or ref.get("type") not in ("ref/prompt", "ref/resource"):
+            raise JsonRpcError(INVALID_PARAMS, "ref must be an object of type ref/prompt or ref/resource")
+        _required_string(ref, "name" if ref["type"] == "ref/prompt" else "uri", where="ref.")
+        argument = params.get("argument")
+        if not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
+            raise JsonRpcError(INVALID_PARAMS, "argument must be an object with a name")
+        return self._capabilities.complete(identity, params, deadline)
+
+    def _set_logging_level(self, identity, params, deadline):
+        level = params.get("level")
+        if level not in LOGGING_LEVELS:
+            raise JsonRpcError(INVALID_PARAMS, f"level must be one of {', '.join(LOGGING_LEVELS)}")
+        return self._capabilities.set_logging_level(identity, level, deadline)
+
+
+def _required_string(params: dict[str, Any], key: str, where: str = "") -> str:
+    value = params.get(key)
+    if not isinstance(value, str) or not value:
+        raise JsonRpcError(INVALID_PARAMS, f"{where}{key} is required and must be a string")
+    return value
+
+
+def _optional_object(params: dict[str, Any], key: str) -> dict[str, Any] | None:
+    value = params.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise JsonRpcError(INVALID_PARAMS, f"{key} must be an object")
+    return value

@@ -1,0 +1,130 @@
+"""The core interface over a user's backends (DESIGN.md, "The core interface").
+
+``AggregatedBackends`` is the innermost implementation; decorators (advertising filter,
+composite tools) wrap the same interface. Identity is always an explicit argument, and
+so is the request's ``Deadline``, which every wait below it uses. Methods block only the
+calling (web) thread, never an actor: list and lookup methods wait for the user's
+catalog; calls return an Exchange, a generator the caller drives on its own thread,
+which yields the backend's streamed events as they arrive and returns the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from vmcp_actors.concurrency import Deadline
+from vmcp_actors.core._catalog import Route
+from vmcp_actors.core._exchange import Exchange
+from vmcp_actors.core._explain import (
+    Explanation,
+    Finding,
+    generic_finding,
+)
+from vmcp_actors.identity import Identity
+
+# When a request's deadline ends before discovery does, it stops waiting this much
+# earlier, to answer with what discovery found so far.
+ANSWER_MARGIN = 0.1
+
+
+class Capabilities(Protocol):
+    """What a user's sessions offer their clients. Safe for concurrent use."""
+
+    def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None: ...
+    def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
+                  meta: dict[str, Any] | None, deadline: Deadline) -> Exchange: ...
+    def list_resources(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def list_resource_templates(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def lookup_resource(self, identity: Identity | None, uri: str, deadline: Deadline) -> str | None: ...
+    def read_resource(self, identity: Identity | None, uri: str, meta: dict[str, Any] | None,
+                      deadline: Deadline) -> Exchange: ...
+    def list_prompts(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
+    def lookup_prompt(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None: ...
+    def get_prompt(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
+                   meta: dict[str, Any] | None, deadline: Deadline) -> Exchange: ...
+    def complete(self, identity: Identity | None, params: dict[str, Any],
+                 deadline: Deadline) -> Exchange | dict[str, Any]: ...
+    def set_logging_level(self, identity: Identity | None, level: str, deadline: Deadline) -> dict[str, Any]: ...
+    def subscribe_resource(self, identity: Identity | None, subscriber: str, uri: str,
+                           deadline: Deadline) -> dict[str, Any]: ...
+    def unsubscribe_resource(self, identity: Identity | None, subscriber: str, uri: str,
+                             deadline: Deadline) -> dict[str, Any]: ...
+    def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation: ...
+    def close(self) -> None: ...
+
+
+# A decorator factory: called with a user's core, returns the decorated core.
+LayerFactory = Callable[["Capabilities"], "Capabilities"]
+
+
+class CapabilitiesLayer:
+    """Base of the decorators over ``Capabilities``: every method passes through to the
+    layer below; a decorator overrides what it changes (the advertising filter and the
+    composite tools both change only tools).
+
+    ``layer_name`` names the layer in explanations (``explain_tool``); ``finding`` says what
+    the layer did with a tool, by default read from its own answers next to the layer below's.
+    """
+
+    layer_name = ""
+
+    def __init__(self, inner: Capabilities):
+        self._inner = inner
+
+    def list_tools(self, identity, deadline):
+        return self._inner.list_tools(identity, deadline)
+
+    def lookup_tool(self, identity, name, deadline):
+        return self._inner.lookup_tool(identity, name, deadline)
+
+    def call_tool(self, identity, name, arguments, meta, deadline):
+        return self._inner.call_tool(identity, name, arguments, meta, deadline)
+
+    def list_resources(self, identity, deadline):
+        return self._inner.list_resources(identity, deadline)
+
+    def list_resource_templates(self, identity, deadline):
+        return self._inner.list_resource_templates(identity, deadline)
+
+    def lookup_resource(self, identity, uri, deadline):
+        return self._inner.lookup_resource(identity, uri, deadline)
+
+    def read_resource(self, identity, uri, meta, deadline):
+        return self._inner.read_resource(identity, uri, meta, deadline)
+
+    def list_prompts(self, identity, deadline):
+        return self._inner.list_prompts(identity, deadline)
+
+    def lookup_prompt(self, identity, name, deadline):
+        return self._inner.lookup_prompt(identity, name, deadline)
+
+    def get_prompt(self, identity, name, arguments, meta, deadline):
+        return self._inner.get_prompt(identity, name, arguments, meta, deadline)
+
+    def complete(self, identity, params, deadline):
+        return self._inner.complete(identity, params, deadline)
+
+    def set_logging_level(self, identity, level, deadline):
+        return self._inner.set_logging_level(identity, level, deadline)
+
+    def subscribe_resource(self, identity, subscriber, uri, deadline):
+        return self._inner.subscribe_resource(identity, subscriber, uri, deadline)
+
+    def unsubscribe_resource(self, identity, subscriber, uri, deadline):
+        return self._inner.unsubscribe_resource(identity, subscriber, uri, deadline)
+
+    def explain_tool(self, identity, name, deadline) -> Explanation:
+        below = self._inner.explain_tool(identity, name, deadline)
+        listed = any(tool.get("name") == name for tool in self.list_tools(identity, deadline))
+        callable_ = self.lookup_tool(identity, name, deadline) is not None
+        finding = self.finding(identity, name, deadline, below, listed, callable_)
+        return below.with_finding(finding, listed=listed, callable=callable_)
+
+    def finding(self, identity: Identity | None, name: str, deadline: Deadline, below: Explanation,
+                listed: bool, callable_: bool) -> Finding:
+        return generic_finding(self.layer_name or type(self).__name__, below, listed, callable_)
+
+    def close(self) -> None:
+        self._inner.close()

@@ -1,0 +1,232 @@
+"""The composition root: builds the process's runtime in dependency order (signing key,
+record store, caches, outgoing auth, the Gateway actor, the request service) and stops it
+in reverse. The web front end receives the built ``Runtime``; nothing here imports Flask."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from vmcp_actors import tracing
+from vmcp_actors.backends import ExchangedTokenCache, build_outgoing_auth
+from vmcp_actors.config import VmcpConfig, config_warnings
+from vmcp_actors.core._interface import LayerFactory
+from vmcp_actors.decorators import WorkflowMetrics, stack
+from vmcp_actors.edge._auth import Authenticator, build_authenticator
+from vmcp_actors.edge._service import McpService
+from vmcp_actors.exceptions import ConfigError
+from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals
+from vmcp_actors.shared_cache import SharedCache
+from vmcp_actors.signing import MIN_KEY_BYTES, Signer
+from vmcp_actors.users._actor import SessionServices
+from vmcp_actors.users._directory import Directory
+from vmcp_actors.users._discovery_cache import DiscoveryCache
+from vmcp_actors.users._gateway import Gateway
+from vmcp_actors.users._records import UserKey
+from vmcp_actors.users._redis_store import RedisRecordStore
+from vmcp_actors.users._store import MemoryRecordStore, RecordStore
+from vmcp_actors.users._stream_fanout import StreamFanout
+
+logger = logging.getLogger(__name__)
+
+# The admin page's "recent problems": the last warnings and errors of vmcp_actors' loggers.
+RECENT_PROBLEMS = 50
+
+
+@dataclass(frozen=True)
+class Problem:
+    at: float
+    level: str
+    logger: str
+    message: str
+
+
+class _RecentProblems(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.problems: collections.deque[Problem] = collections.deque(maxlen=RECENT_PROBLEMS)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.problems.append(Problem(record.created, record.levelname, record.name, record.getMessage()[:500]))
+        except Exception:  # noqa: BLE001 - a log line that cannot be formatted is left out
+            pass
+
+
+_PROBLEMS = _RecentProblems()
+
+
+def recent_problems() -> list[Problem]:
+    """Newest first."""
+    return list(reversed(_PROBLEMS.problems))
+
+
+@dataclass(frozen=True)
+class Runtime:
+    config: VmcpConfig
+    gateway: Any  # ActorProxy[Gateway]
+    service: McpService  # what the MCP view hands each message to
+    authenticator: Authenticator
+    admin_token: str | None = field(repr=False)
+    allowed_hosts: frozenset[str]
+    any_host: bool
+    fanout: StreamFanout | None = None
+    metrics: GatewayCollector | None = None  # what GET /metrics returns
+    metrics_token: str | None = field(default=None, repr=False)
+    totals: ProcessTotals | None = None  # this worker's metric totals, for the other workers
+
+    def drain(self) -> None:
+        if not self.service.draining:
+            logger.info("draining: new sessions are refused; calls in flight may finish")
+        self.service.drain()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        tracing.shutdown()
+        if self.totals is not None:
+            self.totals.stop()
+        if self.fanout is not None:
+            self.fanout.stop()
+        try:
+            self.gateway.actor_ref.stop(block=True, timeout=timeout)
+        except (pykka.ActorDeadError, pykka.Timeout):
+            pass
+
+
+def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequence[LayerFactory] = ()) -> Runtime:
+    """``layers``: an embedder's decorators over each user's core (``vmcp_actors.core``)."""
+    for warning in config_warnings(config):
+        logger.warning("config: %s", warning)
+    signer = _signer(config)
+    store = _record_store(config, signer)
+    # With records in Redis, the caches get a shared second level there too.
+    shared = SharedCache(store.client, signer, config.session_storage.key_prefix) \
+        if isinstance(store, RedisRecordStore) else None
+    # Every secret the config names is read now; unset ones stop the start with their paths.
+    outgoing_auth = build_outgoing_auth(config, cache=ExchangedTokenCache(shared=shared))
+    admin_token = secret_from_env("admin.tokenEnv", config.admin.token_env)
+    extra_hosts = {h.lower() for h in config.operational.allowed_hosts}
+    allowed = {"localhost", "127.0.0.1", "::1"} | extra_hosts
+    if bind_host not in ("0.0.0.0", "::", ""):
+        allowed.add(bind_host.lower().strip("[]"))
+    elif not extra_hosts:
+        logger.warning(
+            "listening on all interfaces but operational.allowedHosts is empty: only localhost Host headers are accepted"
+        )
+    directory = Directory(store, time.monotonic)
+    cache = DiscoveryCache(config.operational.discovery_cache_ttl, shared=shared, aggregation=config.aggregation)
+    workflow_metrics = WorkflowMetrics()
+    services = SessionServices.for_config(config, outgoing_auth=outgoing_auth, discovery_cache=cache,
+                                          store=store, workflow_metrics=workflow_metrics,
+                                          decorators=stack(config, layers, workflow_metrics),
+                                          fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)
+                                          if isinstance(store, RedisRecordStore) else None,
+                                          # Below 2**52 (exact in JSON), apart from other processes'.
+                                          request_id_base=secrets.randbits(40) << 12 if store.shared else 0)
+    gateway = Gateway.start(config, directory, services, signer).proxy()
+    if services.fanout is not None:
+        services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
+    oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
+    client_secret = secret_from_env("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env if oidc else None)
+    authenticator = build_authenticator(oidc, client_secret)
+    service = McpService(config, gateway, directory, signer, services.live, services.parked)
+    package_logger = logging.getLogger("vmcp_actors")
+    if _PROBLEMS not in package_logger.handlers:
+        package_logger.addHandler(_PROBLEMS)
+    totals = ProcessTotals(os.environ.get(METRICS_DIR_ENV))
+    totals.start()
+    tracing.configure(config.telemetry)
+    metrics_token = secret_from_env("admin.metricsTokenEnv", config.admin.metrics_token_env)
+    return Runtime(config, gateway, service, authenticator, admin_token,
+                   frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
+                   GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals)
+
+
+def process_gauges(config: VmcpConfig, directory: Directory, services: SessionServices) -> list[Any]:
+    """The gauges of this process for a scrape: (name, help, {labels: value}, label names)."""
+    health = services.health.snapshot() if services.health is not None else {}
+    circuit_values = {"closed": 0, "half_open": 1, "open": 2}
+    cache = services.discovery_cache.stats()
+    workflows = services.workflow_metrics.snapshot()
+    return [
+        ("vmcp_sessions", "Client sessions this process serves.", {(): directory.session_count()}, ()),
+        ("vmcp_live_users", "Users whose actors run in this process.", {(): len(directory.live_users())}, ()),
+        ("vmcp_threads", "Threads of this process.", {(): threading.active_count()}, ()),
+        ("vmcp_discovery_cache_hits", "Discovery cache hits since start.", {(): cache["hits"]}, ()),
+        ("vmcp_discovery_cache_misses", "Discovery cache misses since start.", {(): cache["misses"]}, ()),
+        ("vmcp_workflow_runs_in_flight", "Composite tool runs under way.",
+         {(name, ): counters["running"] for name, counters in workflows.items()}, ("composite",)),
+        ("vmcp_circuit_state", "Each backend's circuit: 0 closed, 1 half-open, 2 open.",
+         {(name, ): circuit_values[row["circuit"]["state"]] for name, row in health.items() if "circuit" in row},
+         ("backend",)),
+        ("vmcp_backend_health", "1 for each backend's current health state (unknown, healthy, degraded, "
+                                "unhealthy, unauthenticated).",
+         {(name, row["state"]): 1 for name, row in health.items() if "state" in row}, ("backend", "state")),
+    ]
+
+
+def _to_live_user(directory: Directory, key: UserKey, backend: str, message: dict) -> None:
+    """Another process's backend stream brought this: for the user, if it is live here."""
+    user = directory.user(key)
+    if user is not None:
+        try:
+            user.proxy.from_other_process(backend, message)
+        except pykka.ActorDeadError:
+            pass
+
+
+def _record_store(config: VmcpConfig, signer: Signer) -> RecordStore:
+    """Where records live: this process's memory, or Redis (``sessionStorage``), shared by
+    every process that holds the same signing key."""
+    storage = config.session_storage
+    if storage.provider == "memory":
+        return MemoryRecordStore()
+    if config.operational.signing_key_env is None:
+        raise ConfigError(["sessionStorage.provider: redis needs operational.signingKeyEnv: every process must "
+                           "hold the key that signs session ids and encrypts the records"])
+    password = None
+    if storage.password_env is not None:
+        password = os.environ.get(storage.password_env) or None
+        if password is None:
+            raise ConfigError([f"sessionStorage.passwordEnv: environment variable {storage.password_env} is not "
+                               "set or empty"])
+    store = RedisRecordStore.connect(storage.address, storage.db, password, signer, key_prefix=storage.key_prefix,
+                                     session_ttl=config.operational.session_ttl)
+    if not store.ping():
+        logger.warning("session storage (Redis at %s) does not answer yet: requests get 503 until it does",
+                       storage.address)
+    return store
+
+
+def _signer(config: VmcpConfig) -> Signer:
+    """The key that signs session ids: from the environment when configured (so other
+    processes can trust the ids), else generated now (ids die with the process)."""
+    name = config.operational.signing_key_env
+    if name is None:
+        logger.info("session ids are signed with a key generated at start (operational.signingKeyEnv gives "
+                    "processes that share records one key)")
+        return Signer.generated()
+    key = os.environ.get(name, "").encode()
+    if len(key) < MIN_KEY_BYTES:
+        raise ConfigError([f"operational.signingKeyEnv: environment variable {name} must hold at least "
+                           f"{MIN_KEY_BYTES} bytes"])
+    return Signer(key)
+
+
+def secret_from_env(path: str, name: str | None) -> str | None:
+    """The value of the variable the config field ``path`` names (None when the field is
+    unset); a ConfigError naming the field when the variable is unset or empty."""
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError([f"{path}: environment variable {name} is not set or empty"])
+    return value

@@ -1,0 +1,607 @@
+"""UserActor: one per user, owning that user's BackendConnections and catalog.
+
+A user is an identity (issuer + subject; one for every anonymous caller) as the
+``UserKey`` tells it. Every session of the user is served by its one UserActor: they
+share its backend sessions and its catalog, and two users never share anything. The
+actor is the live cache of the ``UserRecord`` (the backend sessions): it keeps the record
+up to date as handshakes finish, stops when the user is idle, and a new one revived from
+the record goes on with the same backend sessions.
+
+Discovery never waits in the actor: the connections discover on pooled threads, each
+result comes back as a message, and the catalog is built when the last backend answered.
+A request whose deadline ends first answers with the catalog so far (``catalog_so_far``)
+while discovery goes on for the requests after it.
+
+The actor also routes what backends send outside any call. Their standalone streams are
+open while the user has a client stream open or a subscription (and closed when it has
+neither); on them arrive resource updates (to every session subscribed to the URI, and
+only those), list changes (the backend is listed again, the catalog rebuilt through the
+same pipeline, and each session with a stream told once per kind of list that changed,
+changes close together making one refresh) and requests for a client (to the session
+whose stream opened last).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from vmcp_actors.backends import (
+    DEGRADED,
+    HEALTHY,
+    BackendCapabilities,
+    BackendChannel,
+    BackendConnection,
+    BackendEras,
+    BackendHealth,
+    BackendRequest,
+    Handshake,
+    McpHttpClient,
+    OutgoingAuth,
+    describe_failure,
+)
+from vmcp_actors.concurrency import (
+    ASK_TIMEOUT,
+    Deadline,
+    TimerHandle,
+    call_later,
+    failed,
+    resolved,
+    result_or_none,
+    run_in_thread,
+    stop_quietly,
+    tell_quietly,
+)
+from vmcp_actors.config import BackendConfig, VmcpConfig
+from vmcp_actors.core._aggregated import AggregatedBackends, CatalogBoard
+from vmcp_actors.core._catalog import Catalog, build_catalog
+from vmcp_actors.core._dispatch import McpDispatcher
+from vmcp_actors.core._exchange import ServerRequest
+from vmcp_actors.core._interface import Capabilities
+from vmcp_actors.decorators import DecoratorStack, stack
+from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
+from vmcp_actors.edge._modern import ParkedCalls
+from vmcp_actors.exceptions import BackendError, BackendUnavailable
+from vmcp_actors.identity import Identity
+from vmcp_actors.metrics import METRICS
+from vmcp_actors.protocol.mcp import is_logged_at
+from vmcp_actors.users._discovery_cache import DiscoveryCache, discovery_key
+from vmcp_actors.users._live import LiveSessions
+from vmcp_actors.users._records import UserKey, UserRecord
+from vmcp_actors.users._store import MemoryRecordStore, RecordStore, StoreUnavailable
+from vmcp_actors.users._stream_fanout import StreamFanout
+
+logger = logging.getLogger(__name__)
+
+# A backend that failed discovery is tried again this long after, on the next request.
+RETRY_FAILED_AFTER = 10.0
+RETRY_WHEN_HEALTHY = 1.0  # a missing backend whose health checks pass again
+# List changes this close together make one refresh (and one notification per list).
+LIST_CHANGES_SETTLE = 0.2
+LIST_CHANGED = {
+    "notifications/tools/list_changed": "tools",
+    "notifications/prompts/list_changed": "prompts",
+    "notifications/resources/list_changed": "resources",
+}
+RESOURCE_UPDATED = "notifications/resources/updated"
+
+
+@dataclass(frozen=True)
+class SessionServices:
+    """Process-wide, thread-safe services every user uses (built once at start)."""
+
+    outgoing_auth: Mapping[str, OutgoingAuth] = field(default_factory=dict)
+    discovery_cache: DiscoveryCache = field(default_factory=lambda: DiscoveryCache(0))
+    workflow_metrics: WorkflowMetrics = field(default_factory=WorkflowMetrics)
+    store: RecordStore = field(default_factory=MemoryRecordStore)
+    live: LiveSessions = field(default_factory=LiveSessions)
+    eras: BackendEras = field(default_factory=BackendEras)  # which era each backend speaks (probed once)
+    parked: ParkedCalls = field(default_factory=ParkedCalls)  # calls waiting for a 2026-07-28 client's retry
+    # With shared records: what the user's backend streams bring, to the other processes.
+    fanout: StreamFanout | None = None
+    # Where this process's JSON-RPC ids on backend sessions start (random when records are
+    # shared: other processes use the same backend sessions).
+    request_id_base: int = 0
+    # How each user's core is decorated (None: as the config alone asks).
+    decorators: DecoratorStack | None = None
+    # Backend health and circuits (operational.failureHandling); None: neither.
+    health: BackendHealth | None = None
+
+    @classmethod
+    def for_config(cls, config: VmcpConfig, **kwargs: Any) -> SessionServices:
+        """Services whose backend eras start from the config's pins, with the config's
+        health board."""
+        pinned = {backend.name: backend.protocol for backend in config.backends if backend.protocol != "auto"}
+        return cls(eras=BackendEras(pinned), health=BackendHealth(config), **kwargs)
+
+
+@dataclass(frozen=True)
+class UserHandle:
+    """What a web thread needs to serve a request of this user, built without waiting
+    for any actor: the capability stack (thread-safe) and its dispatcher."""
+
+    key: UserKey
+    actor: pykka.ActorRef[Any]
+    proxy: Any  # ActorProxy[UserActor], made once (a proxy costs an introspection)
+    capabilities: Capabilities  # the outermost layer
+    dispatcher: McpDispatcher
+    composites: CompositeTools
+    backends: AggregatedBackends  # the innermost layer: for what goes to every backend
+
+    def close(self) -> None:
+        """Close the whole stack, outermost first: every layer's own resources (the
+        optimizer's index, an embedder's), then composite runs in flight are cancelled
+        (the user's actors are stopping)."""
+        self.capabilities.close()
+
+
+def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig,
+               services: SessionServices) -> UserHandle:
+    """Start a user's actors from its record (no backend is contacted, nothing waits)."""
+    board = CatalogBoard()
+    channels = {backend.name: _channel(backend, config, services, record.client_capabilities)
+                for backend in sorted(config.backends, key=lambda b: b.name)}
+    ref = UserActor.start(record, identity, config, services, channels, board)
+    proxy = ref.proxy()
+    handling = config.operational.failure_handling
+    aggregated = AggregatedBackends(proxy, channels, board,
+                                    fail_on_partial=handling is not None and handling.partial_failure_mode == "fail")
+    decorators = services.decorators if services.decorators is not None else \
+        stack(config, workflow_metrics=services.workflow_metrics)
+    outermost, composites = decorators.build(aggregated, record.client_capabilities)
+    return UserHandle(record.key, ref, proxy, outermost, McpDispatcher(outermost, page_size=config.operational.page_size),
+                      composites, aggregated)
+
+
+def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionServices) -> None:
+    """End the backend sessions of a user whose actors are not live (its last session
+    ended while it was idle): one pooled DELETE per backend, no actor started. Without a
+    caller's token only static credentials go along; the backend reaps the rest itself."""
+    for name, handshake in record.backends.items():
+        backend = config.backend(name)
+        if backend is not None and handshake.session_id:
+            run_in_thread(_channel(backend, config, services).close_remote, handshake, None)
+
+
+def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServices,
+             client_capabilities: Mapping[str, Any] | None = None) -> BackendChannel:
+    breaker = services.health.breaker(backend.name) if services.health is not None else None
+    return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url, breaker=breaker),
+                          config.operational.timeouts.for_backend(backend.name),
+                          services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
+                          services.request_id_base)
+
+
+@dataclass(frozen=True)
+class _BackendDiscovered:
+    round_id: int
+    backend: str
+    outcome: cf.Future[BackendCapabilities]
+
+
+@dataclass(frozen=True)
+class _BackendSessionChanged:
+    backend: str
+    handshake: Handshake | None
+
+
+@dataclass(frozen=True)
+class _FromBackendStream:
+    backend: str
+    message: Any  # a notification dict or a BackendRequest
+
+
+@dataclass(frozen=True)
+class _RefreshLists:
+    pass
+
+
+@dataclass
+class _Round:
+    """One discovery in flight (actor-private): of every backend, or of the failed ones."""
+
+    id: int
+    pending: set[str]
+    full: bool
+    future: cf.Future[Catalog] = field(default_factory=cf.Future)
+    started: float = field(default_factory=time.monotonic)
+
+
+class UserActor(pykka.ThreadingActor):
+    def __init__(self, record: UserRecord, identity: Identity | None, config: VmcpConfig,
+                 services: SessionServices, channels: Mapping[str, BackendChannel], board: CatalogBoard):
+        super().__init__()
+        self._key = record.key
+        self._identity = identity  # the latest caller: background work runs with their credentials
+        self._config = config
+        self._services = services
+        self._board = board
+        self._created = time.time()
+        self._catalog: cf.Future[Catalog] | None = None
+        self._catalog_done_at: float | None = None  # when the served catalog settled
+        self._round: _Round | None = None
+        self._round_ids = itertools.count(1)
+        self._discovered: dict[str, BackendCapabilities] = {}
+        self._failures: dict[str, str] = {}
+        self._session_origins: dict[str, bool] = {}  # session id -> its catalog came from the cache
+        self._ending = False
+        self._connections: dict[str, Any] = {}
+        self._live = services.live
+        # Who hears what arrives outside a call: sessions with a stream open (latest
+        # last) and, per resource URI, the sessions subscribed to it (from their records,
+        # so a revived user goes on delivering).
+        self._streams: dict[str, None] = {}
+        self._subscribers: dict[str, set[str]] = {}
+        for session in services.store.sessions_of(record.key):
+            for uri in session.subscriptions:
+                self._subscribers.setdefault(uri, set()).add(session.session_id)
+        self._stream_wanted = False
+        self._stream_uris: dict[str, set[str]] = {}
+        self._changed: set[str] = set()  # backends whose lists changed, refreshed together
+        self._refresh_timer: TimerHandle | None = None
+        ref = self.actor_ref
+
+        def handshake_changed(backend: str, handshake: Handshake | None) -> None:
+            tell_quietly(ref, _BackendSessionChanged(backend, handshake))  # children only tell
+
+        def from_stream(backend: str, message: Any) -> None:
+            tell_quietly(ref, _FromBackendStream(backend, message))
+
+        # Started here, in the caller's thread, so the channels work once start() returns.
+        try:
+            for name, channel in channels.items():
+                backend = config.backend(name)
+                assert backend is not None
+                self._connections[name] = BackendConnection.start(
+                    backend, channel, restored=record.backends.get(name), on_handshake=handshake_changed,
+                    on_stream=from_stream,
+                ).proxy()
+        except BaseException:
+            for connection in self._connections.values():
+                stop_quietly(connection.actor_ref)
+            raise
+
+    def on_start(self) -> None:
+        self._update_streams()
+
+    def on_stop(self) -> None:
+        if self._refresh_timer is not None:
+            self._refresh_timer.cancel()
+        for connection in self._connections.values():
+            try:
+                connection.close(self._ending)
+            except pykka.ActorDeadError:
+                pass
+
+    # -- asked by the gateway and by AggregatedBackends (web threads) ------------------
+
+    def catalog(self, identity: Identity | None) -> cf.Future[Catalog]:
+        """The aggregated catalog, discovered on first need.
+
+        A catalog without any working backend is not kept: the next request tries again.
+        One with name conflicts is kept (the config cannot change under it): every request
+        gets the conflict error, logged once. A catalog missing some backends is served as
+        it is while the missing ones are retried in the background (at most every
+        RETRY_FAILED_AFTER seconds), so a backend that comes back joins and a hanging
+        one delays nobody.
+        """
+        self._identity = identity
+        current = self._catalog
+        if current is None or (current.done() and not _has_backends(current)):
+            cached = self._services.discovery_cache.get(self._cache_key(identity))
+            if cached is not None:
+                self._discovered, self._failures = dict(cached.backends), {}
+                self._serve(resolved(cached))
+            elif self._round is None or not self._round.full:
+                self._serve(self._discover(sorted(self._connections), full=True).future)
+            else:
+                self._serve(self._round.future)
+        elif current.done() and current.result().failures and self._round is None:
+            if self._catalog_done_at is None:
+                self._catalog_done_at = time.monotonic()
+            elif time.monotonic() - self._catalog_done_at >= self._retry_after(current.result().failures):
+                self._discover(sorted(current.result().failures), full=False)
+        return self._catalog
+
+    def _retry_after(self, failures: Mapping[str, str]) -> float:
+        """How long a catalog missing ``failures`` is served before they are retried:
+        sooner once the health checks see one of them answer again."""
+        health = self._services.health
+        if health is not None and any(health.state(name) in (HEALTHY, DEGRADED) for name in failures):
+            return RETRY_WHEN_HEALTHY
+        return RETRY_FAILED_AFTER
+
+    def catalog_so_far(self) -> Catalog | None:
+        """For a request whose deadline ends before discovery does: what is known now."""
+        if self._round is None:
+            return result_or_none(self._catalog)
+        failures = dict(self._failures)
+        for name in self._round.pending:
+            if name not in self._discovered:
+                failures[name] = f"backend {name!r} is still being discovered"
+        return build_catalog(self._discovered, failures, self._config.aggregation)
+
+    def attach_session(self, session_id: str, identity: Identity | None) -> None:
+        """A session's first request: it gets a catalog discovered at most
+        discoveryCacheTTL ago (from the cache), else a discovery of its own."""
+        cached = self._services.discovery_cache.get(self._cache_key(identity))
+        if cached is not None:
+            if result_or_none(self._catalog) is not cached:
+                self._discovered, self._failures = dict(cached.backends), {}
+                self._serve(resolved(cached))
+        elif self._catalog is not None and self._catalog.done():
+            self._catalog = None  # the next request discovers anew
+            self._board.publish(None)
+        self._session_origins[session_id] = cached is not None
+
+    def session_ended(self, session_id: str) -> None:
+        self._session_origins.pop(session_id, None)
+        self._streams.pop(session_id, None)
+        for uri in [uri for uri, sessions in self._subscribers.items() if session_id in sessions]:
+            self._unsubscribe(session_id, uri)
+        self._update_streams()
+
+    # -- outside any call: streams, subscriptions, list changes ------------------------
+
+    def stream_opened(self, session_id: str, identity: Identity | None) -> None:
+        self._identity = identity
+        self._streams.pop(session_id, None)
+        self._streams[session_id] = None  # the latest stream last
+        self._update_streams()
+
+    def stream_closed(self, session_id: str) -> None:
+        self._streams.pop(session_id, None)
+        self._update_streams()
+
+    def subscribed(self, session_id: str, uri: str) -> None:
+        self._subscribers.setdefault(uri, set()).add(session_id)
+        self._services.store.update_session(session_id, lambda record: record.with_subscription(uri, True))
+        self._update_streams()
+
+    def unsubscribed(self, session_id: str, uri: str) -> bool:
+        """True when no session of the user is subscribed to ``uri`` any more."""
+        last = self._unsubscribe(session_id, uri)
+        self._services.store.update_session(session_id, lambda record: record.with_subscription(uri, False))
+        self._update_streams()
+        return last
+
+    def subscribers(self, uri: str) -> frozenset[str]:
+        return frozenset(self._subscribers.get(uri, ()))
+
+    def backend_changed(self, backend: str) -> None:
+        """A backend said a list of its changed: refresh it soon, with any others that do too."""
+        if backend not in self._connections:
+            return
+        self._changed.add(backend)
+        if self._refresh_timer is None:
+            ref = self.actor_ref
+            self._refresh_timer = call_later(LIST_CHANGES_SETTLE, lambda: tell_quietly(ref, _RefreshLists()))
+
+    def resource_updated(self, message: dict[str, Any], except_session: str | None = None) -> None:
+        """To the stream of every session subscribed to the URI (but ``except_session``,
+        which got it on its call's stream)."""
+        params = message.get("params")
+        uri = params.get("uri") if isinstance(params, dict) else None
+        for session_id in self._subscribers.get(uri, ()) if isinstance(uri, str) else ():
+            if session_id != except_session and not self._live.push(session_id, message):
+                logger.debug("resource update for session %s dropped: it has no stream open", session_id[:8])
+
+    def end(self) -> None:
+        """The user's last session ended: stop, and end every backend session (DELETE)."""
+        self._ending = True
+        self.stop()
+
+    def caller(self) -> Identity | None:
+        """The latest caller's identity (the admin explain view asks as them)."""
+        return self._identity
+
+    def snapshot(self) -> dict[str, Any]:
+        asked = {name: conn.snapshot() for name, conn in self._connections.items()}
+        backends = []
+        for name, future in asked.items():
+            try:
+                backends.append(future.get(timeout=ASK_TIMEOUT).to_dict())
+            except (pykka.ActorDeadError, pykka.Timeout):
+                backends.append({"backend": name, "state": "unresponsive"})
+        catalog = result_or_none(self._catalog)
+        usable = catalog if catalog is not None and catalog.has_backends else None
+        return {
+            "user": self._key.label,
+            "started": self._created,
+            "backends": backends,
+            "catalogErrors": list(usable.errors) if usable else [],
+            "catalogProblems": list(usable.problems) if usable else [],
+            "discovering": self._round is not None,
+            "standaloneStreams": len(self._streams),
+            "subscriptions": {uri: len(sessions) for uri, sessions in sorted(self._subscribers.items())},
+            "backendStreamsOpen": self._stream_wanted,
+            "sessionCatalogFromCache": dict(self._session_origins),
+        }
+
+    # -- told by connections and discovery callbacks -----------------------------------
+
+    def on_receive(self, message: Any) -> None:
+        try:
+            self._receive(message)
+        except StoreUnavailable as error:  # a record not written now is written with the next change
+            logger.warning("user %s: %s", self._key.label, error)
+
+    def _receive(self, message: Any) -> None:
+        if isinstance(message, _BackendDiscovered):
+            self._backend_discovered(message)
+        elif isinstance(message, _FromBackendStream):
+            if self._services.fanout is not None and isinstance(message.message, dict):
+                self._services.fanout.publish(self._key, message.backend, message.message)
+            self._from_backend_stream(message.backend, message.message)
+        elif isinstance(message, _RefreshLists):
+            self._refresh_lists()
+        elif isinstance(message, _BackendSessionChanged):
+            self._services.store.update_user(
+                self._key, lambda record: record.with_backend(message.backend, message.handshake))
+
+    # -- internals on the actor thread ---------------------------------------------------
+
+    def _update_streams(self) -> None:
+        """Backend streams open exactly while a client stream or a subscription needs them."""
+        wanted = bool(self._streams or self._subscribers)
+        catalog = result_or_none(self._catalog)
+        uris: dict[str, set[str]] = {}  # per backend: the subscribed resources it owns (2026-07-28 listens name them)
+        for uri in self._subscribers:
+            owner = catalog.route_resource(uri) if catalog is not None else None
+            if owner is not None:
+                uris.setdefault(owner, set()).add(uri)
+        if wanted == self._stream_wanted and uris == self._stream_uris:
+            return
+        self._stream_wanted, self._stream_uris = wanted, uris
+        for name, connection in self._connections.items():
+            connection.want_stream(wanted, self._identity, frozenset(uris.get(name, ())))
+
+    def _unsubscribe(self, session_id: str, uri: str) -> bool:
+        sessions = self._subscribers.get(uri)
+        if sessions is None:
+            return True
+        sessions.discard(session_id)
+        if sessions:
+            return False
+        del self._subscribers[uri]
+        return True
+
+    def from_other_process(self, backend: str, message: dict[str, Any]) -> None:
+        """A notification another process's backend stream brought (see StreamFanout):
+        delivered to this process's client streams, never published again."""
+        if message.get("method") == RESOURCE_UPDATED:
+            # Subscriptions made in other processes since this user started: from the records.
+            params = message.get("params")
+            uri = params.get("uri") if isinstance(params, dict) else None
+            for session in self._services.store.sessions_of(self._key):
+                if uri in session.subscriptions:
+                    self._subscribers.setdefault(uri, set()).add(session.session_id)
+        self._from_backend_stream(backend, message)
+
+    def _from_backend_stream(self, backend: str, message: Any) -> None:
+        if isinstance(message, BackendRequest):
+            self._request_for_client(backend, message)
+            return
+        method = message.get("method")
+        if method in LIST_CHANGED:
+            self.backend_changed(backend)
+        elif method == RESOURCE_UPDATED:
+            self.resource_updated(message)
+        elif method == "notifications/message":
+            for session_id in self._streams:
+                session = self._services.store.session(session_id)
+                if session is not None and is_logged_at(message, session.log_level):
+                    self._live.push(session_id, message)
+        elif method == "notifications/progress":
+            logger.debug("backend %r sent progress outside a call; not relayed", backend)
+        else:  # elicitation completions and the like: every session of the user with a stream
+            for session_id in self._streams:
+                self._live.push(session_id, message)
+
+    def _request_for_client(self, backend: str, request: BackendRequest) -> None:
+        """A backend asks a client outside any call: the session whose stream opened last takes it."""
+        timeout = self._config.operational.timeouts.for_backend(backend)
+        for session_id in reversed(self._streams):
+            session = self._services.store.session(session_id)
+            if session is None:
+                continue
+            asked = ServerRequest(request.method, request.params, request.reply, backend)
+            if self._live.ask_on_stream(session_id, asked, session.client_capabilities, Deadline.after(timeout)):
+                return
+        request.reply({"error": {"code": -32603, "message": f"no client of this user has a stream open to take "
+                                                             f"{request.method}"}})
+
+    def _refresh_lists(self) -> None:
+        self._refresh_timer = None
+        if self._round is not None:  # one round at a time: refresh after it
+            ref = self.actor_ref
+            self._refresh_timer = call_later(LIST_CHANGES_SETTLE, lambda: tell_quietly(ref, _RefreshLists()))
+            return
+        names, self._changed = sorted(self._changed), set()
+        if names and result_or_none(self._catalog) is not None:
+            self._discover(names, full=False)
+
+    def _tell_list_changes(self, before: Catalog | None, after: Catalog) -> None:
+        """Each session with a stream hears once per kind of list that changed."""
+        if before is None or not self._streams:
+            return
+        changed = [kind for kind, (old, new) in {
+            "tools": ((before.tools, dict(before.internal_tools)), (after.tools, dict(after.internal_tools))),
+            "resources": ((before.resources, before.resource_templates), (after.resources, after.resource_templates)),
+            "prompts": (before.prompts, after.prompts),
+        }.items() if old != new]
+        for session_id in self._streams:
+            for kind in changed:
+                self._live.push(session_id, {"jsonrpc": "2.0", "method": f"notifications/{kind}/list_changed"})
+
+    def _serve(self, catalog: cf.Future[Catalog]) -> None:
+        self._catalog = catalog
+        self._catalog_done_at = None
+        self._board.publish(catalog)
+
+    def _cache_key(self, identity: Identity | None) -> Any:
+        return discovery_key(identity, self._config)
+
+    def _discover(self, names: list[str], *, full: bool) -> _Round:
+        """Ask each named connection to discover; each outcome comes back as a message."""
+        round_ = _Round(next(self._round_ids), set(names), full)
+        self._round = round_
+        health = self._services.health
+        skipped = {name: reason for name in names
+                   if health is not None and (reason := health.skip_reason(name)) is not None}
+        asked = {name: self._connections[name].discover(self._identity) for name in names if name not in skipped}
+        ref = self.actor_ref
+        for name in names:
+            if name in skipped:  # known to be down: no waiting for its timeout
+                outcome = failed(BackendUnavailable(name, skipped[name]))
+            else:
+                try:
+                    outcome = asked[name].get(timeout=ASK_TIMEOUT)  # children answer at once
+                except (pykka.ActorDeadError, pykka.Timeout):
+                    outcome = failed(BackendError(name, f"backend {name!r} connection is closed"))
+            outcome.add_done_callback(
+                lambda done, name=name: tell_quietly(ref, _BackendDiscovered(round_.id, name, done)))
+        return round_
+
+    def _backend_discovered(self, message: _BackendDiscovered) -> None:
+        round_ = self._round
+        if round_ is None or round_.id != message.round_id:
+            return  # an older round's answer: a newer round speaks for this backend
+        name, error = message.backend, message.outcome.exception()
+        METRICS.observe("discovery", (name, "ok" if error is None else "failed"), time.monotonic() - round_.started)
+        if error is None:
+            self._discovered[name] = message.outcome.result()
+            self._failures.pop(name, None)
+        else:
+            self._discovered.pop(name, None)
+            self._failures[name] = describe_failure(name, error, "discovery failed")
+            logger.warning("skipping backend %r for user %s: %s", name, self._key.label, self._failures[name])
+        round_.pending.discard(name)
+        if round_.pending:
+            return
+        self._round = None
+        catalog = build_catalog(self._discovered, self._failures, self._config.aggregation)
+        if catalog.has_backends:
+            # The cache itself refuses catalogs with failures or conflicts.
+            self._services.discovery_cache.put(self._cache_key(self._identity), catalog)
+        if round_.full:
+            round_.future.set_result(catalog)
+            self._catalog_done_at = time.monotonic()
+        elif catalog.has_backends:
+            before = result_or_none(self._catalog)
+            self._serve(resolved(catalog))  # a retried or changed backend joins (or still fails)
+            self._catalog_done_at = time.monotonic()
+            self._tell_list_changes(before, catalog)
+
+
+def _has_backends(catalog: cf.Future[Catalog]) -> bool:
+    """Worth keeping: done, and at least one backend answered."""
+    return catalog.done() and catalog.exception() is None and catalog.result().has_backends
+

@@ -1,0 +1,194 @@
+"""Records in Redis: what lets any gateway process serve any session (``sessionStorage``).
+
+Each record is JSON, encrypted and authenticated with the operator's key (AES-256-GCM,
+derived from ``operational.signingKeyEnv``; a backend session id is a credential), under
+``{keyPrefix}s:{session id}`` and ``{keyPrefix}u:{digest of the user key}``. A set per user
+(``{keyPrefix}us:{digest}``) lists its session ids. Sessions expire ``sessionTTL`` after
+their last write (the directory writes a busy session's last use once a second); a user
+record and its set live twice that, renewed with each of its sessions' writes, so a user
+outlives its last session long enough to be ended. Updates are optimistic transactions
+(WATCH), so two processes changing one record do not lose either change.
+
+Every failure to reach Redis is ``StoreUnavailable``: the request gets 503 and nothing in
+the process breaks; the next request tries again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from vmcp_actors.signing import Signer, Unsealable
+from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
+from vmcp_actors.users._store import StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+SOCKET_TIMEOUT = 2.0  # seconds for one Redis command: an unreachable Redis is a fast 503
+USER_TTL_FACTOR = 2
+
+
+class RedisRecordStore:
+    shared = True
+
+    def __init__(self, client: Any, signer: Signer, *, key_prefix: str, session_ttl: float):
+        self._redis = client
+        self._signer = signer
+        self._prefix = key_prefix
+        self._session_ttl = max(1, int(session_ttl))
+        self._user_ttl = self._session_ttl * USER_TTL_FACTOR
+
+    @classmethod
+    def connect(cls, address: str, db: int, password: str | None, signer: Signer, *, key_prefix: str,
+                session_ttl: float) -> RedisRecordStore:
+        import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+
+        host, _, port = address.rpartition(":")
+        # One quick retry (a dropped pooled connection), then the request gets its 503.
+        client = redis.Redis(host=host.strip("[]") or "127.0.0.1", port=int(port), db=db, password=password,
+                             socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
+                             health_check_interval=30,
+                             retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1))
+        return cls(client, signer, key_prefix=key_prefix, session_ttl=session_ttl)
+
+    @property
+    def client(self) -> Any:
+        """The Redis connection pool, for the shared caches (``SharedCache``)."""
+        return self._redis
+
+    # -- keys and values -----------------------------------------------------------------
+
+    def _session_key(self, session_id: str) -> str:
+        return f"{self._prefix}s:{session_id}"
+
+    def _user_digest(self, key: UserKey) -> str:
+        return hashlib.sha256(json.dumps(key.to_json()).encode()).hexdigest()[:32]
+
+    def _user_key(self, key: UserKey) -> str:
+        return f"{self._prefix}u:{self._user_digest(key)}"
+
+    def _index_key(self, key: UserKey) -> str:
+        return f"{self._prefix}us:{self._user_digest(key)}"
+
+    def _encode(self, purpose: str, record: SessionRecord | UserRecord) -> bytes:
+        return self._signer.encrypt(purpose, json.dumps(record.to_json(), separators=(",", ":")).encode())
+
+    def _decode_session(self, blob: bytes | None) -> SessionRecord | None:
+        return self._decode(blob, "session record", SessionRecord.from_json)
+
+    def _decode_user(self, blob: bytes | None) -> UserRecord | None:
+        return self._decode(blob, "user record", UserRecord.from_json)
+
+    def _decode(self, blob: bytes | None, purpose: str, parse: Callable[[Any], Any]) -> Any:
+        if blob is None:
+            return None
+        try:
+            return parse(json.loads(self._signer.decrypt(purpose, blob)))
+        except (Unsealable, ValueError) as error:
+            # Another key's record, or a damaged one: as good as absent (logged, never shown).
+            logger.warning("a %s in Redis could not be read (%s); treated as absent", purpose, type(error).__name__)
+            return None
+
+    def _run(self, work: Callable[[], Any]) -> Any:
+        import redis
+
+        try:
+            return work()
+        except redis.RedisError as error:
+            raise StoreUnavailable(f"session storage (Redis) cannot be reached: {type(error).__name__}") from None
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        return self._decode_session(self._run(lambda: self._redis.get(self._session_key(session_id))))
+
+    def put_session(self, record: SessionRecord) -> None:
+        def work() -> None:
+            pipe = self._redis.pipeline()
+            pipe.set(self._session_key(record.session_id), self._encode("session record", record),
+                     ex=self._session_ttl)
+            pipe.sadd(self._index_key(record.user), record.session_id)
+            pipe.expire(self._index_key(record.user), self._user_ttl)
+            pipe.expire(self._user_key(record.user), self._user_ttl)
+            pipe.execute()
+        self._run(work)
+
+    def delete_session(self, session_id: str) -> SessionRecord | None:
+        def work() -> SessionRecord | None:
+            record = self._decode_session(self._redis.getdel(self._session_key(session_id)))
+            if record is not None:
+                self._redis.srem(self._index_key(record.user), session_id)
+            return record
+        return self._run(work)
+
+    def sessions(self) -> list[SessionRecord]:
+        def work() -> list[SessionRecord]:
+            keys = list(self._redis.scan_iter(match=f"{self._prefix}s:*", count=500))
+            blobs = self._redis.mget(keys) if keys else []
+            return [record for blob in blobs if (record := self._decode_session(blob)) is not None]
+        return self._run(work)
+
+    def sessions_of(self, key: UserKey) -> list[SessionRecord]:
+        def work() -> list[SessionRecord]:
+            ids = sorted(member.decode() for member in self._redis.smembers(self._index_key(key)))
+            blobs = self._redis.mget([self._session_key(session_id) for session_id in ids]) if ids else []
+            gone = [session_id for session_id, blob in zip(ids, blobs) if blob is None]
+            if gone:  # expired sessions leave their ids behind: tidy up
+                self._redis.srem(self._index_key(key), *gone)
+            return [record for blob in blobs if (record := self._decode_session(blob)) is not None]
+        return self._run(work)
+
+    def update_session(self, session_id: str, change: Callable[[SessionRecord], SessionRecord]) -> None:
+        name = self._session_key(session_id)
+
+        def update(pipe: Any) -> None:
+            current = self._decode_session(pipe.get(name))
+            if current is None:
+                return  # deleted meanwhile: nothing to change
+            changed = change(current)
+            pipe.multi()
+            pipe.set(name, self._encode("session record", changed), ex=self._session_ttl)
+            pipe.expire(self._index_key(current.user), self._user_ttl)
+            pipe.expire(self._user_key(current.user), self._user_ttl)
+
+        self._run(lambda: self._redis.transaction(update, name))
+
+    # -- users ---------------------------------------------------------------------------
+
+    def user(self, key: UserKey) -> UserRecord | None:
+        return self._decode_user(self._run(lambda: self._redis.get(self._user_key(key))))
+
+    def put_user(self, record: UserRecord) -> None:
+        self._run(lambda: self._redis.set(self._user_key(record.key), self._encode("user record", record),
+                                          ex=self._user_ttl))
+
+    def update_user(self, key: UserKey, change: Callable[[UserRecord], UserRecord]) -> None:
+        name = self._user_key(key)
+
+        def update(pipe: Any) -> None:
+            current = self._decode_user(pipe.get(name))
+            if current is None:
+                return
+            pipe.multi()
+            pipe.set(name, self._encode("user record", change(current)), ex=self._user_ttl)
+
+        self._run(lambda: self._redis.transaction(update, name))
+
+    def delete_user(self, key: UserKey) -> UserRecord | None:
+        def work() -> UserRecord | None:
+            record = self._decode_user(self._redis.getdel(self._user_key(key)))
+            self._redis.delete(self._index_key(key))
+            return record
+        return self._run(work)
+
+    def ping(self) -> bool:
+        """For /readyz: whether Redis answers now."""
+        try:
+            return bool(self._run(self._redis.ping))
+        except StoreUnavailable:
+            return False

@@ -1,0 +1,85 @@
+"""Where records live. In memory by default: one process, records lost with it; the
+interface is what a shared store (Redis, for several workers and VMs) implements too.
+Values are the frozen records themselves, never live objects."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
+
+
+class StoreUnavailable(Exception):
+    """The shared record store cannot be reached: the request gets 503, nothing is lost."""
+
+
+class RecordStore(Protocol):
+    shared: bool  # other processes read and write these records too
+
+    def session(self, session_id: str) -> SessionRecord | None: ...
+    def put_session(self, record: SessionRecord) -> None: ...
+    def delete_session(self, session_id: str) -> SessionRecord | None: ...
+    def sessions(self) -> list[SessionRecord]: ...
+    def sessions_of(self, key: UserKey) -> list[SessionRecord]: ...
+    def update_session(self, session_id: str, change: Callable[[SessionRecord], SessionRecord]) -> None: ...
+    def user(self, key: UserKey) -> UserRecord | None: ...
+    def put_user(self, record: UserRecord) -> None: ...
+    def update_user(self, key: UserKey, change: Callable[[UserRecord], UserRecord]) -> None: ...
+    def delete_user(self, key: UserKey) -> UserRecord | None: ...
+
+
+class MemoryRecordStore:
+    """Thread-safe dictionaries of records."""
+
+    shared = False
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, SessionRecord] = {}
+        self._users: dict[UserKey, UserRecord] = {}
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        return self._sessions.get(session_id)
+
+    def put_session(self, record: SessionRecord) -> None:
+        with self._lock:
+            self._sessions[record.session_id] = record
+
+    def delete_session(self, session_id: str) -> SessionRecord | None:
+        with self._lock:
+            return self._sessions.pop(session_id, None)
+
+    def sessions(self) -> list[SessionRecord]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def sessions_of(self, key: UserKey) -> list[SessionRecord]:
+        with self._lock:
+            return [record for record in self._sessions.values() if record.user == key]
+
+    def update_session(self, session_id: str, change: Callable[[SessionRecord], SessionRecord]) -> None:
+        """Replace the session's record with ``change(record)``; nothing if it was deleted."""
+        with self._lock:
+            current = self._sessions.get(session_id)
+            if current is not None:
+                self._sessions[session_id] = change(current)
+
+    def user(self, key: UserKey) -> UserRecord | None:
+        return self._users.get(key)
+
+    def put_user(self, record: UserRecord) -> None:
+        with self._lock:
+            self._users[record.key] = record
+
+    def update_user(self, key: UserKey, change: Callable[[UserRecord], UserRecord]) -> None:
+        """Replace the user's record with ``change(record)``; nothing if it was deleted."""
+        with self._lock:
+            current = self._users.get(key)
+            if current is not None:
+                self._users[key] = change(current)
+
+    def delete_user(self, key: UserKey) -> UserRecord | None:
+        with self._lock:
+            return self._users.pop(key, None)
