@@ -20,8 +20,6 @@ HIDES = "hides"  # the layer takes it out of the list and refuses calls
 UNLISTS = "unlists"  # not listed, still reachable another way (behind the optimizer's call_tool)
 USES = "uses"  # not a change of visibility: the layer's own features depend on it (composite steps)
 
-VERDICTS = (OFFERS, ABSENT, ADDS, PASSES, HIDES, UNLISTS, USES)
-
 
 @dataclass(frozen=True)
 class Finding:

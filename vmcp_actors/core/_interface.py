@@ -1,4 +1,4 @@
-"""The core interface over a user's backends (DESIGN.md, "The core interface").
+"""The core interface over a user's backends.
 
 ``AggregatedBackends`` is the innermost implementation; decorators (advertising filter,
 composite tools) wrap the same interface. Identity is always an explicit argument, and

@@ -1,6 +1,6 @@
 """The advertising filter: a decorator over the capability interface.
 
-It sits above the composite-tool layer (DESIGN.md, "The core interface"): a hidden tool
+It sits above the composite-tool layer (see ``vmcp_actors.decorators``): a hidden tool
 is neither listed nor callable by clients (tools/call on it is -32602, exactly as for a
 name that does not exist), yet it stays in the routing table below, where composite
 steps call it and read its input schema. ``list_tools`` and ``lookup_tool`` share one

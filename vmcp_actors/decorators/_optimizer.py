@@ -1,7 +1,7 @@
 """The optimizer: ``find_tool`` and ``call_tool`` in place of every tool (ToolHive's vMCP
 optimizer, with BM25 ranking and no model).
 
-The outermost layer (DESIGN.md, "The core interface"). A client lists two tools: it
+The outermost layer (see ``vmcp_actors.decorators``). A client lists two tools: it
 describes what it wants to ``find_tool`` and gets the best matching tools with their input
 schemas, then calls one through ``call_tool``. Both are answered from the layer below, so
 whatever authz, the filter or an embedder's layer hides is neither found nor callable

@@ -15,8 +15,6 @@ NEGOTIABLE_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18")
 LATEST_PROTOCOL_VERSION = NEGOTIABLE_PROTOCOL_VERSIONS[0]
 # Revisions tolerated in the MCP-Protocol-Version header (2025-03-26 clients send it too).
 ACCEPTED_PROTOCOL_HEADER_VERSIONS = frozenset(NEGOTIABLE_PROTOCOL_VERSIONS + ("2025-03-26",))
-# When a client sends no header, the spec says to assume this revision.
-DEFAULT_HEADER_VERSION = "2025-03-26"
 
 SESSION_HEADER = "Mcp-Session-Id"
 # RFC 5424 severities as MCP names them, least severe first.
@@ -63,7 +61,6 @@ META_PREFIX = "io.modelcontextprotocol/"
 HEADER_MISMATCH = -32020
 MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
 UNSUPPORTED_PROTOCOL_VERSION = -32022
-MODERN_ERROR_CODES = frozenset({HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY, UNSUPPORTED_PROTOCOL_VERSION})
 
 # The methods whose Mcp-Name header mirrors params.name or params.uri.
 NAMED_METHODS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
