@@ -90,7 +90,9 @@ class Runtime:
         self.service.drain()
 
     def stop(self, timeout: float = 5.0) -> None:
-        tracing.shutdown()
+        """In reverse order of the start: the service's parked calls end (their backends
+        told), then the fanout, the Gateway (which ends or releases every user), tracing."""
+        self.service.stop()
         if self.totals is not None:
             self.totals.stop()
         if self.fanout is not None:
@@ -99,6 +101,7 @@ class Runtime:
             self.gateway.actor_ref.stop(block=True, timeout=timeout)
         except (pykka.ActorDeadError, pykka.Timeout):
             pass
+        tracing.shutdown()
 
 
 def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequence[LayerFactory] = ()) -> Runtime:
@@ -137,7 +140,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
     client_secret = secret_from_env("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env if oidc else None)
     authenticator = build_authenticator(oidc, client_secret)
-    service = McpService(config, gateway, directory, signer, services.live, services.parked)
+    service = McpService(config, gateway, directory, signer, services.live)
     package_logger = logging.getLogger("vmcp_actors")
     if _PROBLEMS not in package_logger.handlers:
         package_logger.addHandler(_PROBLEMS)

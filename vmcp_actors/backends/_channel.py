@@ -114,8 +114,6 @@ class InputRequired:
 Exchange = Generator[Any, None, dict[str, Any]]
 
 LEGACY, MODERN = "legacy", "modern"
-# How many input rounds one call may take with a backend before the gateway gives up on it.
-MAX_INPUT_ROUNDS = 16
 
 
 class BackendEras:

@@ -18,6 +18,7 @@ from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.core._catalog import Catalog, InternalTool, Route
 from vmcp_actors.core._exchange import Exchange, from_backend, to_jsonrpc_error
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
+from vmcp_actors.core._interface import Continuation
 from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
@@ -240,12 +241,41 @@ class AggregatedBackends:
         channel = self._channels.get(backend)
         return channel is not None and channel.speaks_modern()
 
-    def resume(self, identity: Identity | None, backend: str, method: str, params: dict[str, Any],
-               deadline: Deadline) -> Exchange:
-        """A 2026-07-28 client's retry of a call its backend answered ``input_required``:
-        straight to that backend (the sealed state named it and what it was asked)."""
-        if backend not in self._channels:
-            raise JsonRpcError(INVALID_PARAMS, "Invalid requestState: its backend is not configured here")
+    def resume(self, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> Exchange:
+        """A request that goes on with the client's input, to the backend that asked for it
+        (named by the sealed state), or, unasked, to the backend serving the name when it
+        speaks 2026-07-28 (else the input is ignored, as the specification lets a server
+        do, and the request is an ordinary one). The name must still be offered."""
+        method, name = continuation.method, continuation.name
+        if method == "resources/read":
+            owner = self.lookup_resource(identity, name, deadline)
+            if owner is None:
+                raise continuation.unknown()
+            backend, target = owner, name
+        else:
+            route = (self.lookup_tool if method == "tools/call" else self.lookup_prompt)(identity, name, deadline)
+            if route is None:
+                raise continuation.unknown()
+            backend, target = route.backend, route.original_name
+        if continuation.backend is not None:
+            if continuation.backend not in self._channels:
+                raise JsonRpcError(INVALID_PARAMS, "Invalid requestState: its backend is not configured here")
+            backend, target = continuation.backend, continuation.target or target
+        elif not self.speaks_modern(backend):
+            arguments = dict(continuation.arguments) if continuation.arguments is not None else None
+            meta = dict(continuation.meta) if continuation.meta else None
+            if method == "tools/call":
+                return self.call_tool(identity, name, arguments, meta, deadline)
+            if method == "prompts/get":
+                return self.get_prompt(identity, name, arguments, meta, deadline)
+            return self.read_resource(identity, name, meta, deadline)
+        params: dict[str, Any] = {"uri": target} if method == "resources/read" else \
+            {"name": target, "arguments": dict(continuation.arguments or {})}
+        if continuation.meta:
+            params["_meta"] = dict(continuation.meta)
+        params["inputResponses"] = dict(continuation.input_responses)
+        if continuation.backend_state is not None:
+            params["requestState"] = continuation.backend_state
         return self._request(identity, backend, method, params, deadline)
 
     def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:

@@ -1,7 +1,8 @@
-"""MCP methods over a user's capabilities: parameter checks, pagination, routing.
+"""MCP methods over a user's core: parameter checks, pagination, routing.
 
-The request service hands each JSON-RPC request of a session here and writes out the
-Relay's events. ``initialize`` and the version checks are in ``_lifecycle``.
+``handle`` answers a result dict, or an Exchange for the edge's call driver to run, and
+raises ``JsonRpcError`` for what the client got wrong. ``initialize``, ``server/discover``
+and the revisions' own checks are the edge's.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from vmcp_actors.concurrency import Deadline
+from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._interface import Capabilities
 from vmcp_actors.core._pagination import paginate
-from vmcp_actors.edge._relay import Relay
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
 from vmcp_actors.protocol.mcp import LOGGING_LEVELS
@@ -35,26 +36,18 @@ class McpDispatcher:
             "logging/setLevel": self._set_logging_level,
         }
 
-    def handles(self, method: str) -> bool:
-        return method in self._methods
-
-    def handle(self, identity: Identity | None, request: Message, deadline: Deadline, session_id: str = "") -> Relay:
+    def handle(self, identity: Identity | None, request: Message, deadline: Deadline,
+               session_id: str = "") -> dict[str, Any] | Exchange:
         """``session_id``: the client session asking (subscriptions are a session's own)."""
         handler = self._methods.get(request.method or "")
         if request.method in ("resources/subscribe", "resources/unsubscribe") and session_id:
             handler = self._subscription(request.method, session_id)
         if handler is None:
-            return Relay.failed(request.id, JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}"))
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
         params = request.params if request.params is not None else {}
-        try:
-            if not isinstance(params, dict):
-                raise JsonRpcError(INVALID_PARAMS, "params must be an object")
-            outcome = handler(identity, params, deadline)
-        except JsonRpcError as error:
-            return Relay.failed(request.id, error)
-        if isinstance(outcome, dict):
-            return Relay.answered(request.id, outcome)
-        return Relay.streaming(request.id, outcome)
+        if not isinstance(params, dict):
+            raise JsonRpcError(INVALID_PARAMS, "params must be an object")
+        return handler(identity, params, deadline)
 
     # -- handlers: return a result dict, or an exchange that yields notifications ------
 

@@ -50,16 +50,6 @@ class ServerRequest:
     origin: str = ""  # the backend (or composite step) asking, for logs and errors
 
 
-@dataclass(frozen=True)
-class RelayEvent:
-    """One thing to write for a request: a message before the answer, or the answer."""
-
-    message: dict[str, Any] | None  # None: nothing to write (a cancelled call ends its stream)
-    final: bool = False
-    http_status: int = 200
-    event: Notification | None = None  # what the exchange yielded, for events before the answer
-
-
 class CallCancelled(JsonRpcError):
     """The client cancelled the call: nothing more is written for it."""
 

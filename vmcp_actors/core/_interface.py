@@ -10,7 +10,8 @@ which yields the backend's streamed events as they arrive and returns the result
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vmcp_actors.concurrency import Deadline
@@ -22,10 +23,44 @@ from vmcp_actors.core._explain import (
     generic_finding,
 )
 from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 
 # When a request's deadline ends before discovery does, it stops waiting this much
 # earlier, to answer with what discovery found so far.
 ANSWER_MARGIN = 0.1
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A request that goes on with the client's input (2026-07-28): the retry of a call, get
+    or read a backend answered ``input_required``, or one that brings ``inputResponses``
+    unasked. ``backend``, ``target`` and ``backend_state`` come from the gateway's sealed
+    ``requestState`` (None when the request brought none: the backend serving ``name``
+    gets the input if it speaks 2026-07-28, else the request is an ordinary one)."""
+
+    method: str  # tools/call, prompts/get or resources/read
+    name: str  # the tool's or prompt's name, or the resource's URI, as the layer asked sees it
+    arguments: Mapping[str, Any] | None
+    meta: Mapping[str, Any] | None
+    input_responses: Mapping[str, Any]
+    backend: str | None = None
+    target: str | None = None  # the backend's own name or URI
+    backend_state: str | None = None
+
+    def unknown(self) -> JsonRpcError:
+        """The error a name this caller cannot reach gets (the same as a missing one)."""
+        if self.method == "resources/read":
+            return JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": self.name})
+        return JsonRpcError(INVALID_PARAMS, f"Unknown {'tool' if self.method == 'tools/call' else 'prompt'}: "
+                                            f"{self.name}")
+
+
+def reachable(core: Capabilities, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> bool:
+    """Whether ``core`` still offers what ``continuation`` goes on with (policies asked again)."""
+    if continuation.method == "resources/read":
+        return core.lookup_resource(identity, continuation.name, deadline) is not None
+    lookup = core.lookup_tool if continuation.method == "tools/call" else core.lookup_prompt
+    return lookup(identity, continuation.name, deadline) is not None
 
 
 class Capabilities(Protocol):
@@ -51,6 +86,7 @@ class Capabilities(Protocol):
                            deadline: Deadline) -> dict[str, Any]: ...
     def unsubscribe_resource(self, identity: Identity | None, subscriber: str, uri: str,
                              deadline: Deadline) -> dict[str, Any]: ...
+    def resume(self, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> Exchange: ...
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation: ...
     def close(self) -> None: ...
 
@@ -114,6 +150,13 @@ class CapabilitiesLayer:
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline):
         return self._inner.unsubscribe_resource(identity, subscriber, uri, deadline)
+
+    def resume(self, identity, continuation, deadline):
+        """By default a layer lets a continued request through when it still offers its
+        name (so what a layer hides cannot be reached by a retry either)."""
+        if not reachable(self, identity, continuation, deadline):
+            raise continuation.unknown()
+        return self._inner.resume(identity, continuation, deadline)
 
     def explain_tool(self, identity, name, deadline) -> Explanation:
         below = self._inner.explain_tool(identity, name, deadline)

@@ -32,7 +32,7 @@ from vmcp_actors.config._cedar import parse_entities
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer
+from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, reachable
 from vmcp_actors.decorators._guard import refuse_unknown_prompt_ref
 from vmcp_actors.identity import ANONYMOUS, Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
@@ -250,6 +250,23 @@ class CedarAuthz(CapabilitiesLayer):
     def complete(self, identity, params, deadline):
         refuse_unknown_prompt_ref(self, identity, params, deadline)
         return self._inner.complete(identity, params, deadline)
+
+    def resume(self, identity, continuation, deadline):
+        """Decided again, with the request's arguments, as the first round was."""
+        name, method = continuation.name, continuation.method
+        if method == "resources/read":
+            action, hints = READ_RESOURCE, None
+        elif method == "prompts/get":
+            action, hints = GET_PROMPT, None
+        else:
+            action, hints = CALL_TOOL, self._tool_hints(identity, name, deadline)
+        if not reachable(self._inner, identity, continuation, deadline):
+            raise continuation.unknown()
+        arguments = continuation.arguments if method != "resources/read" else None
+        if not self._decide(identity, action, name, hints, arguments).allowed:
+            self._denied(identity, action, name)
+            raise continuation.unknown()
+        return self._inner.resume(identity, continuation, deadline)
 
     # -- explain -------------------------------------------------------------------------
 

@@ -274,6 +274,17 @@ class CompositeTools(CapabilitiesLayer):
                 return self._run(identity, composite, view, arguments, meta, deadline)
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
 
+    def resume(self, identity, continuation, deadline):
+        """A composite hands out no backend's state (its steps' requests park the call), so
+        only unasked input reaches one: ignored, the call runs as usual."""
+        if continuation.method == "tools/call" and self._composites \
+                and continuation.name in self.view(identity, deadline).advertised:
+            if continuation.backend is not None:
+                raise continuation.unknown()
+            return self.call_tool(identity, continuation.name, dict(continuation.arguments or {}),
+                                  dict(continuation.meta) if continuation.meta else None, deadline)
+        return super().resume(identity, continuation, deadline)
+
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
         """A composite's own finding, and which composites' steps use a backend tool."""
         below = self._inner.explain_tool(identity, name, deadline)

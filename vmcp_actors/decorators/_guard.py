@@ -16,7 +16,7 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import Explanation, generic_finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer
+from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, reachable
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 
@@ -113,6 +113,12 @@ class SubtractOnly(CapabilitiesLayer):
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline):
         return self._layer.unsubscribe_resource(identity, subscriber, uri, deadline)
+
+    def resume(self, identity, continuation, deadline):
+        """Through the layer, when the layer below would take it too."""
+        if not reachable(self, identity, continuation, deadline):
+            raise continuation.unknown()
+        return self._layer.resume(identity, continuation, deadline)
 
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
         """The layer's own explanation when it gives one, its verdict held to what it may do."""

@@ -14,6 +14,7 @@ when that list changes; searching it takes a fraction of a millisecond for 1,000
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 from vmcp_actors.concurrency import Deadline
@@ -126,6 +127,21 @@ class ToolOptimizer(CapabilitiesLayer):
         with self._lock:
             self._index = (signature, index)
         return index
+
+    def resume(self, identity, continuation, deadline):
+        """A continued ``call_tool`` goes on as the tool it called, with its parameters;
+        ``find_tool`` takes no input (what comes unasked is ignored)."""
+        if continuation.method != "tools/call":
+            return super().resume(identity, continuation, deadline)
+        arguments = dict(continuation.arguments or {})
+        if continuation.name == FIND_TOOL and continuation.backend is None:
+            return self.call_tool(identity, FIND_TOOL, arguments, None, deadline)
+        if continuation.name != CALL_TOOL:
+            raise continuation.unknown()
+        tool_name, parameters = arguments.get("tool_name"), arguments.get("parameters")
+        if not isinstance(tool_name, str) or not tool_name or (parameters is not None and not isinstance(parameters, dict)):
+            raise continuation.unknown()
+        return self._inner.resume(identity, replace(continuation, name=tool_name, arguments=parameters or {}), deadline)
 
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
         if name in META_TOOLS:

@@ -1,66 +1,37 @@
-"""The MCP semantics of the 2025 client edge that are not a method call: initialize and
-the revision it negotiates, the server's capabilities, the ``MCP-Protocol-Version`` checks, a request's deadline, and which log messages a session
-asked for. Pure functions: the web layer only carries their answers over HTTP."""
+"""The 2025 client edge (sessions): initialize and the revision it negotiates, the server's
+capabilities, the ``MCP-Protocol-Version`` checks, a request's deadline, and
+``SessionSide``, what a session's client makes of a call's events: its log level and
+subscriptions decide what it hears, a backend's request for it is written on the call's
+stream under an id of the session's own, and a 2026-07-28 backend's ``input_required``
+is asked of it the same way and the backend asked again with the answers, so the client
+sees one ordinary call."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from vmcp_actors import __version__
+import pykka
+
+from vmcp_actors.backends import InputRequired
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import VmcpConfig
+from vmcp_actors.core._exchange import Notification, ServerRequest, from_backend
+from vmcp_actors.edge._driver import Answered, CallRun, Failed, Outcome, Write
+from vmcp_actors.edge._modern import legacy_result
 from vmcp_actors.protocol import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
-    INVALID_PARAMS,
+    INTERNAL_ERROR,
     INVALID_REQUEST,
+    REQUEST_TIMEOUT,
     JsonRpcError,
     Message,
-    negotiate_protocol_version,
 )
-from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER
-
-# What the gateway implements towards clients, whatever the backends turn out to have.
-SERVER_CAPABILITIES = MappingProxyType({
-    "tools": {"listChanged": True},
-    "resources": {"subscribe": True, "listChanged": True},
-    "prompts": {"listChanged": True},
-    "logging": {},
-    "completions": {},
-})
-
-
-@dataclass(frozen=True)
-class InitializeOutcome:
-    """What a client's initialize settles: the revision, and what the client declared."""
-
-    protocol_version: str
-    client_capabilities: Mapping[str, Any] = field(default_factory=dict)
-    client_info: Mapping[str, Any] = field(default_factory=dict)
-
-    def result(self, server_name: str) -> dict[str, Any]:
-        return {
-            "protocolVersion": self.protocol_version,
-            "capabilities": {name: dict(value) for name, value in SERVER_CAPABILITIES.items()},
-            "serverInfo": {"name": server_name, "version": __version__},
-        }
-
-
-def initialize(params: Any) -> InitializeOutcome:
-    """Negotiate a revision from an initialize request's params; -32602 when they are unusable."""
-    params = params if isinstance(params, dict) else {}
-    if not isinstance(params.get("protocolVersion"), str):
-        raise JsonRpcError(INVALID_PARAMS, "protocolVersion is required")
-    for key in ("capabilities", "clientInfo"):
-        if key in params and not isinstance(params[key], dict):
-            raise JsonRpcError(INVALID_PARAMS, f"{key} must be an object")
-    return InitializeOutcome(
-        protocol_version=negotiate_protocol_version(params["protocolVersion"]),
-        client_capabilities=params.get("capabilities", {}),
-        client_info=params.get("clientInfo", {}),
-    )
+from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, is_logged_at
+from vmcp_actors.users import SessionRecord, UserHandle
+from vmcp_actors.users._actor import LIST_CHANGED, RESOURCE_UPDATED
+from vmcp_actors.users._live import Call, LiveSessions
 
 
 def check_header_version(header: str | None, session_version: str | None) -> JsonRpcError | None:
@@ -95,3 +66,105 @@ class RequestDeadlines:
             if seconds is not None:
                 return Deadline.after(seconds)
         return Deadline.after(self._longest)
+
+
+class SessionSide:
+    """A 2025 session's client in one call (see ``edge._driver.ClientSide``)."""
+
+    def __init__(self, live: LiveSessions, session: SessionRecord, call: Call, deadline: Deadline, user: UserHandle):
+        self._live = live
+        self._session = session
+        self._call = call
+        self._deadline = deadline
+        self._user = user
+
+    def keep(self, notification: Notification) -> bool:
+        method = notification.method
+        try:
+            if method in LIST_CHANGED:
+                self._user.proxy.backend_changed(notification.origin)  # clients hear it after the rebuild
+                return False
+            if method == RESOURCE_UPDATED:
+                params = notification.message.get("params")
+                subscribed = isinstance(params, dict) and params.get("uri") in self._session.subscriptions
+                self._user.proxy.resource_updated(notification.message, self._session.session_id if subscribed else None)
+                return subscribed
+        except pykka.ActorDeadError:
+            return False
+        return is_logged_at(notification.message, self._session.log_level)
+
+    def opened(self, run: CallRun) -> None:
+        if run.cancel is not None:
+            self._live.call_opened(self._call, run.cancel)
+
+    def asked(self, request: ServerRequest, run: CallRun) -> Write | None:
+        message = self._live.ask(self._session.session_id, request, self._session.client_capabilities,
+                                 self._deadline, self._call)
+        return Write(message) if message is not None else None
+
+    def input_required(self, event: InputRequired, run: CallRun) -> Iterator[Write]:
+        """Each of the backend's requests asked on the call's stream, then the backend
+        asked again with the answers (``run.exchange`` becomes that retry)."""
+        answers = InputAnswers(event)
+        for request in answers.requests():
+            written = self.asked(request, run)
+            if written is not None:
+                yield written
+        responses = answers.wait()
+        run.exchange.close()
+        run.exchange = from_backend(event.retry(responses), event.backend)
+
+    def answered(self, result: Mapping[str, Any]) -> Outcome:
+        return Answered(legacy_result(result))
+
+    def failed(self, error: JsonRpcError) -> Outcome:
+        return Failed(error)
+
+    def left(self, run: CallRun) -> None:
+        pass  # closing the exchange ends the backend's side
+
+    def finished(self, run: CallRun) -> None:
+        self._live.end_call(self._call)
+
+
+class InputAnswers:
+    """The answers to one ``input_required`` round, as a 2025 client gives them on the
+    call's stream (each request goes out as an ordinary request for the client)."""
+
+    def __init__(self, event: InputRequired):
+        self._event = event
+        self._lock = threading.Lock()  # guards _answers and _failure (answers arrive on other threads)
+        self._answers: dict[str, Any] = {}
+        self._failure: dict[str, Any] | None = None
+        self._done = threading.Event()
+        if not event.requests:
+            self._done.set()
+
+    def requests(self) -> Iterator[ServerRequest]:
+        for key, asked in self._event.requests.items():
+            params = asked.get("params")
+            yield ServerRequest(str(asked.get("method", "")), params if isinstance(params, dict) else {},
+                                lambda answer, key=key: self._settle(key, answer), self._event.backend)
+
+    def wait(self) -> dict[str, Any]:
+        """The results by key, once every request is answered; a JSON-RPC error when one
+        was refused or the call's deadline passed first."""
+        if not self._done.wait(max(self._event.deadline.remaining(), 0.0)):
+            raise JsonRpcError(REQUEST_TIMEOUT, "the client did not answer the backend's requests before the "
+                                                "call's deadline", {"backend": self._event.backend})
+        if self._failure is not None:
+            code = self._failure.get("code")
+            raise JsonRpcError(code if isinstance(code, int) else INTERNAL_ERROR,
+                               str(self._failure.get("message", "the client refused the backend's request")),
+                               {"backend": self._event.backend})
+        return dict(self._answers)
+
+    def _settle(self, key: str, answer: dict[str, Any]) -> None:
+        with self._lock:
+            if "error" in answer:
+                self._failure = answer["error"] if isinstance(answer["error"], dict) else {}
+                self._done.set()
+                return
+            self._answers[key] = answer.get("result")
+            if len(self._answers) == len(self._event.requests):
+                self._done.set()

@@ -28,20 +28,20 @@ import itertools
 import logging
 import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from vmcp_actors import __version__
-from vmcp_actors.backends import CallOpened, InputRequired
-from vmcp_actors.concurrency import Deadline, TimerHandle, call_later
-from vmcp_actors.core._exchange import (
-    CallCancelled,
-    Exchange,
-    Notification,
-    RelayEvent,
-    ServerRequest,
-    from_backend,
+from vmcp_actors.backends import InputRequired
+from vmcp_actors.concurrency import TimerHandle, call_later
+from vmcp_actors.core._exchange import Notification, ServerRequest
+from vmcp_actors.edge._driver import (
+    MAX_INPUT_ROUNDS,
+    Answered,
+    CallRun,
+    Failed,
+    Outcome,
 )
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
@@ -52,8 +52,6 @@ from vmcp_actors.protocol import (
     RESOURCE_NOT_FOUND,
     JsonRpcError,
     Message,
-    error_response,
-    result_response,
 )
 from vmcp_actors.protocol.mcp import (
     CACHEABLE_METHODS,
@@ -96,8 +94,6 @@ REMOVED_METHODS = frozenset({"initialize", "ping", "logging/setLevel", "resource
 # How long a sealed requestState that names a backend may come back (a parked call's
 # lasts as long as the call's deadline).
 BACKEND_STATE_TTL = 600.0
-# Input rounds one call may take before the gateway gives up on it.
-MAX_INPUT_ROUNDS = 16
 STATE_PURPOSE = "requestState"
 # Server capabilities towards 2026-07-28 clients (no logging/setLevel, subscriptions
 # through subscriptions/listen).
@@ -314,41 +310,34 @@ class StateSeal:
 # -- calls parked for a modern client's retry -------------------------------------------
 
 
-@dataclass
-class ParkedCall:
-    """A call waiting for a 2026-07-28 client to answer the requests it was sent in an
-    ``input_required`` result; the next retry takes it and drives it on."""
-
-    id: str
-    exchange: Exchange
-    pending: dict[str, ServerRequest]
-    principal: list[str]
-    deadline: Deadline
-    cancel: Any = None  # from CallOpened: tells the backend the call is over
-    rounds: int = 0
-    timer: TimerHandle | None = None
-
-
 class ParkedCalls:
-    """The calls of this process that wait for a modern client's retry. Each is taken by
-    exactly one retry; one nobody comes back for ends at its request's deadline (its
-    backend gets an error for every request left unanswered)."""
+    """The calls of this process that wait for a 2026-07-28 client's retry (a backend's
+    request for the client, or a composite's elicitation step, answered as
+    ``input_required``). Each is taken by exactly one retry; one nobody comes back for
+    ends at its request's deadline (its backend gets an error for every request left
+    unanswered)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: dict[str, ParkedCall] = {}
+        self._lock = threading.Lock()  # guards _calls and _timers
+        self._calls: dict[str, CallRun] = {}
+        self._timers: dict[str, TimerHandle] = {}
 
-    def park(self, call: ParkedCall) -> None:
+    def park(self, run: CallRun) -> None:
+        run.parked = True
+        timer = call_later(max(run.deadline.remaining(), 0.0), lambda: self._expire(run.id))
         with self._lock:
-            self._calls[call.id] = call
-        call.timer = call_later(max(call.deadline.remaining(), 0.0), lambda: self._expire(call.id))
+            self._calls[run.id] = run
+            self._timers[run.id] = timer
 
-    def take(self, parked_id: Any) -> ParkedCall | None:
+    def take(self, run_id: Any) -> CallRun | None:
         with self._lock:
-            call = self._calls.pop(parked_id, None) if isinstance(parked_id, str) else None
-        if call is not None and call.timer is not None:
-            call.timer.cancel()
-        return call
+            run = self._calls.pop(run_id, None) if isinstance(run_id, str) else None
+            timer = self._timers.pop(run_id, None) if run is not None else None
+        if timer is not None:
+            timer.cancel()
+        if run is not None:
+            run.parked = False
+        return run
 
     def count(self) -> int:
         with self._lock:
@@ -356,142 +345,56 @@ class ParkedCalls:
 
     def end_all(self) -> None:
         with self._lock:
-            calls, self._calls = list(self._calls.values()), {}
-        for call in calls:
-            _abandon(call, "the gateway is shutting down")
+            runs, self._calls = list(self._calls.values()), {}
+            timers, self._timers = list(self._timers.values()), {}
+        for timer in timers:
+            timer.cancel()
+        for run in runs:
+            abandon(run, "the gateway is shutting down")
 
-    def _expire(self, parked_id: str) -> None:
-        call = self.take(parked_id)
-        if call is not None:
-            _abandon(call, "the client did not come back with the input before the call's deadline")
+    def _expire(self, run_id: str) -> None:
+        run = self.take(run_id)
+        if run is not None:
+            abandon(run, "the client did not come back with the input before the call's deadline")
 
 
-def _abandon(call: ParkedCall, why: str) -> None:
-    for request in call.pending.values():
+def abandon(run: CallRun, why: str) -> None:
+    """End a call no client will answer: its requests fail, its backend is told, its exchange closes."""
+    for request in run.pending.values():
         request.respond({"error": {"code": REQUEST_TIMEOUT, "message": why}})
-    if call.cancel is not None:
+    run.pending.clear()
+    if run.cancel is not None:
         try:
-            call.cancel(why)
+            run.cancel(why)
         except Exception:  # noqa: BLE001 - best effort: the exchange is closed below anyway
             logger.debug("cancelling a parked call failed", exc_info=True)
-    call.exchange.close()
+    run.exchange.close()
 
 
-# -- driving a call for a modern client ---------------------------------------------------
+# -- a 2026-07-28 client in one call ------------------------------------------------------
 
 
-class ModernCall:
-    """One 2026-07-28 request's answer: the call's events as the client gets them. Log
-    messages only at the level the request asked for (none when it asked for none), list
-    changes and resource updates to the user (they belong on ``subscriptions/listen``
-    streams), requests for the client as ``input_required``."""
+class StatelessSide:
+    """A 2026-07-28 client in one call (see ``edge._driver.ClientSide``): log messages only
+    at the level the request asked for (none when it asked for none), list changes and
+    resource updates to the user (they belong on ``subscriptions/listen`` streams), a
+    backend's request for the client as ``input_required`` with the call parked here, a
+    2026-07-28 backend's ``input_required`` passed on under a sealed ``requestState``."""
 
-    def __init__(self, request_id: Any, method: str, name: Any, request: ModernRequest, principal: list[str],
-                 seal: StateSeal, parked: ParkedCalls, shape: Any, on_stream_notification: Any,
-                 deadline: Deadline):
-        self._request_id = request_id
+    def __init__(self, method: str, name: Any, request: ModernRequest, principal: list[str], seal: StateSeal,
+                 parked: ParkedCalls, shape: Callable[[Mapping[str, Any]], dict[str, Any]],
+                 on_stream_notification: Callable[[Notification], None]):
         self._method = method
         self._name = name
         self._request = request
         self._principal = principal
         self._seal = seal
         self._parked = parked
-        self._shape = shape  # result dict -> the result as the client gets it
+        self._shape = shape  # a result as the client gets it
         self._on_stream_notification = on_stream_notification  # list changes, resource updates
-        self._deadline = deadline
         self._keys = itertools.count(1)
 
-    def events(self, relay: Any) -> Iterator[RelayEvent]:
-        exchange = relay.exchange
-        if exchange is None:
-            yield self._final_of(relay.final)
-            return
-        yield from self._drive(ParkedCall(secrets.token_urlsafe(12), exchange, {}, self._principal, self._deadline))
-
-    def resume(self, call: ParkedCall) -> Iterator[RelayEvent]:
-        """A parked call taken by this retry: the answers go to whoever asked, then on."""
-        responses = self._request.input_responses or {}
-        for key, answer in responses.items():
-            asked = call.pending.get(key)
-            if asked is None:
-                continue  # not one of ours: ignored, as the specification says
-            problem = check_answer(asked.method, Message("response", None, key, answer)) \
-                if isinstance(answer, dict) else "the answer must be an object"
-            if problem is None:
-                del call.pending[key]
-                asked.respond({"result": answer})
-        call.rounds += 1
-        if call.rounds > MAX_INPUT_ROUNDS:
-            _abandon(call, "too many input rounds")
-            yield self._error(JsonRpcError(INTERNAL_ERROR, f"the call took more than {MAX_INPUT_ROUNDS} input rounds"))
-            return
-        if call.pending:  # still unanswered: asked again
-            yield self._park(call)
-            return
-        yield from self._drive(call)
-
-    def _drive(self, call: ParkedCall) -> Iterator[RelayEvent]:
-        parked = False
-        answered = False
-        try:
-            while True:
-                event = next(call.exchange)
-                if isinstance(event, Notification):
-                    if self._keep(event):
-                        yield RelayEvent(event.message, event=event)
-                elif isinstance(event, ServerRequest):
-                    why_not = missing_capability(event.method, event.params, self._request.client_capabilities)
-                    if why_not is not None:
-                        event.respond({"error": {"code": METHOD_NOT_FOUND, "message": why_not}})
-                        continue
-                    call.pending[f"input-{next(self._keys)}"] = event
-                    parked = True
-                    answered = True
-                    yield self._park(call)
-                    return
-                elif isinstance(event, InputRequired):
-                    answered = True
-                    state = self._seal.for_backend(event, self._principal, self._method, self._name)
-                    requests = {key: dict(value) for key, value in event.requests.items()}
-                    yield self._input_required(requests, state)
-                    return
-                elif isinstance(event, CallOpened):
-                    call.cancel = event.cancel
-        except StopIteration as done:
-            answered = True
-            yield RelayEvent(result_response(self._request_id, self._shape(done.value)), final=True)
-        except CallCancelled:
-            answered = True
-            yield RelayEvent(None, final=True)
-        except JsonRpcError as error:
-            answered = True
-            yield self._error(error)
-        except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
-            answered = True
-            logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
-            yield self._error(JsonRpcError(INTERNAL_ERROR, "Internal error"))
-        finally:
-            if not parked:
-                if not answered and call.cancel is not None:
-                    # The client closed the stream: in 2026-07-28 that is the cancellation.
-                    call.cancel("the client closed its stream")
-                call.exchange.close()
-
-    def _park(self, call: ParkedCall) -> RelayEvent:
-        requests = {key: {"method": asked.method, "params": dict(asked.params)} for key, asked in call.pending.items()}
-        self._parked.park(call)
-        state = self._seal.for_parked(call.id, self._principal, self._method, self._name, call.deadline.remaining())
-        return self._input_required(requests, state)
-
-    def _input_required(self, requests: dict[str, Any], state: str | None) -> RelayEvent:
-        result: dict[str, Any] = {"resultType": "input_required"}
-        if requests:
-            result["inputRequests"] = requests
-        if state is not None:
-            result["requestState"] = state
-        return RelayEvent(result_response(self._request_id, self._shape(result)), final=True)
-
-    def _keep(self, notification: Notification) -> bool:
+    def keep(self, notification: Notification) -> bool:
         method = notification.method
         if method in ("notifications/tools/list_changed", "notifications/prompts/list_changed",
                       "notifications/resources/list_changed", "notifications/resources/updated"):
@@ -501,74 +404,66 @@ class ModernCall:
             return self._request.log_level is not None and is_logged_at(notification.message, self._request.log_level)
         return method != "notifications/elicitation/complete"  # removed in 2026-07-28
 
-    def _final_of(self, event: RelayEvent | None) -> RelayEvent:
-        assert event is not None
-        message = event.message or {}
-        if "error" in message:
-            error = message["error"]
-            return self._error(JsonRpcError(error.get("code", INTERNAL_ERROR), error.get("message", ""),
-                                            error.get("data"), http_status=event.http_status))
-        return RelayEvent(result_response(self._request_id, self._shape(message.get("result", {}))), final=True)
+    def opened(self, run: CallRun) -> None:
+        pass  # run.cancel is how a closed stream (or an abandoned park) ends it
 
-    def _error(self, error: JsonRpcError) -> RelayEvent:
-        shaped = modern_error(error)
-        return RelayEvent(error_response(self._request_id, shaped), final=True, http_status=shaped.http_status)
+    def asked(self, request: ServerRequest, run: CallRun) -> Outcome | None:
+        why_not = missing_capability(request.method, request.params, self._request.client_capabilities)
+        if why_not is not None:
+            request.respond({"error": {"code": METHOD_NOT_FOUND, "message": why_not}})
+            return None
+        run.pending[f"input-{run.id[:6]}-{next(self._keys)}"] = request
+        return self.park(run)
 
+    def input_required(self, event: InputRequired, run: CallRun) -> Outcome:
+        state = self._seal.for_backend(event, self._principal, self._method, self._name)
+        return self._input_required({key: dict(value) for key, value in event.requests.items()}, state)
 
-# -- a legacy client answering a modern backend's input requests ----------------------------
+    def answered(self, result: Mapping[str, Any]) -> Outcome:
+        return Answered(self._shape(result))
 
+    def failed(self, error: JsonRpcError) -> Outcome:
+        return Failed(modern_error(error))
 
-class InputAnswers:
-    """The answers to one ``input_required`` round, as a legacy client gives them on the
-    call's stream (each request goes out as an ordinary request for the client)."""
+    def left(self, run: CallRun) -> None:
+        if run.cancel is not None:
+            run.cancel("the client closed its stream")  # in 2026-07-28, that is the cancellation
 
-    def __init__(self, event: InputRequired):
-        self._event = event
-        self._lock = threading.Lock()
-        self._answers: dict[str, Any] = {}
-        self._failure: dict[str, Any] | None = None
-        self._done = threading.Event()
-        if not event.requests:
-            self._done.set()
+    def finished(self, run: CallRun) -> None:
+        pass
 
-    def requests(self) -> Iterator[ServerRequest]:
-        for key, asked in self._event.requests.items():
-            params = asked.get("params")
-            yield ServerRequest(str(asked.get("method", "")), params if isinstance(params, dict) else {},
-                                lambda answer, key=key: self._settle(key, answer), self._event.backend)
+    def park(self, run: CallRun) -> Outcome:
+        """The call waits here for the client's retry: ``input_required`` with what it asks."""
+        requests = {key: {"method": asked.method, "params": dict(asked.params)} for key, asked in run.pending.items()}
+        self._parked.park(run)
+        state = self._seal.for_parked(run.id, self._principal, self._method, self._name, run.deadline.remaining())
+        return self._input_required(requests, state)
 
-    def wait(self) -> dict[str, Any]:
-        """The results by key, once every request is answered; a JSON-RPC error when one
-        was refused or the call's deadline passed first."""
-        if not self._done.wait(max(self._event.deadline.remaining(), 0.0)):
-            raise JsonRpcError(REQUEST_TIMEOUT, "the client did not answer the backend's requests before the "
-                                                "call's deadline", {"backend": self._event.backend})
-        if self._failure is not None:
-            code = self._failure.get("code")
-            raise JsonRpcError(code if isinstance(code, int) else INTERNAL_ERROR,
-                               str(self._failure.get("message", "the client refused the backend's request")),
-                               {"backend": self._event.backend})
-        return dict(self._answers)
+    def answer_parked(self, run: CallRun) -> Outcome | None:
+        """A parked call taken by this retry: its answers go to whoever asked. The outcome
+        when the call cannot go on yet (still unanswered: parked again; too many rounds),
+        else None: drive it on."""
+        for key, answer in (self._request.input_responses or {}).items():
+            asked = run.pending.get(key)
+            if asked is None:
+                continue  # not one of ours: ignored, as the specification says
+            problem = check_answer(asked.method, Message("response", None, key, answer)) \
+                if isinstance(answer, dict) else "the answer must be an object"
+            if problem is None:
+                del run.pending[key]
+                asked.respond({"result": answer})
+        run.rounds += 1
+        if run.rounds > MAX_INPUT_ROUNDS:
+            abandon(run, "too many input rounds")
+            return self.failed(JsonRpcError(INTERNAL_ERROR, f"the call took more than {MAX_INPUT_ROUNDS} input rounds"))
+        if run.pending:
+            return self.park(run)
+        return None
 
-    def _settle(self, key: str, answer: dict[str, Any]) -> None:
-        with self._lock:
-            if "error" in answer:
-                self._failure = answer["error"] if isinstance(answer["error"], dict) else {}
-                self._done.set()
-                return
-            self._answers[key] = answer.get("result")
-            if len(self._answers) == len(self._event.requests):
-                self._done.set()
-
-
-def gather_input(event: InputRequired, ask: Any) -> Iterator[RelayEvent | Exchange]:
-    """For a legacy client: each input request asked on the call's stream (``ask`` returns
-    the message to write, or None when the request was answered at once), then the
-    backend's exchange asked again with the answers (the last item)."""
-    answers = InputAnswers(event)
-    for request in answers.requests():
-        message = ask(request)
-        if message is not None:
-            yield RelayEvent(message)
-    responses = answers.wait()
-    yield from_backend(event.retry(responses), event.backend)
+    def _input_required(self, requests: dict[str, Any], state: str | None) -> Outcome:
+        result: dict[str, Any] = {"resultType": "input_required"}
+        if requests:
+            result["inputRequests"] = requests
+        if state is not None:
+            result["requestState"] = state
+        return Answered(self._shape(result))

@@ -67,7 +67,6 @@ from vmcp_actors.core._exchange import ServerRequest
 from vmcp_actors.core._interface import Capabilities
 from vmcp_actors.decorators import DecoratorStack, stack
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
-from vmcp_actors.edge._modern import ParkedCalls
 from vmcp_actors.exceptions import BackendError, BackendUnavailable
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
@@ -103,7 +102,6 @@ class SessionServices:
     store: RecordStore = field(default_factory=MemoryRecordStore)
     live: LiveSessions = field(default_factory=LiveSessions)
     eras: BackendEras = field(default_factory=BackendEras)  # which era each backend speaks (probed once)
-    parked: ParkedCalls = field(default_factory=ParkedCalls)  # calls waiting for a 2026-07-28 client's retry
     # With shared records: what the user's backend streams bring, to the other processes.
     fanout: StreamFanout | None = None
     # Where this process's JSON-RPC ids on backend sessions start (random when records are

@@ -11,7 +11,8 @@ from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 EXPLAIN_TIMEOUT = 30.0  # discovery may run for a revived user
 
 
-def collect_admin_state(gateway: Any) -> dict[str, Any]:
+def collect_admin_state(gateway: Any, parked_calls: int = 0) -> dict[str, Any]:
+    """``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's)."""
     overview = gateway.overview().get(timeout=ASK_TIMEOUT)
     asked = [(user, user.proxy.snapshot(), idle, in_flight) for user, idle, in_flight in overview["users"]]
     users: dict[Any, dict[str, Any]] = {}
@@ -55,7 +56,7 @@ def collect_admin_state(gateway: Any) -> dict[str, Any]:
         "workflows": overview["workflows"],
         "workers": overview["workers"],
         "actorWorkers": overview["actorWorkers"],
-        "clients": {**overview["clients"], "sessionlessUsers": overview["sessionlessUsers"]},
+        "clients": {**overview["clients"], "parkedCalls": parked_calls, "sessionlessUsers": overview["sessionlessUsers"]},
         "backendEras": overview["backendEras"],
         "backendHealth": overview["backendHealth"],
         "sessionLimits": overview["sessionLimits"],

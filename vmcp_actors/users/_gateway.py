@@ -18,9 +18,9 @@ import pykka
 from vmcp_actors.backends import HealthMonitor
 from vmcp_actors.concurrency import TimerHandle, call_later, pool_stats, stop_quietly
 from vmcp_actors.config import VmcpConfig
-from vmcp_actors.edge._legacy import InitializeOutcome
 from vmcp_actors.identity import Identity, identity_key
 from vmcp_actors.pooled import actor_pool_stats
+from vmcp_actors.protocol.lifecycle import InitializeOutcome
 from vmcp_actors.signing import Signer
 from vmcp_actors.users._actor import (
     SessionServices,
@@ -80,7 +80,6 @@ class Gateway(pykka.ThreadingActor):
         if self._monitor is not None:
             stop_quietly(self._monitor)
         self._services.live.end_all()  # streams end now, not at their next keep-alive
-        self._services.parked.end_all()  # calls waiting for a retry end, their backends told
         # In-memory records end with this process: end the backend sessions with them.
         for user in self._directory.remove_all_users():
             self._stop_user(user, end=not self._services.store.shared)
@@ -189,7 +188,7 @@ class Gateway(pykka.ThreadingActor):
             "workflows": self._services.workflow_metrics.snapshot(),
             "workers": pool_stats(),
             "actorWorkers": actor_pool_stats(),
-            "clients": {**self._services.live.counts(), "parkedCalls": self._services.parked.count()},
+            "clients": self._services.live.counts(),
             "backendEras": self._services.eras.snapshot(),
             "backendHealth": self._services.health.snapshot() if self._services.health is not None else {},
             "sessionLimits": {"maxSessions": self._config.operational.max_sessions,

@@ -25,7 +25,7 @@ def require_admin_token() -> Response | None:
 
 @bp.get("/state")
 def state() -> Response:
-    return json_response(collect_admin_state(current_runtime().gateway))
+    return json_response(collect_admin_state(current_runtime().gateway, current_runtime().service.parked.count()))
 
 
 @bp.get("/explain")

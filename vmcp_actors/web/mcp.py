@@ -1,18 +1,14 @@
 """The MCP endpoint: streamable HTTP, one JSON-RPC message per POST.
 
-Thin on purpose: HTTP checks, the JSON-RPC envelope, identity, then the gateway's
-McpService decides what the message means and this writes its Answer as JSON or SSE.
-The request's bookkeeping (in flight, last use, the log line) runs in the response's
-close hook, which the server calls however the response ends, even unread.
+Thin on purpose: HTTP checks, the JSON-RPC envelope, identity; the edge's McpService
+runs the request and this writes the Answer it is given, as JSON or SSE, and closes it
+however the response ends (the answer's lifetime lets go of what the request held).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from flask import Blueprint, Response, current_app, g, request
@@ -23,7 +19,6 @@ from vmcp_actors.edge._auth import (
     IdentityProviderUnavailable,
     www_authenticate,
 )
-from vmcp_actors.edge._relay import RelayEvent
 from vmcp_actors.edge._service import Answer
 from vmcp_actors.identity import Identity, anonymous_with
 from vmcp_actors.metrics import record_request
@@ -31,7 +26,6 @@ from vmcp_actors.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
     JsonRpcError,
-    encode_sse_event,
     error_response,
     parse_message,
 )
@@ -44,7 +38,6 @@ from vmcp_actors.protocol.mcp import (
 )
 from vmcp_actors.tracing import request_span
 from vmcp_actors.users._gateway import short_id
-from vmcp_actors.users._live import RESUME_RETRY_MS, CallStream
 from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response, rpc_error
 from vmcp_actors.web._security import host_allowed, origin_allowed
@@ -136,110 +129,26 @@ def post_message() -> Response:
 
 
 def _write(answer: Answer, method: str, started: float) -> Response:
-    """The Answer as an HTTP response; its close hook finishes the request's bookkeeping."""
-    streamed = False
+    """The Answer as an HTTP response; ``answer.close()`` runs however the response ends
+    (for an SSE body, even one never read)."""
     if answer.stream is not None:
-        response, streamed = _standalone_response(answer.stream), True
-    elif answer.replay is not None:
-        response, streamed = _sse_response(answer.replay), True
-    elif answer.events is None:
-        response = json_response(answer.body, answer.status) if answer.body is not None else Response(status=answer.status)
+        response = Response(answer.stream, mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
+    elif answer.body is not None:
+        response = json_response(answer.body, answer.status)
     else:
-        response, streamed = _relay_response(answer)
+        response = Response(status=answer.status)
     response.headers.update(answer.headers)
-    status = response.status_code
+    status, streamed = response.status_code, answer.stream is not None
 
     def finished() -> None:
         answer.close()
         _log(method, answer.session_id, started, status, streamed)
 
     if streamed:
-        response.call_on_close(finished)  # runs even when the body is never read
+        response.call_on_close(finished)
     else:
-        finished()  # the answer is complete: the session is idle from now on
+        finished()
     return response
-
-
-def _relay_response(answer: Answer) -> tuple[Response, bool]:
-    events = answer.events
-    assert events is not None
-    try:
-        first = next(events)
-    except Exception as error:  # noqa: BLE001 - the client gets an answer whatever happened
-        logger.error("request failed unexpectedly: %s", error.__class__.__name__, exc_info=error)
-        return rpc_error(500, INTERNAL_ERROR, "Internal error"), False
-    if first.final:
-        events.close()  # its bookkeeping (the call's end) runs now
-        if first.message is None:  # cancelled by the client: no answer is sent
-            return Response(status=202), False
-        return json_response(first.message, first.http_status), False
-    resumable = answer.resumable() if answer.resumable is not None else None
-    handed_off = False
-
-    def encoded(event: RelayEvent, index: int) -> str:
-        text = encode_sse_event(event.message, event_id=resumable.event_id(index) if resumable else None)
-        if resumable is not None:
-            resumable.add(text)
-        return text
-
-    def stream() -> Iterator[str]:
-        nonlocal handed_off
-        index = 0
-        answered = False
-        try:
-            if resumable is not None:  # the priming event: where to resume from, and how soon
-                yield f"id: {resumable.event_id(0)}\nretry: {RESUME_RETRY_MS}\ndata: \n\n"
-            for event in itertools.chain([first], events):
-                if event.message is not None:
-                    index += 1
-                    yield encoded(event, index)
-            answered = True
-        finally:  # also when the client goes away mid-stream
-            if answered or resumable is None:
-                _finish_call(events, resumable, answer)
-            else:
-                # The client may come back (GET with Last-Event-ID): the call goes on without it.
-                handed_off = True
-                threading.Thread(target=_go_on_alone, args=(events, resumable, answer, index, encoded),
-                                 name="vmcp-resumable", daemon=True).start()
-
-    response = Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
-    # A body the server never reads still ends the backend exchange.
-    response.call_on_close(lambda: None if handed_off else events.close())
-    return response, True
-
-
-def _go_on_alone(events: Iterator[RelayEvent], resumable: CallStream, answer: Answer, index: int,
-                 encoded: Callable[[RelayEvent, int], str]) -> None:
-    """Drive a call whose client left, keeping its events for a resume (bounded by the
-    request's deadline, which every exchange below keeps)."""
-    try:
-        for event in events:
-            if event.message is not None:
-                index += 1
-                encoded(event, index)
-    finally:
-        _finish_call(events, resumable, answer)
-
-
-def _finish_call(events: Iterator[RelayEvent], resumable: CallStream | None, answer: Answer) -> None:
-    events.close()
-    if resumable is not None and answer.live is not None:
-        answer.live.call_stream_done(resumable)
-
-
-def _sse_response(texts: Iterator[str | None]) -> Response:
-    def stream() -> Iterator[str]:
-        for text in texts:
-            yield text if text is not None else ": keep-alive\n\n"
-
-    return Response(stream(), mimetype="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _standalone_response(messages: Iterator[dict | None]) -> Response:
-    # A comment first: headers and a byte now, so the client knows it is listening.
-    encoded = (encode_sse_event(message) if message is not None else None for message in messages)
-    return _sse_response(itertools.chain([": stream open\n\n"], encoded))
 
 
 def _read_body() -> bytes:
