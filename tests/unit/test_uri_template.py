@@ -3,8 +3,15 @@ import pytest
 from vmcp_actors.core._uri_template import (
     InvalidUriTemplate,
     compile_uri_template,
-    uri_matches_template,
 )
+
+
+def uri_matches_template(uri: str, template: str) -> bool:
+    """How the catalog routes a URI: a template that does not compile matches nothing."""
+    try:
+        return compile_uri_template(template).match(uri) is not None
+    except InvalidUriTemplate:
+        return False
 
 
 @pytest.mark.parametrize(

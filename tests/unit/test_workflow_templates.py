@@ -223,9 +223,10 @@ def test_compiled_templates_are_cached():
     assert compile_template("{{ params.a }}") is compile_template("{{ params.a }}")
 
 
-def test_whole_value_is_known_at_compile_time():
-    assert compile_template("{{ params.a }}").yields_whole_value
-    assert not compile_template("a {{ params.a }}").yields_whole_value
+def test_a_single_expression_yields_its_value_and_text_around_it_yields_text():
+    context = template_context(params={"a": {"k": [1, 2]}}, steps={}, workflow_id="w")
+    assert compile_template("{{ params.a }}").render(context) == {"k": [1, 2]}
+    assert compile_template("a {{ params.a }}").render(context) != {"k": [1, 2]}
 
 
 # -- render_value ----------------------------------------------------------------------

@@ -24,10 +24,3 @@ def compile_uri_template(template: str) -> UriTemplate:
         return UriTemplate.parse(template)
     except _SdkInvalidUriTemplate as error:
         raise InvalidUriTemplate(str(error)) from None
-
-
-def uri_matches_template(uri: str, template: str) -> bool:
-    try:
-        return compile_uri_template(template).match(uri) is not None
-    except InvalidUriTemplate:
-        return False

@@ -72,19 +72,6 @@ class AuditLog:
         self._logger.info("%s", json.dumps(line, separators=(",", ":"), ensure_ascii=False))
 
 
-def watched(events: Iterator[Any], seen: list[Any]) -> Iterator[Any]:
-    """The answer's events, unchanged; the final one is kept in ``seen``."""
-    try:
-        for event in events:
-            if getattr(event, "final", False):
-                seen.append(event)
-            yield event
-    finally:
-        close = getattr(events, "close", None)
-        if callable(close):
-            close()
-
-
 def _outcome(answer: dict[str, Any] | None, http_status: int) -> str:
     if answer is None:
         return "success" if http_status < 400 else "error"

@@ -111,9 +111,6 @@ class Template:
     _text: jinja2.Template | None
     _value: TemplateExpression | None
 
-    @property
-    def yields_whole_value(self) -> bool:
-        return self._value is not None
 
     def render(self, context: Mapping[str, Any]) -> Any:
         try:
