@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from tests.backends import paged_backend
 from tests.gateway import backend_entry, closed_port_url
 from vmcp_actors.concurrency import Deadline

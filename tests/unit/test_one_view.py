@@ -12,7 +12,12 @@ import pytest
 from tests.memory_core import MemoryCore, soon, tool
 from vmcp_actors.backends import BackendCapabilities
 from vmcp_actors.concurrency import resolved
-from vmcp_actors.config import AggregationConfig, AuthzConfig, WorkloadToolsConfig, config_from_mapping
+from vmcp_actors.config import (
+    AggregationConfig,
+    AuthzConfig,
+    WorkloadToolsConfig,
+    config_from_mapping,
+)
 from vmcp_actors.core import Layer
 from vmcp_actors.core import _aggregated as aggregated_module
 from vmcp_actors.core._aggregated import (
@@ -20,6 +25,7 @@ from vmcp_actors.core._aggregated import (
     BackendsMissing,
     CatalogBoard,
     ConflictingNames,
+    NoBackendsAvailable,
 )
 from vmcp_actors.core._catalog import build_catalog
 from vmcp_actors.decorators import (
@@ -136,7 +142,7 @@ def test_before_a_usable_catalog_is_published_the_user_is_asked():
     board = CatalogBoard()
     user = FakeUser(board)
     board.publish(resolved(build_catalog({}, DOWN, AggregationConfig())))  # nothing discovered: not usable
-    with pytest.raises(Exception):
+    with pytest.raises(NoBackendsAvailable):
         AggregatedBackends(user, {}, board).list_tools(None, soon())
     assert user.messages["catalog"] == 1
 

@@ -32,7 +32,12 @@ from vmcp_actors.config._cedar import parse_entities
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, PerList, by_name
+from vmcp_actors.core._interface import (
+    Capabilities,
+    CapabilitiesLayer,
+    PerList,
+    by_name,
+)
 from vmcp_actors.decorators._guard import refuse_unknown_prompt_ref
 from vmcp_actors.identity import ANONYMOUS, Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
@@ -167,6 +172,14 @@ class CedarAuthz(CapabilitiesLayer):
         tool = self._definitions.get(tools, lambda: by_name(tools)).get(name)
         return _hints(tool) if tool is not None else None
 
+    def _allowed_entries(self, cache: PerList[tuple[dict[str, Any], ...]], identity: Identity | None,
+                         entries: tuple[dict[str, Any], ...], action: str, key: str) -> tuple[dict[str, Any], ...]:
+        """The prompts or resources below this caller may get or read: once per list and principal."""
+        principal = self._policies.principal(identity)
+        return cache.get(entries, lambda: tuple(
+            entry for entry in entries
+            if self._decide(identity, action, str(entry.get(key)), principal=principal).allowed), principal.digest)
+
     # -- tools ---------------------------------------------------------------------------
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
@@ -208,12 +221,8 @@ class CedarAuthz(CapabilitiesLayer):
     # -- prompts -------------------------------------------------------------------------
 
     def list_prompts(self, identity, deadline):
-        prompts = self._inner.list_prompts(identity, deadline)
-        principal = self._policies.principal(identity)
-        return self._allowed_prompts.get(prompts, lambda: tuple(
-            prompt for prompt in prompts
-            if self._decide(identity, GET_PROMPT, str(prompt.get("name")), principal=principal).allowed),
-            principal.digest)
+        return self._allowed_entries(self._allowed_prompts, identity, self._inner.list_prompts(identity, deadline),
+                                     GET_PROMPT, "name")
 
     def lookup_prompt(self, identity, name, deadline):
         route = self._inner.lookup_prompt(identity, name, deadline)
@@ -230,12 +239,8 @@ class CedarAuthz(CapabilitiesLayer):
     # -- resources (templates are listed as they are: each read decides by its URI) -------
 
     def list_resources(self, identity, deadline):
-        resources = self._inner.list_resources(identity, deadline)
-        principal = self._policies.principal(identity)
-        return self._allowed_resources.get(resources, lambda: tuple(
-            resource for resource in resources
-            if self._decide(identity, READ_RESOURCE, str(resource.get("uri")), principal=principal).allowed),
-            principal.digest)
+        return self._allowed_entries(self._allowed_resources, identity,
+                                     self._inner.list_resources(identity, deadline), READ_RESOURCE, "uri")
 
     def lookup_resource(self, identity, uri, deadline):
         backend = self._inner.lookup_resource(identity, uri, deadline)

@@ -17,7 +17,12 @@ from vmcp_actors.config import AggregationConfig
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, Explanation, Finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, PerList, by_name
+from vmcp_actors.core._interface import (
+    Capabilities,
+    CapabilitiesLayer,
+    PerList,
+    by_name,
+)
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 
