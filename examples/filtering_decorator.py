@@ -76,7 +76,7 @@ class ReadOnlyAgent(Layer):
         route = self.inner.lookup_tool(identity, name, deadline)
         if route is None:
             return None
-        tool = next((t for t in self.inner.list_tools(identity, deadline) if t.get("name") == name), None)
+        tool = self.inner.describe_tool(identity, name, deadline)  # its definition, as the layer below lists it
         return route if tool is not None and self.policy.allow_tool(tool) else None
 
     def call_tool(self, identity, name, arguments, meta, deadline):

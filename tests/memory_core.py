@@ -44,6 +44,9 @@ class MemoryCore:
             return None
         return Route("memory", name, name)
 
+    def describe_tool(self, identity, name, deadline):
+        return next((t for t in self.tools if t["name"] == name), None)
+
     def call_tool(self, identity, name, arguments, meta, deadline):
         if self.lookup_tool(identity, name, deadline) is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")

@@ -14,7 +14,8 @@ the same way ``vmcp-actors serve`` does (docs/library.md walks through an exampl
     serve(build("config.yaml").decorated(NoWrites), port=4483)
 
 **The interface** (``Capabilities``): ``list_*`` / ``lookup_*`` / call for tools, resources,
-resource templates and prompts, ``complete``, ``explain_tool`` and ``close``. The caller's
+resource templates and prompts, ``describe_tool`` (one tool's definition as ``list_tools``
+lists it, None when not listed), ``complete``, ``explain_tool`` and ``close``. The caller's
 ``Identity`` is always an explicit argument (``None``: anonymous) and so is the request's
 ``Deadline``; nothing is read from ambient state. Calls return an ``Exchange``: an iterator
 of events (progress, a request for the client) that returns the result dict; a decorator

@@ -1,14 +1,19 @@
 """The innermost core: a user's backends seen as one server, through the user's catalog.
 
-List and lookup methods wait for the catalog (a published complete one is read without a
-message; else the UserActor is asked, within the request's deadline); calls return an
-Exchange the request's thread drives.
+List and lookup methods read the catalog the UserActor published, without a message, once
+it is usable (discovered, with at least one backend; some may be missing). Before that the
+UserActor is asked, within the request's deadline. A catalog missing backends reminds the
+UserActor now and then (``retry_failed``, never waited for) so it retries them in the
+background when their time comes. Calls return an Exchange the request's thread drives.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Mapping
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pykka
@@ -34,6 +39,10 @@ from vmcp_actors.protocol.mcp import param_headers_for
 # When a request's deadline ends before discovery does, it stops waiting this much
 # earlier, to answer with what discovery found so far.
 ANSWER_MARGIN = 0.1
+# A served catalog missing backends reminds the UserActor at most this often; the actor
+# decides whether their retry is due (users' RETRY_FAILED_AFTER, or RETRY_WHEN_HEALTHY once
+# health checks see one of them answer again: neither is shorter than this).
+REMIND_RETRY_EVERY = 1.0
 
 
 class ConflictingNames(JsonRpcError):
@@ -67,13 +76,25 @@ class DiscoveryTimedOut(JsonRpcError):
 
 class CatalogBoard:
     """The user's catalog as its UserActor last published it (one atomic reference), so
-    web threads read a complete catalog without a message."""
+    web threads read a usable catalog without a message; and when a web thread last
+    reminded the actor of the backends that catalog misses."""
 
     def __init__(self) -> None:
         self.current: cf.Future[Catalog] | None = None
+        self._reminded_at: float | None = None
+        self._lock = threading.Lock()  # guards only _reminded_at (check and set); nothing else is done under it
 
     def publish(self, catalog: cf.Future[Catalog] | None) -> None:
         self.current = catalog
+
+    def remind_due(self) -> bool:
+        """True at most once per REMIND_RETRY_EVERY seconds (for the one thread that reminds)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._reminded_at is not None and now - self._reminded_at < REMIND_RETRY_EVERY:
+                return False
+            self._reminded_at = now
+            return True
 
 
 class AggregatedBackends:
@@ -90,11 +111,23 @@ class AggregatedBackends:
 
     def catalog(self, identity: Identity | None, deadline: Deadline) -> Catalog:
         published = self._board.current
-        if published is not None and published.done() and published.exception() is None:
-            ready = published.result()
-            if ready.has_backends and not ready.failures and not ready.errors:
-                return ready  # complete: nothing for the UserActor to decide, no message needed
-        try:
+        if published is not None and published.done() and published.exception() is None \
+                and published.result().has_backends:
+            catalog: Catalog = published.result()  # usable: read without a message
+            if catalog.failures and self._board.remind_due():
+                self._remind_retry(identity)
+        else:
+            catalog = self._discovered(identity, deadline)
+        if catalog.errors:
+            raise ConflictingNames(catalog.errors)
+        if catalog.failures and self._fail_on_partial:
+            raise BackendsMissing(catalog.failures)
+        return catalog
+
+    def _discovered(self, identity: Identity | None, deadline: Deadline) -> Catalog:
+        """Ask the UserActor (first discovery, or none usable yet); what was found so far
+        when the deadline ends before discovery does."""
+        with self._user_answering():
             pending = self._user.catalog(identity).get(timeout=deadline.cap(ASK_TIMEOUT))
             try:
                 catalog: Catalog = pending.result(timeout=max(0.0, deadline.remaining() - ANSWER_MARGIN))
@@ -103,15 +136,16 @@ class AggregatedBackends:
                 catalog = self._user.catalog_so_far().get(timeout=deadline.cap(ASK_TIMEOUT))
                 if catalog is None or not catalog.has_backends:
                     raise DiscoveryTimedOut() from None
-        except (pykka.ActorDeadError, pykka.Timeout):
-            raise NoBackendsAvailable() from None
         if not catalog.has_backends:
             raise NoBackendsAvailable()
-        if catalog.errors:
-            raise ConflictingNames(catalog.errors)
-        if catalog.failures and self._fail_on_partial:
-            raise BackendsMissing(catalog.failures)
         return catalog
+
+    def _remind_retry(self, identity: Identity | None) -> None:
+        """Fire and forget: the UserActor retries the missing backends if their time has come."""
+        try:
+            self._user.retry_failed(identity)  # its future is not waited for
+        except pykka.ActorDeadError:
+            pass  # the user is stopping; the next request gets a new one
 
     def freshness_ms(self) -> int | None:
         """The shortest ttlMs the user's 2026-07-28 backends gave their lists (None: no hint)."""
@@ -139,6 +173,9 @@ class AggregatedBackends:
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         return self.catalog(identity, deadline).tool_routes.get(name)
+
+    def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None:
+        return self.catalog(identity, deadline).tool_definitions.get(name)
 
     def lookup_prompt(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         return self.catalog(identity, deadline).prompt_routes.get(name)
@@ -226,14 +263,16 @@ class AggregatedBackends:
         backend = self._subscribable(identity, uri, deadline)
         if not self._channels[backend].speaks_modern():  # a 2026-07-28 backend hears it in subscriptions/listen
             self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
-        self._ask_user("subscribed", subscriber, uri, deadline=deadline)
+        with self._user_answering():
+            self._user.subscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
         return {}
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
         """The backend is told only when no other session of the user still listens."""
         backend = self._subscribable(identity, uri, deadline)
-        if self._ask_user("unsubscribed", subscriber, uri, deadline=deadline) \
-                and not self._channels[backend].speaks_modern():
+        with self._user_answering():
+            last = self._user.unsubscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
+        if last and not self._channels[backend].speaks_modern():
             self._call(identity, backend, "resources/unsubscribe", {"uri": uri}, deadline)
         return {}
 
@@ -305,9 +344,11 @@ class AggregatedBackends:
             raise JsonRpcError(METHOD_NOT_FOUND, "Subscriptions are not supported for this resource", {"uri": uri})
         return backend
 
-    def _ask_user(self, method: str, *args: Any, deadline: Deadline) -> Any:
+    @contextlib.contextmanager
+    def _user_answering(self) -> Iterator[None]:
+        """Around an ask of the UserActor: a dead or silent actor is no backend available."""
         try:
-            return getattr(self._user, method)(*args).get(timeout=deadline.cap(ASK_TIMEOUT))
+            yield
         except (pykka.ActorDeadError, pykka.Timeout):
             raise NoBackendsAvailable() from None
 

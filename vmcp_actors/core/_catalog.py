@@ -11,6 +11,7 @@ not, stays in the internal index so composite steps can reach it as ``workload.t
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
@@ -82,6 +83,11 @@ class Catalog:
     @property
     def has_backends(self) -> bool:
         return bool(self.backends)
+
+    @functools.cached_property
+    def tool_definitions(self) -> Mapping[str, dict[str, Any]]:
+        """The advertised tools by name: the very dicts ``tools`` holds (derived once)."""
+        return MappingProxyType({tool["name"]: tool for tool in self.tools})
 
     def route_resource(self, uri: str) -> str | None:
         """The backend that serves ``uri``: the one that listed it, else the first template that matches."""

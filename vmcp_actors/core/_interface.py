@@ -6,13 +6,23 @@ so is the request's ``Deadline``, which every wait below it uses. Methods block 
 calling (web) thread, never an actor: list and lookup methods wait for the user's
 catalog; calls return an Exchange, a generator the caller drives on its own thread,
 which yields the backend's streamed events as they arrive and returns the result.
+
+``describe_tool(identity, name, deadline)`` is one tool's definition exactly as
+``list_tools`` lists it (None when it is not listed), without listing every tool: what a
+request needs of one tool (its ``inputSchema``, say, for a 2026-07-28 call's
+``Mcp-Param-*`` headers). ``list_tools``, ``describe_tool`` and ``lookup_tool`` apply the
+same visibility in every layer.
+
+Once a user's catalog is published, a request reads it without a message, and every
+layer derives what it needs from it (its list, an index by name, its decisions) once per
+catalog (``PerList``), so listing and looking up cost no further waits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._catalog import Route
@@ -68,6 +78,7 @@ class Capabilities(Protocol):
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None: ...
+    def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None: ...
     def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
                   meta: dict[str, Any] | None, deadline: Deadline) -> Exchange: ...
     def list_resources(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
@@ -94,6 +105,42 @@ class Capabilities(Protocol):
 # A decorator factory: called with a user's core, returns the decorated core.
 LayerFactory = Callable[["Capabilities"], "Capabilities"]
 
+T = TypeVar("T")
+
+
+class PerList(Generic[T]):
+    """What a layer derives from the layer below's answer, derived once per answer.
+
+    One slot: the value is kept while the layer below answers with the same object (a
+    catalog's tuple is the same object for as long as that catalog is served) and the same
+    ``key`` (the caller's principal, say). The slot holds the answer itself, so its id is
+    never another object's while it is cached. Safe for concurrent use without a lock: the
+    slot is replaced in one assignment, and two threads that find it stale at once only
+    derive it twice; nothing waits on anything while deriving.
+    """
+
+    def __init__(self) -> None:
+        self._slot: tuple[object, Hashable, T] | None = None
+
+    def get(self, below: object, derive: Callable[[], T], key: Hashable = None) -> T:
+        slot = self._slot
+        if slot is not None and slot[0] is below and slot[1] == key:
+            return slot[2]
+        value = derive()
+        self._slot = (below, key, value)
+        return value
+
+    def clear(self) -> None:
+        self._slot = None
+
+
+def by_name(tools: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    """Tool definitions by name (the first of a name wins, as a client reading the list finds it)."""
+    named: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        named.setdefault(tool.get("name"), tool)  # type: ignore[arg-type]
+    return named
+
 
 class CapabilitiesLayer:
     """Base of the decorators over ``Capabilities``: every method passes through to the
@@ -108,12 +155,19 @@ class CapabilitiesLayer:
 
     def __init__(self, inner: Capabilities):
         self._inner = inner
+        self._tools_by_name: PerList[dict[str, dict[str, Any]]] = PerList()
 
     def list_tools(self, identity, deadline):
         return self._inner.list_tools(identity, deadline)
 
     def lookup_tool(self, identity, name, deadline):
         return self._inner.lookup_tool(identity, name, deadline)
+
+    def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None:
+        """By default: ``name`` in this layer's own list (indexed once per list), so it
+        agrees with ``list_tools`` whatever the layer overrides."""
+        tools = self.list_tools(identity, deadline)
+        return self._tools_by_name.get(tools, lambda: by_name(tools)).get(name)
 
     def call_tool(self, identity, name, arguments, meta, deadline):
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
@@ -160,7 +214,7 @@ class CapabilitiesLayer:
 
     def explain_tool(self, identity, name, deadline) -> Explanation:
         below = self._inner.explain_tool(identity, name, deadline)
-        listed = any(tool.get("name") == name for tool in self.list_tools(identity, deadline))
+        listed = self.describe_tool(identity, name, deadline) is not None
         callable_ = self.lookup_tool(identity, name, deadline) is not None
         finding = self.finding(identity, name, deadline, below, listed, callable_)
         return below.with_finding(finding, listed=listed, callable=callable_)

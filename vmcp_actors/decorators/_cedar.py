@@ -32,7 +32,7 @@ from vmcp_actors.config._cedar import parse_entities
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, reachable
+from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, PerList, by_name, reachable
 from vmcp_actors.decorators._guard import refuse_unknown_prompt_ref
 from vmcp_actors.identity import ANONYMOUS, Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
@@ -133,8 +133,11 @@ class CedarAuthz(CapabilitiesLayer):
         self._policies = policies
         self._lock = threading.Lock()
         self._decided: dict[tuple[str, str, str, str], Decision] = {}
-        self._definitions: tuple[tuple[int, ...], dict[str, dict[str, Any]]] | None = None
-        self._listed: tuple[Any, ...] | None = None  # (principal and list, allowed tools, the list)
+        # Derived once per list the layer below answers (and per principal for what is allowed).
+        self._definitions: PerList[dict[str, dict[str, Any]]] = PerList()
+        self._allowed_tools: PerList[tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]] = PerList()
+        self._allowed_prompts: PerList[tuple[dict[str, Any], ...]] = PerList()
+        self._allowed_resources: PerList[tuple[dict[str, Any], ...]] = PerList()
 
     # -- decisions -----------------------------------------------------------------------
 
@@ -160,33 +163,39 @@ class CedarAuthz(CapabilitiesLayer):
                                      "action": action, "resource": name}, sort_keys=True))
 
     def _tool_hints(self, identity: Identity | None, name: str, deadline: Deadline) -> Mapping[str, Any] | None:
-        tool = self._definitions_of(self._inner.list_tools(identity, deadline)).get(name)
-        annotations = tool.get("annotations") if tool is not None else None
-        return annotations if isinstance(annotations, Mapping) else None
+        tools = self._inner.list_tools(identity, deadline)
+        tool = self._definitions.get(tools, lambda: by_name(tools)).get(name)
+        return _hints(tool) if tool is not None else None
 
-    def _definitions_of(self, tools: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
-        signature = tuple(id(tool) for tool in tools)
-        cached = self._definitions
-        if cached is not None and cached[0] == signature:
-            return cached[1]
-        by_name = {tool.get("name"): tool for tool in tools}
-        self._definitions = (signature, by_name)  # holds the tools: their ids stay theirs while cached
-        return by_name
+    def _allowed_entries(self, cache: PerList[tuple[dict[str, Any], ...]], identity: Identity | None,
+                         entries: tuple[dict[str, Any], ...], action: str, key: str) -> tuple[dict[str, Any], ...]:
+        """The prompts or resources below this caller may get or read: once per list and principal."""
+        principal = self._policies.principal(identity)
+        return cache.get(entries, lambda: tuple(
+            entry for entry in entries
+            if self._decide(identity, action, str(entry.get(key)), principal=principal).allowed), principal.digest)
 
     # -- tools ---------------------------------------------------------------------------
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
+        return self._allowed(identity, deadline)[0]
+
+    def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None:
+        return self._allowed(identity, deadline)[1].get(name)
+
+    def _allowed(self, identity: Identity | None,
+                 deadline: Deadline) -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]:
+        """The tools below this caller may call (without arguments), and them by name: decided
+        once per list and principal (the optimizer and describe_tool ask often)."""
         tools = self._inner.list_tools(identity, deadline)
         principal = self._policies.principal(identity)
-        # The same list for the same principal is the same answer (the optimizer asks often).
-        key = (principal.digest, tuple(id(tool) for tool in tools))
-        cached = self._listed
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        allowed = tuple(tool for tool in tools if self._decide(identity, CALL_TOOL, str(tool.get("name")),
-                                                               _hints(tool), principal=principal).allowed)
-        self._listed = (key, allowed, tools)  # holds the tools: their ids stay theirs while cached
-        return allowed
+
+        def allowed() -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]:
+            kept = tuple(tool for tool in tools if self._decide(identity, CALL_TOOL, str(tool.get("name")),
+                                                                _hints(tool), principal=principal).allowed)
+            return kept, by_name(kept)
+
+        return self._allowed_tools.get(tools, allowed, principal.digest)
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         route = self._inner.lookup_tool(identity, name, deadline)
@@ -207,8 +216,8 @@ class CedarAuthz(CapabilitiesLayer):
     # -- prompts -------------------------------------------------------------------------
 
     def list_prompts(self, identity, deadline):
-        return tuple(prompt for prompt in self._inner.list_prompts(identity, deadline)
-                     if self._decide(identity, GET_PROMPT, str(prompt.get("name"))).allowed)
+        return self._allowed_entries(self._allowed_prompts, identity, self._inner.list_prompts(identity, deadline),
+                                     GET_PROMPT, "name")
 
     def lookup_prompt(self, identity, name, deadline):
         route = self._inner.lookup_prompt(identity, name, deadline)
@@ -225,8 +234,8 @@ class CedarAuthz(CapabilitiesLayer):
     # -- resources (templates are listed as they are: each read decides by its URI) -------
 
     def list_resources(self, identity, deadline):
-        return tuple(resource for resource in self._inner.list_resources(identity, deadline)
-                     if self._decide(identity, READ_RESOURCE, str(resource.get("uri"))).allowed)
+        return self._allowed_entries(self._allowed_resources, identity,
+                                     self._inner.list_resources(identity, deadline), READ_RESOURCE, "uri")
 
     def lookup_resource(self, identity, uri, deadline):
         backend = self._inner.lookup_resource(identity, uri, deadline)

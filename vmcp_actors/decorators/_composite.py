@@ -20,6 +20,7 @@ ends a moment before that deadline, so the client gets the run's own answer.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import logging
 import queue
 import secrets
@@ -27,6 +28,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import pykka
@@ -44,7 +46,7 @@ from vmcp_actors.core._exchange import (
     ServerRequest,
 )
 from vmcp_actors.core._explain import ABSENT, ADDS, PASSES, USES, Explanation, Finding
-from vmcp_actors.core._interface import CapabilitiesLayer
+from vmcp_actors.core._interface import CapabilitiesLayer, by_name
 from vmcp_actors.decorators._filter import is_advertised
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
@@ -74,6 +76,11 @@ class CompositeView:
     targets: Mapping[str, InternalTool]  # step tool reference -> the tool it reaches
     problems: tuple[str, ...] = ()
 
+    @functools.cached_property
+    def definitions(self) -> Mapping[str, dict[str, Any]]:
+        """``tools`` by name (derived once per view)."""
+        return MappingProxyType(by_name(self.tools))
+
 
 def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregation: AggregationConfig) -> CompositeView:
     advertised_backend_tools = {name for name, route in catalog.tool_routes.items() if is_advertised(aggregation, route)}
@@ -101,8 +108,12 @@ def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregatio
         advertised[composite.name] = composite
     for problem in problems:
         logger.warning("%s", problem)
+    # A hidden backend tool whose name a composite takes is not listed under it (its name
+    # answers the composite): the list, a description and a lookup agree.
+    backend_tools = tuple(tool for tool in catalog.tools if tool["name"] not in advertised) if advertised \
+        else catalog.tools
     return CompositeView(
-        tools=catalog.tools + tuple(definitions),
+        tools=backend_tools + tuple(definitions),
         advertised=advertised,
         targets=targets,
         problems=tuple(problems),
@@ -259,6 +270,11 @@ class CompositeTools(CapabilitiesLayer):
         if not self._composites:
             return self._inner.list_tools(identity, deadline)
         return self.view(identity, deadline).tools
+
+    def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None:
+        if not self._composites:
+            return self._inner.describe_tool(identity, name, deadline)
+        return self.view(identity, deadline).definitions.get(name)
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         if self._composites and name in self.view(identity, deadline).advertised:

@@ -3,8 +3,9 @@
 It sits above the composite-tool layer (see ``vmcp_actors.decorators``): a hidden tool
 is neither listed nor callable by clients (tools/call on it is -32602, exactly as for a
 name that does not exist), yet it stays in the routing table below, where composite
-steps call it and read its input schema. ``list_tools`` and ``lookup_tool`` share one
-predicate, so what is listed and what is callable cannot drift.
+steps call it and read its input schema. ``list_tools``, ``describe_tool`` and
+``lookup_tool`` share one predicate, so what is listed and what is callable cannot drift.
+The list is filtered once per list the layer below answers (so once per catalog).
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from vmcp_actors.config import AggregationConfig
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, Explanation, Finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer
+from vmcp_actors.core._interface import (
+    Capabilities,
+    CapabilitiesLayer,
+    PerList,
+    by_name,
+)
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 
@@ -37,10 +43,24 @@ class AdvertisingFilter(CapabilitiesLayer):
     def __init__(self, inner: Capabilities, aggregation: AggregationConfig):
         super().__init__(inner)
         self._aggregation = aggregation
+        self._advertised: PerList[tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]] = PerList()
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
-        return tuple(tool for tool in self._inner.list_tools(identity, deadline)
-                     if self.lookup_tool(identity, tool["name"], deadline) is not None)
+        return self._advertised_tools(identity, deadline)[0]
+
+    def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None:
+        return self._advertised_tools(identity, deadline)[1].get(name)
+
+    def _advertised_tools(self, identity: Identity | None,
+                          deadline: Deadline) -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]:
+        """The advertised part of the layer below's list, and it by name: derived once per list."""
+        tools = self._inner.list_tools(identity, deadline)
+
+        def advertised() -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]:
+            kept = tuple(tool for tool in tools if self.lookup_tool(identity, tool["name"], deadline) is not None)
+            return kept, by_name(kept)
+
+        return self._advertised.get(tools, advertised)
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         route = self._inner.lookup_tool(identity, name, deadline)

@@ -16,15 +16,19 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import Explanation, generic_finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, reachable
+from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, PerList, reachable
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 
 
-def _kept(below: tuple[dict[str, Any], ...], answered: Any, key: str) -> tuple[dict[str, Any], ...]:
-    """The entries of ``below`` that ``answered`` kept, in ``below``'s order and definitions."""
-    keep = {entry.get(key) for entry in answered if isinstance(entry, dict)} if answered is not None else set()
-    return tuple(entry for entry in below if entry.get(key) in keep)
+def _kept(cache: PerList[tuple[dict[str, Any], ...]], below: tuple[dict[str, Any], ...], answered: Any,
+          key: str) -> tuple[dict[str, Any], ...]:
+    """The entries of ``below`` that ``answered`` kept, in ``below``'s order and definitions:
+    the same tuple while ``below`` and what the layer kept stay the same (so the layers above
+    derive from it once)."""
+    keep = frozenset(entry.get(key) for entry in answered if isinstance(entry, dict)) if answered is not None \
+        else frozenset()
+    return cache.get(below, lambda: tuple(entry for entry in below if entry.get(key) in keep), keep)
 
 
 def refuse_unknown_prompt_ref(layer: Capabilities, identity: Identity | None, params: Any,
@@ -43,11 +47,16 @@ class SubtractOnly(CapabilitiesLayer):
         super().__init__(inner)
         self._layer = layer
         self.layer_name = getattr(layer, "layer_name", "") or type(layer).__name__
+        self._kept_tools: PerList[tuple[dict[str, Any], ...]] = PerList()
+        self._kept_resources: PerList[tuple[dict[str, Any], ...]] = PerList()
+        self._kept_templates: PerList[tuple[dict[str, Any], ...]] = PerList()
+        self._kept_prompts: PerList[tuple[dict[str, Any], ...]] = PerList()
 
     # -- tools ---------------------------------------------------------------------------
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
-        return _kept(self._inner.list_tools(identity, deadline), self._layer.list_tools(identity, deadline), "name")
+        return _kept(self._kept_tools, self._inner.list_tools(identity, deadline),
+                     self._layer.list_tools(identity, deadline), "name")
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         below = self._inner.lookup_tool(identity, name, deadline)
@@ -63,11 +72,11 @@ class SubtractOnly(CapabilitiesLayer):
     # -- resources -----------------------------------------------------------------------
 
     def list_resources(self, identity, deadline):
-        return _kept(self._inner.list_resources(identity, deadline), self._layer.list_resources(identity, deadline),
-                     "uri")
+        return _kept(self._kept_resources, self._inner.list_resources(identity, deadline),
+                     self._layer.list_resources(identity, deadline), "uri")
 
     def list_resource_templates(self, identity, deadline):
-        return _kept(self._inner.list_resource_templates(identity, deadline),
+        return _kept(self._kept_templates, self._inner.list_resource_templates(identity, deadline),
                      self._layer.list_resource_templates(identity, deadline), "uriTemplate")
 
     def lookup_resource(self, identity, uri, deadline):
@@ -84,7 +93,8 @@ class SubtractOnly(CapabilitiesLayer):
     # -- prompts -------------------------------------------------------------------------
 
     def list_prompts(self, identity, deadline):
-        return _kept(self._inner.list_prompts(identity, deadline), self._layer.list_prompts(identity, deadline), "name")
+        return _kept(self._kept_prompts, self._inner.list_prompts(identity, deadline),
+                     self._layer.list_prompts(identity, deadline), "name")
 
     def lookup_prompt(self, identity, name, deadline):
         below = self._inner.lookup_prompt(identity, name, deadline)
@@ -122,7 +132,7 @@ class SubtractOnly(CapabilitiesLayer):
 
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
         """The layer's own explanation when it gives one, its verdict held to what it may do."""
-        listed = any(tool.get("name") == name for tool in self.list_tools(identity, deadline))
+        listed = self.describe_tool(identity, name, deadline) is not None
         callable_ = self.lookup_tool(identity, name, deadline) is not None
         explain = getattr(self._layer, "explain_tool", None)
         if callable(explain):

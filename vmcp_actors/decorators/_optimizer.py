@@ -7,8 +7,9 @@ schemas, then calls one through ``call_tool``. Both are answered from the layer 
 whatever authz, the filter or an embedder's layer hides is neither found nor callable
 here. These two meta-tools are, with composite tools, the only tools the gateway adds.
 
-The index is built per catalog (the layer below's list for this caller) and rebuilt
-when that list changes; searching it takes a fraction of a millisecond for 1,000 tools.
+The index is built once per catalog (the layer below's list for this caller, the same
+tuple for as long as that catalog is served) and rebuilt when that list changes;
+searching it takes a fraction of a millisecond for 1,000 tools.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ CALL_TOOL_DEFINITION: dict[str, Any] = {
     "annotations": {"title": "Call a tool"},
 }
 
+META_DEFINITIONS = (FIND_TOOL_DEFINITION, CALL_TOOL_DEFINITION)
+
 
 class ToolOptimizer(CapabilitiesLayer):
     """Two meta-tools over the layer below's tools (resources and prompts pass through)."""
@@ -72,10 +75,13 @@ class ToolOptimizer(CapabilitiesLayer):
         super().__init__(inner)
         self._limit = max_tools_to_return
         self._lock = threading.Lock()
-        self._index: tuple[tuple[Any, ...], ToolIndex] | None = None
+        self._index: tuple[tuple[dict[str, Any], ...], ToolIndex] | None = None
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
-        return (FIND_TOOL_DEFINITION, CALL_TOOL_DEFINITION)
+        return META_DEFINITIONS
+
+    def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None:
+        return next((tool for tool in META_DEFINITIONS if tool["name"] == name), None)
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         return Route("", name, name, composite=True) if name in META_TOOLS else None
@@ -115,17 +121,16 @@ class ToolOptimizer(CapabilitiesLayer):
                 "structuredContent": {"tools": found}, "isError": False}
 
     def _index_for(self, tools: tuple[dict[str, Any], ...]) -> ToolIndex:
-        # The same list (by names and definitions' identity) keeps its index; the index holds
-        # the definitions, so their ids are not reused while it is cached. A replaced index is
-        # left to the collector: a search in flight may still hold it.
-        signature = tuple((tool.get("name"), id(tool)) for tool in tools)
+        # Built once per list the layer below answers (the same tuple for as long as its catalog
+        # is served); the cache holds that tuple, so its id is not reused while it is cached. A
+        # replaced index is left to the collector: a search in flight may still hold it.
         with self._lock:
             cached = self._index
-            if cached is not None and cached[0] == signature:
+            if cached is not None and cached[0] is tools:
                 return cached[1]
         index = ToolIndex(tools)  # built outside the lock: a race only builds it twice
         with self._lock:
-            self._index = (signature, index)
+            self._index = (tools, index)
         return index
 
     def resume(self, identity, continuation, deadline):

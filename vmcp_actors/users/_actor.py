@@ -301,12 +301,22 @@ class UserActor(pykka.ThreadingActor):
                 self._serve(self._discover(sorted(self._connections), full=True).future)
             else:
                 self._serve(self._round.future)
-        elif current.done() and current.result().failures and self._round is None:
-            if self._catalog_done_at is None:
-                self._catalog_done_at = time.monotonic()
-            elif time.monotonic() - self._catalog_done_at >= self._retry_after(current.result().failures):
-                self._discover(sorted(current.result().failures), full=False)
+        else:
+            self.retry_failed(identity)
         return self._catalog
+
+    def retry_failed(self, identity: Identity | None) -> None:
+        """The backends the served catalog misses are retried in the background once their
+        time has come. Web threads that read that catalog from the board remind the actor
+        of them (at most every REMIND_RETRY_EVERY, never waiting for the answer)."""
+        self._identity = identity
+        current = result_or_none(self._catalog)
+        if current is None or not current.has_backends or not current.failures or self._round is not None:
+            return
+        if self._catalog_done_at is None:
+            self._catalog_done_at = time.monotonic()
+        elif time.monotonic() - self._catalog_done_at >= self._retry_after(current.failures):
+            self._discover(sorted(current.failures), full=False)
 
     def _retry_after(self, failures: Mapping[str, str]) -> float:
         """How long a catalog missing ``failures`` is served before they are retried:
