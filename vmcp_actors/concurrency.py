@@ -69,7 +69,7 @@ class BoundedPool:
 
     def __init__(self, max_workers: int = MAX_WORKERS, idle_exit: float = 10.0, name: str = "vmcp-io"):
         self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], cf.Future[Any]]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the worker counts (_workers, _idle, _pending); never nested
         self._max = max_workers
         self._workers = 0
         self._idle = 0  # workers waiting for a job
@@ -162,7 +162,7 @@ def when_all(futures: Mapping[str, cf.Future[Any]]) -> cf.Future[dict[str, cf.Fu
     """A future settled once every one of ``futures`` is, holding them all (none waits)."""
     joined: cf.Future[dict[str, cf.Future[Any]]] = cf.Future()
     remaining = [len(futures)]
-    lock = threading.Lock()
+    lock = threading.Lock()  # guards the countdown of futures not yet settled; never nested
     if not futures:
         joined.set_result({})
         return joined
@@ -219,7 +219,7 @@ class TimerQueue:
     def __init__(self, name: str = "vmcp-timers"):
         self._heap: list[tuple[float, int, TimerHandle, Callable[[], None]]] = []
         self._order = itertools.count()  # ties keep scheduling order; handles never compare
-        self._wakeup = threading.Condition()
+        self._wakeup = threading.Condition()  # guards the timer heap and thread; wakes the timer thread; never nested
         self._thread: threading.Thread | None = None
         self._name = name
 

@@ -45,7 +45,7 @@ _ACTOR_POOL = BoundedPool(ACTOR_WORKERS, name="vmcp-actor")
 
 class _PooledInbox:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the inbox's envelopes and its draining flag; never nested
         self._envelopes: deque[Envelope[Any]] = deque()
         self._actor: PooledActor | None = None  # set when the actor starts
         self._draining = False

@@ -76,8 +76,10 @@ class ExchangedTokenCache:
                  shared: SharedCache | None = None):
         self._shared = shared  # a second level other processes fill too (Redis), read on a local miss
         self._entries: OrderedDict[tuple[str, ...], tuple[str, float]] = OrderedDict()
+        # One per token key: held across its exchange so concurrent calls wait for one fetch
+        # (taken first; _lock may be taken under it, never the other way round).
         self._locks: dict[tuple[str, ...], threading.Lock] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the cached tokens, the per-key locks and the miss count
         self._max = max_entries
         self._clock = clock
         self.hits = 0

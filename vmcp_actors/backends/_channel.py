@@ -122,7 +122,7 @@ class BackendEras:
     a legacy backend, and every user's connection starts from what is known."""
 
     def __init__(self, pinned: Mapping[str, str] | None = None) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the eras probed per backend; never nested
         self._pinned = dict(pinned or {})  # from config: never probed
         self._known: dict[str, str] = {}
 
@@ -149,7 +149,7 @@ class _RequestIds:
     sessions) each start at a random base, so their ids do not meet."""
 
     def __init__(self, base: int = 0) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the next request id; never nested
         self._next = base
 
     def next(self) -> int:

@@ -57,7 +57,7 @@ class CircuitBreaker:
         self._threshold = settings.failure_threshold
         self._open_for = settings.timeout
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the breaker's state, failure count and probe flag; never nested
         self.state = CLOSED
         self.failures = 0  # in a row
         self._opened_at = 0.0

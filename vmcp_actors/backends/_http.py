@@ -79,7 +79,7 @@ class Abort:
     longer needed): its socket is shut down, so a read blocked on it returns at once."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the watched response and the aborted flag; never nested
         self._resp: requests.Response | None = None
         self.aborted = False
 

@@ -13,7 +13,7 @@ import concurrent.futures as cf
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pykka
@@ -101,10 +101,14 @@ class AggregatedBackends:
     """The user's backends seen as one server, through the user's catalog."""
 
     def __init__(self, user: Any, channels: Mapping[str, BackendChannel], board: CatalogBoard,
-                 fail_on_partial: bool = False):
+                 fail_on_partial: bool = False,
+                 record_subscription: Callable[[str, str, bool], None] | None = None):
         self._user = user  # ActorProxy[UserActor]
         self._channels = channels
         self._board = board
+        # (subscriber, uri, subscribed): written to the subscriber's session record on the
+        # request's thread (a store round trip; never on the user actor's loop).
+        self._record_subscription = record_subscription
         self._fail_on_partial = fail_on_partial  # operational.failureHandling.partialFailureMode: fail
 
     # -- catalog -----------------------------------------------------------------------
@@ -263,6 +267,8 @@ class AggregatedBackends:
         backend = self._subscribable(identity, uri, deadline)
         if not self._channels[backend].speaks_modern():  # a 2026-07-28 backend hears it in subscriptions/listen
             self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
+        if self._record_subscription is not None:
+            self._record_subscription(subscriber, uri, True)
         with self._user_answering():
             self._user.subscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
         return {}
@@ -270,6 +276,8 @@ class AggregatedBackends:
     def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
         """The backend is told only when no other session of the user still listens."""
         backend = self._subscribable(identity, uri, deadline)
+        if self._record_subscription is not None:
+            self._record_subscription(subscriber, uri, False)
         with self._user_answering():
             last = self._user.unsubscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
         if last and not self._channels[backend].speaks_modern():

@@ -19,6 +19,12 @@ only those), list changes (the backend is listed again, the catalog rebuilt thro
 same pipeline, and each session with a stream told once per kind of list that changed,
 changes close together making one refresh) and requests for a client (to the session
 whose stream opened last).
+
+State the actor owns: the catalog and discovery rounds, the sessions with a stream open,
+the subscribers per resource URI, and the order of its record writes. The store is
+never called on its loop: the user record's writes run in order on the I/O pool
+(``_RecordWrites``), session records are read there (log levels, client capabilities,
+subscriptions of a revived user) and what the actor needs comes back by message.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import concurrent.futures as cf
 import itertools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,16 +147,28 @@ class UserHandle:
 
 
 def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig,
-               services: SessionServices) -> UserHandle:
-    """Start a user's actors from its record (no backend is contacted, nothing waits)."""
+               services: SessionServices, *, new: bool = False,
+               write_after: cf.Future[Any] | None = None) -> UserHandle:
+    """Start a user's actors from its record (no backend is contacted, nothing waits).
+    ``new``: the record is not in the store yet (the actor writes it first, after
+    ``write_after`` settles: the ending of the user's previous record)."""
     board = CatalogBoard()
     channels = {backend.name: _channel(backend, config, services, record.client_capabilities)
                 for backend in sorted(config.backends, key=lambda b: b.name)}
-    ref = UserActor.start(record, identity, config, services, channels, board)
+    writes = _RecordWrites(record.key, write_after)
+    if new:
+        writes.then(lambda: services.store.put_user(record))
+    ref = UserActor.start(record, identity, config, services, channels, board, writes)
     proxy = ref.proxy()
     handling = config.operational.failure_handling
+    store = services.store
+
+    def record_subscription(subscriber: str, uri: str, subscribed: bool) -> None:
+        store.update_session(subscriber, lambda session: session.with_subscription(uri, subscribed))
+
     aggregated = AggregatedBackends(proxy, channels, board,
-                                    fail_on_partial=handling is not None and handling.partial_failure_mode == "fail")
+                                    fail_on_partial=handling is not None and handling.partial_failure_mode == "fail",
+                                    record_subscription=record_subscription)
     decorators = services.decorators if services.decorators is not None else \
         stack(config, workflow_metrics=services.workflow_metrics)
     outermost, composites = decorators.build(aggregated, record.client_capabilities)
@@ -175,6 +193,40 @@ def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServic
                           config.operational.timeouts.for_backend(backend.name),
                           services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
                           services.request_id_base)
+
+
+class _RecordWrites:
+    """One user's record writes, run in the order asked on the I/O pool (never on an
+    actor's loop). Only one thread asks at a time: the Gateway's while it starts the
+    user, then the user actor's."""
+
+    def __init__(self, key: UserKey, after: cf.Future[Any] | None = None):
+        self._key = key
+        self._last: cf.Future[Any] = after if after is not None else resolved(None)
+
+    def then(self, write: Callable[[], None]) -> None:
+        previous, done = self._last, cf.Future()
+        self._last = done
+
+        def run() -> None:
+            try:
+                write()
+            except StoreUnavailable as error:  # a record not written now is written with the next change
+                logger.warning("user %s: %s", self._key.label, error)
+            except Exception as error:  # the next write goes on
+                logger.error("user %s: record write failed: %s", self._key.label, error, exc_info=error)
+            finally:
+                done.set_result(None)
+
+        previous.add_done_callback(lambda _: run_in_thread(run))
+
+
+@dataclass(frozen=True)
+class _SessionsRead:
+    """Session records read on the I/O pool, and what to do with them on the loop."""
+
+    sessions: tuple[Any, ...]  # SessionRecord
+    then: Callable[[tuple[Any, ...]], None]
 
 
 @dataclass(frozen=True)
@@ -214,8 +266,10 @@ class _Round:
 
 class UserActor(pykka.ThreadingActor):
     def __init__(self, record: UserRecord, identity: Identity | None, config: VmcpConfig,
-                 services: SessionServices, channels: Mapping[str, BackendChannel], board: CatalogBoard):
+                 services: SessionServices, channels: Mapping[str, BackendChannel], board: CatalogBoard,
+                 writes: _RecordWrites | None = None):
         super().__init__()
+        self._writes = writes if writes is not None else _RecordWrites(record.key)
         self._key = record.key
         self._identity = identity  # the latest caller: background work runs with their credentials
         self._config = config
@@ -233,13 +287,10 @@ class UserActor(pykka.ThreadingActor):
         self._connections: dict[str, Any] = {}
         self._live = services.live
         # Who hears what arrives outside a call: sessions with a stream open (latest
-        # last) and, per resource URI, the sessions subscribed to it (from their records,
-        # so a revived user goes on delivering).
+        # last) and, per resource URI, the sessions subscribed to it (also from their
+        # records, read once the actor runs, so a revived user goes on delivering).
         self._streams: dict[str, None] = {}
         self._subscribers: dict[str, set[str]] = {}
-        for session in services.store.sessions_of(record.key):
-            for uri in session.subscriptions:
-                self._subscribers.setdefault(uri, set()).add(session.session_id)
         self._stream_wanted = False
         self._stream_uris: dict[str, set[str]] = {}
         self._changed: set[str] = set()  # backends whose lists changed, refreshed together
@@ -267,6 +318,28 @@ class UserActor(pykka.ThreadingActor):
             raise
 
     def on_start(self) -> None:
+        self._update_streams()
+        self._read_sessions(self._subscriptions_read)
+
+    def _read_sessions(self, then: Callable[[tuple[Any, ...]], None]) -> None:
+        """Read the user's session records on the I/O pool; ``then(records)`` on the loop."""
+        store, key, ref = self._services.store, self._key, self.actor_ref
+
+        def read() -> None:
+            try:
+                sessions = tuple(store.sessions_of(key))
+            except StoreUnavailable as error:
+                logger.warning("user %s: subscriptions not read from the records: %s", key.label, error)
+                return
+            tell_quietly(ref, _SessionsRead(sessions, then))
+
+        run_in_thread(read)
+
+    def _subscriptions_read(self, sessions: tuple[Any, ...]) -> None:
+        """Subscriptions the records hold (a revived user's, another process's)."""
+        for session in sessions:
+            for uri in session.subscriptions:
+                self._subscribers.setdefault(uri, set()).add(session.session_id)
         self._update_streams()
 
     def on_stop(self) -> None:
@@ -369,19 +442,15 @@ class UserActor(pykka.ThreadingActor):
         self._update_streams()
 
     def subscribed(self, session_id: str, uri: str) -> None:
+        """(The caller wrote it to the session's record.)"""
         self._subscribers.setdefault(uri, set()).add(session_id)
-        self._services.store.update_session(session_id, lambda record: record.with_subscription(uri, True))
         self._update_streams()
 
     def unsubscribed(self, session_id: str, uri: str) -> bool:
         """True when no session of the user is subscribed to ``uri`` any more."""
         last = self._unsubscribe(session_id, uri)
-        self._services.store.update_session(session_id, lambda record: record.with_subscription(uri, False))
         self._update_streams()
         return last
-
-    def subscribers(self, uri: str) -> frozenset[str]:
-        return frozenset(self._subscribers.get(uri, ()))
 
     def backend_changed(self, backend: str) -> None:
         """A backend said a list of its changed: refresh it soon, with any others that do too."""
@@ -436,12 +505,6 @@ class UserActor(pykka.ThreadingActor):
     # -- told by connections and discovery callbacks -----------------------------------
 
     def on_receive(self, message: Any) -> None:
-        try:
-            self._receive(message)
-        except StoreUnavailable as error:  # a record not written now is written with the next change
-            logger.warning("user %s: %s", self._key.label, error)
-
-    def _receive(self, message: Any) -> None:
         if isinstance(message, _BackendDiscovered):
             self._backend_discovered(message)
         elif isinstance(message, _FromBackendStream):
@@ -451,8 +514,11 @@ class UserActor(pykka.ThreadingActor):
         elif isinstance(message, _RefreshLists):
             self._refresh_lists()
         elif isinstance(message, _BackendSessionChanged):
-            self._services.store.update_user(
-                self._key, lambda record: record.with_backend(message.backend, message.handshake))
+            store, key = self._services.store, self._key
+            self._writes.then(lambda: store.update_user(
+                key, lambda record: record.with_backend(message.backend, message.handshake)))
+        elif isinstance(message, _SessionsRead):
+            message.then(message.sessions)
 
     # -- internals on the actor thread ---------------------------------------------------
 
@@ -485,12 +551,14 @@ class UserActor(pykka.ThreadingActor):
         """A notification another process's backend stream brought (see StreamFanout):
         delivered to this process's client streams, never published again."""
         if message.get("method") == RESOURCE_UPDATED:
-            # Subscriptions made in other processes since this user started: from the records.
-            params = message.get("params")
-            uri = params.get("uri") if isinstance(params, dict) else None
-            for session in self._services.store.sessions_of(self._key):
-                if uri in session.subscriptions:
-                    self._subscribers.setdefault(uri, set()).add(session.session_id)
+            # Subscriptions made in other processes since this user started: from the
+            # records (read on the I/O pool), then delivered.
+            def deliver(sessions: tuple[Any, ...]) -> None:
+                self._subscriptions_read(sessions)
+                self._from_backend_stream(backend, message)
+
+            self._read_sessions(deliver)
+            return
         self._from_backend_stream(backend, message)
 
     def _from_backend_stream(self, backend: str, message: Any) -> None:
@@ -503,21 +571,37 @@ class UserActor(pykka.ThreadingActor):
         elif method == RESOURCE_UPDATED:
             self.resource_updated(message)
         elif method == "notifications/message":
-            for session_id in self._streams:
-                session = self._services.store.session(session_id)
-                if session is not None and is_logged_at(message, session.log_level):
-                    self._live.push(session_id, message)
+            # Each session's level is in its record: read on the I/O pool, pushed from there.
+            run_in_thread(self._push_logged, tuple(self._streams), message)
         elif method == "notifications/progress":
             logger.debug("backend %r sent progress outside a call; not relayed", backend)
         else:  # elicitation completions and the like: every session of the user with a stream
             for session_id in self._streams:
                 self._live.push(session_id, message)
 
+    def _push_logged(self, session_ids: tuple[str, ...], message: dict[str, Any]) -> None:
+        """On the I/O pool: a log message to each of ``session_ids`` whose level takes it."""
+        for session_id in session_ids:
+            try:
+                session = self._services.store.session(session_id)
+            except StoreUnavailable as error:
+                logger.warning("log message not relayed: %s", error)
+                return
+            if session is not None and is_logged_at(message, session.log_level):
+                self._live.push(session_id, message)
+
     def _request_for_client(self, backend: str, request: BackendRequest) -> None:
-        """A backend asks a client outside any call: the session whose stream opened last takes it."""
+        """A backend asks a client outside any call: the session whose stream opened
+        last takes it (chosen on the I/O pool, where the session records are read)."""
+        run_in_thread(self._ask_a_client, backend, request, tuple(reversed(self._streams)))
+
+    def _ask_a_client(self, backend: str, request: BackendRequest, session_ids: tuple[str, ...]) -> None:
         timeout = self._config.operational.timeouts.for_backend(backend)
-        for session_id in reversed(self._streams):
-            session = self._services.store.session(session_id)
+        for session_id in session_ids:
+            try:
+                session = self._services.store.session(session_id)
+            except StoreUnavailable:
+                break
             if session is None:
                 continue
             asked = ServerRequest(request.method, request.params, request.reply, backend)

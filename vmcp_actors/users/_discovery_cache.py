@@ -37,7 +37,7 @@ class DiscoveryCache:
         self._max = max_entries
         self._clock = clock
         self._entries: OrderedDict[Hashable, tuple[Catalog, float]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the cached catalogs and their order; never nested
         self.hits = 0
         self.misses = 0
         self.shared_hits = 0  # local misses the shared level answered

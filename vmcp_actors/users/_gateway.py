@@ -1,22 +1,40 @@
 """Gateway: the root actor. Opens, ends and reaps sessions; starts, revives, releases
-and ends users' actors; the only writer of the directory.
+and ends users' actors; the only one that adds to the directory.
+
+State the actor owns: the caps' counters, the reaper's timer, the health monitor, and
+the users being ended (taken out of the directory, their records settling on the I/O
+pool). Sessions and users themselves are on the Directory's board (its lock).
 
 Nothing here waits: starting a user's actors returns at once (they are started in this
 thread, without asking them anything), so a slow or failing start never holds the loop,
-and nothing started is left behind when a caller stops waiting.
+and nothing started is left behind when a caller stops waiting. No store round trip runs
+on the loop either: the caller reads the user record it revives and writes the session
+record it opened (``admit_session``, ``serve_user``/``revive_user`` with ``user_record``),
+and reaping, ending users and deleting records run on the I/O pool, reporting back by
+message. (Called the old way, without the record, the read runs here: kept until the
+request service passes records.)
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
 
 from vmcp_actors.backends import HealthMonitor
-from vmcp_actors.concurrency import TimerHandle, call_later, pool_stats, stop_quietly
+from vmcp_actors.concurrency import (
+    TimerHandle,
+    call_later,
+    pool_stats,
+    run_in_thread,
+    stop_quietly,
+    tell_quietly,
+)
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.identity import Identity, identity_key
 from vmcp_actors.pooled import actor_pool_stats
@@ -28,7 +46,7 @@ from vmcp_actors.users._actor import (
     end_released_user,
     start_user,
 )
-from vmcp_actors.users._directory import Directory
+from vmcp_actors.users._directory import Directory, RemovedUser
 from vmcp_actors.users._records import (
     SessionRecord,
     UserKey,
@@ -39,6 +57,8 @@ from vmcp_actors.users._store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
+UNREAD: Any = object()  # ``user_record`` not passed: the caller did not read it (read here)
+
 
 class CapReached(Exception):
     """A cap (``operational.maxSessions``, ``maxSessionsPerIdentity`` or ``maxLiveUsers``)
@@ -48,6 +68,23 @@ class CapReached(Exception):
         super().__init__(f"{cap} ({limit}) reached")
         self.cap = cap
         self.limit = limit
+
+
+@dataclass(frozen=True)
+class _Reaped:
+    """A reaping round's outcome (decided and taken out on the I/O pool)."""
+
+    sessions: tuple[SessionRecord, ...]
+    ended: tuple[RemovedUser, ...]
+    released: tuple[UserHandle, ...]
+
+
+@dataclass(frozen=True)
+class _UserSettled:
+    """A user taken out: whether its records were ended (else released) on the pool."""
+
+    removed: RemovedUser
+    outcome: cf.Future[tuple[bool, UserRecord | None]]
 
 
 class Gateway(pykka.ThreadingActor):
@@ -66,6 +103,9 @@ class Gateway(pykka.ThreadingActor):
         # requests refused at the live-user cap.
         self._limits = {"evicted": 0, "refused": 0}
         self._user_limits = {"released": 0, "refused": 0}
+        # Users taken out of the directory whose records are being settled (ended or
+        # released) on the I/O pool: a user started meanwhile starts from a new record.
+        self._ending: dict[UserKey, _UserSettled] = {}
 
     def on_start(self) -> None:
         self._schedule_reaping()
@@ -83,13 +123,27 @@ class Gateway(pykka.ThreadingActor):
         # In-memory records end with this process: end the backend sessions with them.
         for user in self._directory.remove_all_users():
             self._stop_user(user, end=not self._services.store.shared)
+        for settling in self._ending.values():
+            if settling.removed.user is not None:
+                self._stop_user(settling.removed.user, end=not self._services.store.shared)
 
     # -- sessions ------------------------------------------------------------------------
 
     def open_session(self, identity: Identity | None, outcome: InitializeOutcome) -> SessionRecord:
+        """``admit_session`` with the store I/O here (the old way, kept until the request
+        service reads the user record and writes the session record itself)."""
+        key = UserKey.of(identity, outcome.client_capabilities)
+        record = self.admit_session(identity, outcome, self._services.store.user(key))
+        self._services.store.put_session(record)
+        return record
+
+    def admit_session(self, identity: Identity | None, outcome: InitializeOutcome,
+                      user_record: UserRecord | None) -> SessionRecord:
         """A new client session of the caller, its user's actors started if they are not
-        live (no backend is contacted). At a cap the least recently used idle session goes
-        (its client gets 404 and initializes again); with none idle, CapReached."""
+        live (from ``user_record``, which the caller read: None when there is none; no
+        backend is contacted). The caller writes the returned record to the store before
+        answering. At a cap the least recently used idle session goes (its client gets 404
+        and initializes again); with none idle, CapReached."""
         self._make_room(identity_key(identity))
         now = time.time()
         record = SessionRecord(
@@ -101,54 +155,84 @@ class Gateway(pykka.ThreadingActor):
             created=now,
             last_used=now,
         )
-        self._live_user(record.user, identity, relayed_capabilities(outcome.client_capabilities))
+        self._live_user(record.user, identity, relayed_capabilities(outcome.client_capabilities), user_record)
         self._directory.add_session(record)
         logger.info("session %s opened for %s", short_id(record.session_id), record.user.label)
         return record
 
     def end_session(self, session_id: str, identity: Identity | None) -> bool:
+        """``Directory.remove_session`` then ``session_removed``, the store I/O here (the old
+        way, kept until the request service removes the session on its own thread)."""
         record = self._directory.remove_session(session_id, identity)
         if record is None:
             return False
-        logger.info("session %s ended by the client", short_id(session_id))
-        self._session_gone(record)
+        self.session_removed(record)
         return True
 
-    def serve_user(self, key: UserKey, identity: Identity | None, client_capabilities: dict[str, Any]) -> UserHandle:
+    def session_removed(self, record: SessionRecord) -> None:
+        """The client ended its session (the caller took it out of the directory with
+        ``Directory.remove_session``): its stream closes, and its user ends if nothing
+        else uses it."""
+        logger.info("session %s ended by the client", short_id(record.session_id))
+        self._session_gone(record)
+
+    def serve_user(self, key: UserKey, identity: Identity | None, client_capabilities: dict[str, Any],
+                   user_record: UserRecord | None = UNREAD) -> UserHandle:
         """The user a 2026-07-28 request is served by (no session): started, or revived
-        from its record. It ends once idle for ``operational.sessionTTL`` with no session."""
-        user = self._live_user(key, identity, client_capabilities)
-        self._directory.seen_sessionless(key)
-        return user
+        from ``user_record`` (read by the caller; None: there is none). It ends once idle
+        for ``operational.sessionTTL`` with no session."""
+        self._directory.seen_sessionless(key)  # first: from now on no session's end ends it
+        return self._live_user(key, identity, client_capabilities, user_record)
 
-    def revive_user(self, key: UserKey, identity: Identity | None) -> UserHandle:
-        """The user's live actors, revived from the user record if they were released."""
-        return self._live_user(key, identity)
+    def revive_user(self, key: UserKey, identity: Identity | None, user_record: UserRecord | None = UNREAD) -> UserHandle:
+        """The user's live actors, revived from ``user_record`` (read by the caller) if
+        they were released."""
+        return self._live_user(key, identity, None, user_record)
 
-    def reap_idle(self) -> int:
-        try:
-            return self._reap_idle()
-        except StoreUnavailable as error:
-            logger.warning("reaping skipped this round: %s", error)
-            self._schedule_reaping()
-            return 0
+    def reap_idle(self) -> None:
+        """Start a reaping round now: decided and taken out on the I/O pool (the store is
+        read there), reported back as ``_Reaped``."""
+        operational, directory, ref = self._config.operational, self._directory, self.actor_ref
 
-    def _reap_idle(self) -> int:
+        def reap() -> None:
+            sessions: list[SessionRecord] = []
+            try:
+                sessions = directory.remove_idle_sessions(operational.session_ttl)
+            except StoreUnavailable as error:
+                logger.warning("sessions not reaped this round: %s", error)
+            ended = directory.reap_sessionless_users(operational.session_ttl)
+            released = directory.release_idle_users(operational.user_idle_timeout)
+            tell_quietly(ref, _Reaped(tuple(sessions), tuple(ended), tuple(released)))
+
+        def reap_or_go_on() -> None:
+            try:
+                reap()
+            except Exception as error:  # the next round tries again
+                logger.error("reaping failed: %s", error, exc_info=error)
+                tell_quietly(ref, _Reaped((), (), ()))
+
+        run_in_thread(reap_or_go_on)
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, _Reaped):
+            self._reaped(message)
+        elif isinstance(message, _UserSettled):
+            self._user_settled(message)
+
+    def _reaped(self, reaped: _Reaped) -> None:
         operational = self._config.operational
-        reaped = self._directory.remove_idle_sessions(operational.session_ttl)
-        for record in reaped:
+        for record in reaped.sessions:
             logger.info("session %s reaped after %gs idle", short_id(record.session_id), operational.session_ttl)
             self._session_gone(record)
-        for key in self._directory.idle_sessionless_users(operational.session_ttl):
-            logger.info("user %s ended after %gs without a request (no session of its own)", key.label,
+        for removed in reaped.ended:
+            logger.info("user %s ended after %gs without a request (no session of its own)", removed.key.label,
                         operational.session_ttl)
-            self._end_user(key)
-        for user in self._directory.release_idle_users(operational.user_idle_timeout):
+            self._end_user(removed, others_may_serve=False)
+        for user in reaped.released:
             logger.info("user %s released after %gs idle (its record stays)", user.key.label,
                         operational.user_idle_timeout)
             self._stop_user(user, end=False)
         self._schedule_reaping()
-        return len(reaped)
 
     def _make_room(self, owner: tuple[str, str] | None) -> None:
         operational = self._config.operational
@@ -160,6 +244,8 @@ class Gateway(pykka.ThreadingActor):
 
     def _evict(self, cap: str, limit: int, owner: Any = ...) -> None:
         record = self._directory.evict_least_recently_used(owner)
+        if record is not None:
+            run_in_thread(self._forget_record, record.session_id)
         if record is None:
             self._limits["refused"] += 1
             logger.warning("new session refused: %s (%d) reached and every session is busy", cap, limit)
@@ -176,7 +262,7 @@ class Gateway(pykka.ThreadingActor):
         released), or the live user of ``subject``; None when there is none."""
         if session_id:
             record = self._services.store.session(session_id)
-            return self._live_user(record.user, None) if record is not None else None
+            return self._live_user(record.user, None, None, UNREAD) if record is not None else None
         return next((user for user in self._directory.live_users() if user.key.label == subject), None)
 
     def overview(self) -> dict[str, Any]:
@@ -203,20 +289,24 @@ class Gateway(pykka.ThreadingActor):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _live_user(self, key: UserKey, identity: Identity | None,
-                   client_capabilities: dict[str, Any] | None = None) -> UserHandle:
+    def _live_user(self, key: UserKey, identity: Identity | None, client_capabilities: dict[str, Any] | None,
+                   user_record: UserRecord | None) -> UserHandle:
         live = self._directory.user(key)
         if live is not None:
             return live
         self._make_room_for_user()
-        store = self._services.store
-        record = store.user(key)
-        if record is None:
+        settling = self._ending.get(key)
+        if settling is not None:
+            user_record = None  # the record read is being ended: start anew, written once it is gone
+        elif user_record is UNREAD:
+            user_record = self._services.store.user(key)
+        if user_record is None:
             record = UserRecord(key, created=time.time(), client_capabilities=client_capabilities or {})
-            store.put_user(record)
         else:
+            record = user_record
             logger.info("user %s revived from its record", key.label)
-        user = start_user(record, identity, self._config, self._services)
+        user = start_user(record, identity, self._config, self._services, new=user_record is None,
+                          write_after=settling.outcome if settling is not None else None)
         self._directory.add_user(user)
         return user
 
@@ -241,26 +331,49 @@ class Gateway(pykka.ThreadingActor):
         user = self._directory.user(record.user)
         if user is not None:
             user.proxy.session_ended(record.session_id)
-        if not self._directory.has_sessions(record.user):
-            if self._services.store.shared and self._services.store.sessions_of(record.user):
-                self._release_user(record.user)  # other processes still serve its sessions
-            else:
-                self._end_user(record.user)
+        # Not while a request uses the user or it serves 2026-07-28 requests: the reaper
+        # ends it after sessionTTL with no session and nothing in flight.
+        removed = self._directory.remove_unused_user(record.user)
+        if removed is not None:
+            self._end_user(removed, others_may_serve=True)
 
-    def _release_user(self, key: UserKey) -> None:
-        """This process stops the user's actors; its records (and backend sessions) stay."""
-        user = self._directory.remove_user(key)
-        if user is not None:
-            self._stop_user(user, end=False)
+    def _end_user(self, removed: RemovedUser, *, others_may_serve: bool) -> None:
+        """A user taken out of the directory: its records are settled on the I/O pool
+        (with shared records, released when ``others_may_serve`` and another process
+        serves a session of it; else ended: the user record deleted), then, by message,
+        its actors stop and its backend sessions end (or stay, when released)."""
+        store, key = self._services.store, removed.key
 
-    def _end_user(self, key: UserKey) -> None:
-        """The user's last session ended: its actors stop and its backend sessions end."""
-        user = self._directory.remove_user(key)
-        record = self._services.store.delete_user(key)
-        if user is not None:
-            self._stop_user(user, end=True)
-        elif record is not None:
+        def settle() -> tuple[bool, UserRecord | None]:
+            if others_may_serve and store.shared and store.sessions_of(key):
+                return False, None  # other processes still serve its sessions
+            return True, store.delete_user(key)
+
+        settling = _UserSettled(removed, run_in_thread(settle))
+        self._ending[key] = settling
+        ref = self.actor_ref
+        settling.outcome.add_done_callback(lambda _: tell_quietly(ref, settling))
+
+    def _user_settled(self, settled: _UserSettled) -> None:
+        removed = settled.removed
+        if self._ending.get(removed.key) is settled:
+            del self._ending[removed.key]
+        try:
+            end, record = settled.outcome.result()
+        except StoreUnavailable as error:  # the records stay (and expire); the actors go
+            logger.warning("user %s released, not ended: %s", removed.key.label, error)
+            end, record = False, None
+        if removed.user is not None:
+            self._stop_user(removed.user, end=end)
+        elif end and record is not None:
             end_released_user(record, self._config, self._services)
+
+    def _forget_record(self, session_id: str) -> None:
+        """On the I/O pool: an evicted session's record goes."""
+        try:
+            self._directory.delete_record(session_id)
+        except StoreUnavailable as error:  # it expires by itself
+            logger.warning("record of session %s not deleted: %s", short_id(session_id), error)
 
     def _stop_user(self, user: UserHandle, *, end: bool) -> None:
         user.close()  # composite runs in flight need the connections
@@ -281,7 +394,7 @@ class Gateway(pykka.ThreadingActor):
 
         def tick() -> None:
             try:
-                proxy.reap_idle()
+                proxy.reap_idle()  # a message: the round itself runs on the I/O pool
             except pykka.ActorDeadError:
                 pass
 

@@ -144,7 +144,7 @@ class CallStream:
     def __init__(self, session_id: str):
         self.session_id = session_id
         self.stream_id = secrets.token_hex(8)
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # guards the call stream's events and done flag; wakes its readers; never nested
         self._events: list[str] = []  # encoded SSE events 1..n
         self.done = False
 
@@ -213,7 +213,7 @@ def _key(request_id: Any) -> tuple[type, Any]:
 
 class LiveSessions:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the sessions' streams, call streams and pending requests; never nested
         self._sessions: dict[str, _Session] = {}
         self._ids = itertools.count(1)
 

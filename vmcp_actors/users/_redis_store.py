@@ -126,13 +126,6 @@ class RedisRecordStore:
             return record
         return self._run(work)
 
-    def sessions(self) -> list[SessionRecord]:
-        def work() -> list[SessionRecord]:
-            keys = list(self._redis.scan_iter(match=f"{self._prefix}s:*", count=500))
-            blobs = self._redis.mget(keys) if keys else []
-            return [record for blob in blobs if (record := self._decode_session(blob)) is not None]
-        return self._run(work)
-
     def sessions_of(self, key: UserKey) -> list[SessionRecord]:
         def work() -> list[SessionRecord]:
             ids = sorted(member.decode() for member in self._redis.smembers(self._index_key(key)))

@@ -21,7 +21,6 @@ class RecordStore(Protocol):
     def session(self, session_id: str) -> SessionRecord | None: ...
     def put_session(self, record: SessionRecord) -> None: ...
     def delete_session(self, session_id: str) -> SessionRecord | None: ...
-    def sessions(self) -> list[SessionRecord]: ...
     def sessions_of(self, key: UserKey) -> list[SessionRecord]: ...
     def update_session(self, session_id: str, change: Callable[[SessionRecord], SessionRecord]) -> None: ...
     def user(self, key: UserKey) -> UserRecord | None: ...
@@ -36,7 +35,7 @@ class MemoryRecordStore:
     shared = False
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the record dictionaries' writes; never nested (never under the Directory's)
         self._sessions: dict[str, SessionRecord] = {}
         self._users: dict[UserKey, UserRecord] = {}
 
@@ -50,10 +49,6 @@ class MemoryRecordStore:
     def delete_session(self, session_id: str) -> SessionRecord | None:
         with self._lock:
             return self._sessions.pop(session_id, None)
-
-    def sessions(self) -> list[SessionRecord]:
-        with self._lock:
-            return list(self._sessions.values())
 
     def sessions_of(self, key: UserKey) -> list[SessionRecord]:
         with self._lock:

@@ -42,7 +42,7 @@ class StreamFanout:
         self._channel = f"{key_prefix}streams"
         self._origin = secrets.token_hex(8)  # this process
         self._deliver: Deliver | None = None
-        self._stopping = threading.Event()
+        self._stopping = threading.Event()  # set once at stop: the subscriber thread leaves
         self._thread: threading.Thread | None = None
         self._pubsub: Any = None
         self.published = 0
