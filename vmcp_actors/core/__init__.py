@@ -203,7 +203,8 @@ def explain(core: Core, tool: str, identity: Identity | None = None, *,
     runtime = start_runtime(core.config, DEFAULT_HOST, core.layers)
     try:
         deadline = Deadline.after(timeout)
-        user = runtime.gateway.serve_user(UserKey.of(identity, {}), identity, {}).get(timeout=timeout)
+        key = UserKey.of(identity, {})
+        user = runtime.gateway.serve_user(key, identity, {}, runtime.service.store.user(key)).get(timeout=timeout)
         return user.capabilities.explain_tool(identity, tool, deadline)
     finally:
         runtime.stop()

@@ -158,6 +158,11 @@ class McpService:
             logger.info("draining: %d standalone stream(s) ended; their clients reconnect elsewhere", closed)
 
     @property
+    def store(self) -> Any:
+        """The record store (read on request threads, never in an actor's loop)."""
+        return self._directory.store
+
+    @property
     def parked(self) -> ParkedCalls:
         return self._parked
 
@@ -217,12 +222,16 @@ class McpService:
         if self._draining.is_set():
             return Unavailable("Service Unavailable: this gateway process is shutting down; initialize again "
                                "(another process serves new sessions)", 1).answer(lifetime, message.id)
-        try:
-            record = self._ask(self._gateway.open_session(identity, outcome))
-        except Unavailable as unavailable:
-            return unavailable.answer(lifetime, message.id)
-        return Answer(body=result_response(message.id, outcome.result(self._config.name)),
-                      headers={SESSION_HEADER: record.session_id}, session_id=record.session_id)
+
+        def open_session() -> Answer:
+            # The store is read and written here, on the request's thread; the Gateway only decides.
+            user_record = self._directory.store.user(UserKey.of(identity, outcome.client_capabilities))
+            record = self._ask(self._gateway.admit_session(identity, outcome, user_record))
+            self._directory.store.put_session(record)
+            return Answer(body=result_response(message.id, outcome.result(self._config.name)),
+                          headers={SESSION_HEADER: record.session_id}, session_id=record.session_id)
+
+        return self._answering(lifetime, message.id, False, open_session)
 
     def _leased(self, session_id: str | None, identity: Identity | None, header_version: str | None,
                 lifetime: RequestLifetime) -> Lease:
@@ -286,7 +295,7 @@ class McpService:
     def _revive(self, key: UserKey, identity: Identity | None, lifetime: RequestLifetime) -> UserHandle:
         """The user's released actors revived, and held for the request."""
         for _ in range(2):  # released again between the revival and the hold: once more
-            self._ask(self._gateway.revive_user(key, identity))
+            self._ask(self._gateway.revive_user(key, identity, self._directory.store.user(key)))
             user = lifetime.hold_user(key)
             if user is not None:
                 return user
@@ -347,11 +356,15 @@ class McpService:
             return _error(400, f"Bad Request: missing {SESSION_HEADER} header")
         if not self._signer.is_session_id(session_id):
             return _error(404, "Session not found")
-        try:
-            ended = self._ask(self._gateway.end_session(session_id, identity))
-        except Unavailable as unavailable:
-            return unavailable.answer(RequestLifetime(self._directory))
-        return Answer(200) if ended else _error(404, "Session not found")
+
+        def end_session() -> Answer:
+            record = self._directory.remove_session(session_id, identity)  # the store, on this thread
+            if record is None:
+                return _error(404, "Session not found")
+            self._ask(self._gateway.session_removed(record))
+            return Answer(200)
+
+        return self._answering(RequestLifetime(self._directory), None, False, end_session)
 
     # -- 2026-07-28: no session, the caller's user serves each request --------------------
 
@@ -442,7 +455,8 @@ class McpService:
         for _ in range(2):  # released again between the start and the hold: once more
             if user is not None:
                 return user
-            self._ask(self._gateway.serve_user(key, identity, relayed_capabilities(request.client_capabilities)))
+            self._ask(self._gateway.serve_user(key, identity, relayed_capabilities(request.client_capabilities),
+                                               self._directory.store.user(key)))
             user = lifetime.hold_user(key)
         if user is None:
             raise Unavailable()
@@ -477,7 +491,7 @@ class McpService:
                              received: dict[str, str], deadline: Deadline) -> None:
         """A tool whose inputSchema marks arguments with ``x-mcp-header``: each such
         argument must come mirrored, and equal, in its ``Mcp-Param-*`` header (-32020)."""
-        tool = next((t for t in user.capabilities.list_tools(identity, deadline) if t.get("name") == name), None)
+        tool = user.capabilities.describe_tool(identity, name, deadline)
         if tool is None:
             return  # the dispatcher answers an unknown tool
         problem = param_header_mismatch(tool.get("inputSchema"), arguments, received)

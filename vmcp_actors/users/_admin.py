@@ -67,11 +67,16 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0) -> dict[str, Any]:
     }
 
 
-def explain_for_admin(gateway: Any, tool: str, *, session_id: str | None = None,
+def explain_for_admin(gateway: Any, store: Any, tool: str, *, session_id: str | None = None,
                       subject: str | None = None) -> dict[str, Any] | None:
     """Why the caller of ``session_id`` (or the live user ``subject``) does or does not see
-    ``tool``, layer by layer; None when no such session or live user exists."""
-    user = gateway.user_to_explain(session_id, subject).get(timeout=ASK_TIMEOUT)
+    ``tool``, layer by layer; None when no such session or live user exists. The records
+    are read here, on the asking thread."""
+    session = store.session(session_id) if session_id else None
+    if session_id and session is None:
+        return None
+    user_record = store.user(session.user) if session is not None else None
+    user = gateway.user_to_explain(session, user_record, subject).get(timeout=ASK_TIMEOUT)
     if user is None:
         return None
     try:

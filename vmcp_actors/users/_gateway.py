@@ -57,7 +57,6 @@ from vmcp_actors.users._store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
-UNREAD: Any = object()  # ``user_record`` not passed: the caller did not read it (read here)
 
 
 class CapReached(Exception):
@@ -129,14 +128,6 @@ class Gateway(pykka.ThreadingActor):
 
     # -- sessions ------------------------------------------------------------------------
 
-    def open_session(self, identity: Identity | None, outcome: InitializeOutcome) -> SessionRecord:
-        """``admit_session`` with the store I/O here (the old way, kept until the request
-        service reads the user record and writes the session record itself)."""
-        key = UserKey.of(identity, outcome.client_capabilities)
-        record = self.admit_session(identity, outcome, self._services.store.user(key))
-        self._services.store.put_session(record)
-        return record
-
     def admit_session(self, identity: Identity | None, outcome: InitializeOutcome,
                       user_record: UserRecord | None) -> SessionRecord:
         """A new client session of the caller, its user's actors started if they are not
@@ -160,15 +151,6 @@ class Gateway(pykka.ThreadingActor):
         logger.info("session %s opened for %s", short_id(record.session_id), record.user.label)
         return record
 
-    def end_session(self, session_id: str, identity: Identity | None) -> bool:
-        """``Directory.remove_session`` then ``session_removed``, the store I/O here (the old
-        way, kept until the request service removes the session on its own thread)."""
-        record = self._directory.remove_session(session_id, identity)
-        if record is None:
-            return False
-        self.session_removed(record)
-        return True
-
     def session_removed(self, record: SessionRecord) -> None:
         """The client ended its session (the caller took it out of the directory with
         ``Directory.remove_session``): its stream closes, and its user ends if nothing
@@ -177,14 +159,14 @@ class Gateway(pykka.ThreadingActor):
         self._session_gone(record)
 
     def serve_user(self, key: UserKey, identity: Identity | None, client_capabilities: dict[str, Any],
-                   user_record: UserRecord | None = UNREAD) -> UserHandle:
+                   user_record: UserRecord | None) -> UserHandle:
         """The user a 2026-07-28 request is served by (no session): started, or revived
         from ``user_record`` (read by the caller; None: there is none). It ends once idle
         for ``operational.sessionTTL`` with no session."""
         self._directory.seen_sessionless(key)  # first: from now on no session's end ends it
         return self._live_user(key, identity, client_capabilities, user_record)
 
-    def revive_user(self, key: UserKey, identity: Identity | None, user_record: UserRecord | None = UNREAD) -> UserHandle:
+    def revive_user(self, key: UserKey, identity: Identity | None, user_record: UserRecord | None) -> UserHandle:
         """The user's live actors, revived from ``user_record`` (read by the caller) if
         they were released."""
         return self._live_user(key, identity, None, user_record)
@@ -257,12 +239,13 @@ class Gateway(pykka.ThreadingActor):
 
     # -- operators -----------------------------------------------------------------------
 
-    def user_to_explain(self, session_id: str | None, subject: str | None) -> UserHandle | None:
-        """For the admin explain view: the user serving ``session_id`` (revived if it was
-        released), or the live user of ``subject``; None when there is none."""
-        if session_id:
-            record = self._services.store.session(session_id)
-            return self._live_user(record.user, None, None, UNREAD) if record is not None else None
+    def user_to_explain(self, session: SessionRecord | None, user_record: UserRecord | None,
+                        subject: str | None) -> UserHandle | None:
+        """For the admin explain view: the user serving ``session`` (revived from
+        ``user_record`` if it was released; both read by the caller), or the live user of
+        ``subject``; None when there is none."""
+        if session is not None:
+            return self._live_user(session.user, None, None, user_record)
         return next((user for user in self._directory.live_users() if user.key.label == subject), None)
 
     def overview(self) -> dict[str, Any]:
@@ -298,8 +281,6 @@ class Gateway(pykka.ThreadingActor):
         settling = self._ending.get(key)
         if settling is not None:
             user_record = None  # the record read is being ended: start anew, written once it is gone
-        elif user_record is UNREAD:
-            user_record = self._services.store.user(key)
         if user_record is None:
             record = UserRecord(key, created=time.time(), client_capabilities=client_capabilities or {})
         else:

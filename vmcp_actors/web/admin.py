@@ -37,7 +37,7 @@ def explain() -> Response:
     if not tool or bool(session_id) == bool(subject):
         return json_response({"error": "give tool, and one of session or user"}, 400)
     try:
-        found = explain_for_admin(current_runtime().gateway, tool, session_id=session_id, subject=subject)
+        found = explain_for_admin(current_runtime().gateway, current_runtime().service.store, tool, session_id=session_id, subject=subject)
     except JsonRpcError as error:  # the user's backends could not be discovered
         return json_response({"error": error.message}, 503)
     if found is None:
