@@ -122,7 +122,7 @@ class ProcessTotals:
     def __init__(self, directory: str | None, recorder: Recorder = METRICS):
         self._directory = Path(directory) if directory else None
         self._recorder = recorder
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # set once at stop: the writer thread leaves
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:

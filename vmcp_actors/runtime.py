@@ -108,14 +108,18 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     """``layers``: an embedder's decorators over each user's core (``vmcp_actors.core``)."""
     for warning in config_warnings(config):
         logger.warning("config: %s", warning)
+    # Every secret the config names is read first: an unset one stops the start, naming
+    # its field, before anything is started.
+    admin_token = secret_from_env("admin.tokenEnv", config.admin.token_env)
+    metrics_token = secret_from_env("admin.metricsTokenEnv", config.admin.metrics_token_env)
+    oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
+    client_secret = secret_from_env("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env if oidc else None)
     signer = _signer(config)
     store = _record_store(config, signer)
     # With records in Redis, the caches get a shared second level there too.
     shared = SharedCache(store.client, signer, config.session_storage.key_prefix) \
         if isinstance(store, RedisRecordStore) else None
-    # Every secret the config names is read now; unset ones stop the start with their paths.
     outgoing_auth = build_outgoing_auth(config, cache=ExchangedTokenCache(shared=shared))
-    admin_token = secret_from_env("admin.tokenEnv", config.admin.token_env)
     extra_hosts = {h.lower() for h in config.operational.allowed_hosts}
     allowed = {"localhost", "127.0.0.1", "::1"} | extra_hosts
     if bind_host not in ("0.0.0.0", "::", ""):
@@ -137,8 +141,6 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     gateway = Gateway.start(config, directory, services, signer).proxy()
     if services.fanout is not None:
         services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
-    oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
-    client_secret = secret_from_env("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env if oidc else None)
     authenticator = build_authenticator(oidc, client_secret)
     service = McpService(config, gateway, directory, signer, services.live)
     package_logger = logging.getLogger("vmcp_actors")
@@ -147,7 +149,6 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     totals = ProcessTotals(os.environ.get(METRICS_DIR_ENV))
     totals.start()
     tracing.configure(config.telemetry)
-    metrics_token = secret_from_env("admin.metricsTokenEnv", config.admin.metrics_token_env)
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
                    GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals)

@@ -98,7 +98,7 @@ class ExchangedTokenCache:
             key_lock = self._locks.get(key)
             if key_lock is None:
                 self._prune_idle_locks()
-                key_lock = self._locks[key] = threading.Lock()
+                key_lock = self._locks[key] = threading.Lock()  # one exchange per key at a time
         with key_lock:  # concurrent calls of one user wait for one exchange, not N
             cached = self._fresh(key)
             if cached is not None:

@@ -50,6 +50,11 @@ class ServerRequest:
     origin: str = ""  # the backend (or composite step) asking, for logs and errors
 
 
+# The reason a call is cancelled with when its client ends the session: not a cancellation
+# by the client (which expects no answer), so what can still answer does, with an error.
+SESSION_ENDED = "the client ended its session"
+
+
 class CallCancelled(JsonRpcError):
     """The client cancelled the call: nothing more is written for it."""
 

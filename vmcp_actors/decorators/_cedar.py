@@ -32,7 +32,13 @@ from vmcp_actors.config._cedar import parse_entities
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, PerList, by_name, reachable
+from vmcp_actors.core._interface import (
+    Capabilities,
+    CapabilitiesLayer,
+    PerList,
+    by_name,
+    reachable,
+)
 from vmcp_actors.decorators._guard import refuse_unknown_prompt_ref
 from vmcp_actors.identity import ANONYMOUS, Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
@@ -131,7 +137,7 @@ class CedarAuthz(CapabilitiesLayer):
     def __init__(self, inner: Capabilities, policies: CedarPolicies):
         super().__init__(inner)
         self._policies = policies
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _decided (the decision cache)
         self._decided: dict[tuple[str, str, str, str], Decision] = {}
         # Derived once per list the layer below answers (and per principal for what is allowed).
         self._definitions: PerList[dict[str, dict[str, Any]]] = PerList()

@@ -40,6 +40,7 @@ from vmcp_actors.config import AggregationConfig
 from vmcp_actors.core._aggregated import ANSWER_MARGIN, AggregatedBackends
 from vmcp_actors.core._catalog import Catalog, InternalTool, Route
 from vmcp_actors.core._exchange import (
+    SESSION_ENDED,
     CallCancelled,
     Exchange,
     Notification,
@@ -149,7 +150,7 @@ class WorkflowMetrics:
     """Process-wide counters per composite, ready for a metrics endpoint. Thread-safe."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _by_composite (the counters)
         self._by_composite: dict[str, dict[str, float]] = {}
 
     def started(self, composite: str) -> None:
@@ -247,7 +248,7 @@ class CompositeTools(CapabilitiesLayer):
         self._aggregation = aggregation
         self._metrics = metrics if metrics is not None else WorkflowMetrics()
         self._view: tuple[Catalog, CompositeView] | None = None
-        self._runs_lock = threading.Lock()
+        self._runs_lock = threading.Lock()  # guards _runs (composite runs in flight)
         self._runs: dict[str, pykka.ActorRef[WorkflowRun]] = {}  # run id -> run in flight
 
     def view(self, identity: Identity | None, deadline: Deadline) -> CompositeView:
@@ -360,10 +361,11 @@ class CompositeTools(CapabilitiesLayer):
         with self._runs_lock:
             self._runs[run_id] = ref
         try:
-            cancelled_by_client = threading.Event()
+            cancelled_by_client = threading.Event()  # set when the client cancels the call
 
             def cancel(reason: str | None) -> None:
-                cancelled_by_client.set()
+                if reason != SESSION_ENDED:
+                    cancelled_by_client.set()
                 stop_quietly(ref)
 
             yield CallOpened(composite.name, cancel)

@@ -16,7 +16,12 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import Explanation, generic_finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, PerList, reachable
+from vmcp_actors.core._interface import (
+    Capabilities,
+    CapabilitiesLayer,
+    PerList,
+    reachable,
+)
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 

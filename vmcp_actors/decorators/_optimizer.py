@@ -74,7 +74,7 @@ class ToolOptimizer(CapabilitiesLayer):
     def __init__(self, inner: Capabilities, max_tools_to_return: int):
         super().__init__(inner)
         self._limit = max_tools_to_return
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _index (the cached index)
         self._index: tuple[tuple[dict[str, Any], ...], ToolIndex] | None = None
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:

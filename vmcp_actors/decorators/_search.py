@@ -62,7 +62,7 @@ class ToolIndex:
 
     def __init__(self, tools: Sequence[dict[str, Any]]):
         self.tools = tuple(tools)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _db (one SQLite connection, used by many threads)
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
         self._db.execute("CREATE VIRTUAL TABLE tool USING fts5(name, description, parameters, "
                          "tokenize = 'porter unicode61')")

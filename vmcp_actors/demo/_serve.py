@@ -134,7 +134,7 @@ class ServedApp:
         self._server = uvicorn.Server(config)
         self._graceful_timeout = graceful_timeout
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_lock = threading.Lock()
+        self._stop_lock = threading.Lock()  # guards _stopped: one stop
         self._stopped = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"asgi-{name or 'app'}-{self.port}", daemon=True)

@@ -81,7 +81,7 @@ class JwksKeys:
         # after the first fetch must still be picked up at once.
         self._last_unknown_kid_refetch = float("-inf")
         self._last_failure = float("-inf")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the keys and the refetch clocks
 
     def key_for(self, kid: str | None) -> jwt.PyJWK:
         with self._lock:
@@ -133,7 +133,7 @@ class Introspection:
         self._oidc = oidc
         self._auth = (oidc.client_id, client_secret or "") if oidc.client_id else None
         self._http = http
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _answers (the introspection cache)
         self._answers: dict[bytes, tuple[float, Identity]] = {}
 
     def identity(self, token: str) -> Identity:

@@ -136,7 +136,7 @@ class InputAnswers:
         self._lock = threading.Lock()  # guards _answers and _failure (answers arrive on other threads)
         self._answers: dict[str, Any] = {}
         self._failure: dict[str, Any] | None = None
-        self._done = threading.Event()
+        self._done = threading.Event()  # set once every request is answered (or one refused)
         if not event.requests:
             self._done.set()
 

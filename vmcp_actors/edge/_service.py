@@ -21,7 +21,7 @@ import pykka
 
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.config import VmcpConfig
-from vmcp_actors.core._exchange import Notification
+from vmcp_actors.core._exchange import SESSION_ENDED, Notification
 from vmcp_actors.core._interface import Continuation, reachable
 from vmcp_actors.edge._audit import AuditLog, timer
 from vmcp_actors.edge._driver import CallRun, drive, response_for, started
@@ -361,6 +361,7 @@ class McpService:
             record = self._directory.remove_session(session_id, identity)  # the store, on this thread
             if record is None:
                 return _error(404, "Session not found")
+            self._live.cancel_all(session_id, SESSION_ENDED)  # its calls end with it
             self._ask(self._gateway.session_removed(record))
             return Answer(200)
 

@@ -375,6 +375,19 @@ class LiveSessions:
             cancel(reason)
         return True
 
+    def cancel_all(self, session_id: str, reason: str) -> int:
+        """The client ended its session: each of its calls in flight is cancelled (its
+        backend told, a composite run stopped). How many."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            calls = [call for call in session.calls.values() if not call.cancelled] if session is not None else []
+            for call in calls:
+                call.cancelled = True
+            cancels = [cancel for call in calls for cancel in call.cancels]
+        for cancel in cancels:
+            cancel(reason)
+        return len(calls)
+
     def end_call(self, call: Call) -> None:
         """The call's answer is written or its stream closed: requests still waiting on
         that stream can no longer be answered."""
