@@ -24,11 +24,11 @@ from typing import Any
 from vmcp_actors.core import (
     INVALID_PARAMS,
     RESOURCE_NOT_FOUND,
-    Capabilities,
     Deadline,
     Identity,
     JsonRpcError,
     Layer,
+    UserCore,
     build,
     demo,
     serve,
@@ -64,7 +64,7 @@ class ReadOnlyAgent(Layer):
 
     layer_name = "read-only agent"
 
-    def __init__(self, inner: Capabilities, policy: Policy = READ_ONLY_AGENT):
+    def __init__(self, inner: UserCore, policy: Policy = READ_ONLY_AGENT):
         super().__init__(inner)
         self.policy = policy
 

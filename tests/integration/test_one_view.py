@@ -53,15 +53,15 @@ def messages_per_list(tools: int) -> tuple[Counter[str], Counter[str]]:
         user = runtime.gateway.serve_user(UserKey.of(None, {}), None, {}).get(timeout=10)
         counting = CountingProxy(user.backends._user)
         user.backends._user = counting
-        listed = user.capabilities.list_tools(None, Deadline.after(10))
+        listed = user.core.list_tools(None, Deadline.after(10))
         assert len(listed) == tools + 1 and listed[-1]["name"] == "first_tool"
         assert user.backends.catalog(None, Deadline.after(5)).failures.keys() == {"down"}
         first = counting.take()
-        again = user.capabilities.list_tools(None, Deadline.after(10))
+        again = user.core.list_tools(None, Deadline.after(10))
         assert [t["name"] for t in again] == [t["name"] for t in listed]
         for name in ("up_tool_00", "first_tool"):
-            assert user.capabilities.describe_tool(None, name, Deadline.after(5)) is not None
-            assert user.capabilities.lookup_tool(None, name, Deadline.after(5)) is not None
+            assert user.core.describe_tool(None, name, Deadline.after(5)) is not None
+            assert user.core.lookup_tool(None, name, Deadline.after(5)) is not None
         return first, counting.take()
     finally:
         runtime.stop()

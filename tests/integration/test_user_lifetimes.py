@@ -11,6 +11,7 @@ import mcp
 from tests.backends import sdk_backend
 from tests.gateway import backend_entry, run_client
 
+
 async def _default_mode(url: str, work) -> None:
     async with mcp.Client(url) as client:  # the default mode: 2026-07-28, no session
         await work(client)

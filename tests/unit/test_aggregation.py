@@ -2,13 +2,13 @@ from types import MappingProxyType
 
 import pytest
 
-from vmcp_actors.backends import BackendCapabilities
+from vmcp_actors.backends import DiscoveredBackend
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.core._catalog import build_catalog
 
 
 def caps(name, tools=(), resources=(), templates=(), prompts=()):
-    return BackendCapabilities(
+    return DiscoveredBackend(
         backend=name,
         capabilities=MappingProxyType({"tools": {}, "resources": {}, "prompts": {}}),
         tools=tuple({"name": t, "inputSchema": {"type": "object"}} for t in tools),
@@ -128,7 +128,7 @@ def test_overrides_apply_before_prefixing_and_routes_keep_the_original_name():
 
 def test_override_annotations_merge_over_the_backends():
     tool = {"name": "x", "annotations": {"readOnlyHint": True, "title": "X"}}
-    backend = BackendCapabilities("a", MappingProxyType({"tools": {}}), tools=(tool,))
+    backend = DiscoveredBackend("a", MappingProxyType({"tools": {}}), tools=(tool,))
     config = agg(tools=(workload("a", overrides={"x": ToolOverride(annotations={"readOnlyHint": False})}),))
     catalog = build_catalog({"a": backend}, {}, config)
     assert catalog.tools[0]["annotations"] == {"readOnlyHint": False, "title": "X"}

@@ -4,7 +4,7 @@ tests/integration/test_composite_tools.py."""
 
 from types import MappingProxyType
 
-from vmcp_actors.backends import BackendCapabilities
+from vmcp_actors.backends import DiscoveredBackend
 from vmcp_actors.config import AggregationConfig, ToolOverride, WorkloadToolsConfig
 from vmcp_actors.core._catalog import build_catalog
 from vmcp_actors.decorators._composite import WorkflowMetrics, build_view
@@ -15,7 +15,7 @@ READ_ONLY = {"readOnlyHint": True, "openWorldHint": False, "idempotentHint": Tru
 
 def caps(name, tools):
     """``tools``: name -> annotations (or None)."""
-    return BackendCapabilities(
+    return DiscoveredBackend(
         backend=name,
         capabilities=MappingProxyType({"tools": {}}),
         tools=tuple({"name": tool, "inputSchema": {"type": "object"},

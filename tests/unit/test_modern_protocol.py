@@ -10,9 +10,9 @@ import pytest
 import responses
 
 from vmcp_actors.backends import (
-    BackendCapabilities,
     BackendChannel,
     BackendEras,
+    DiscoveredBackend,
     Handshake,
     McpHttpClient,
 )
@@ -193,7 +193,7 @@ def test_a_listen_stream_the_client_left_sends_no_closing_response():
 
 def _catalog(ttl_ms: int | None) -> Catalog:
     config = config_from_mapping({"name": "t", "backends": [{"name": "a", "url": URL}]})
-    found = BackendCapabilities("a", {"tools": {}}, tools=({"name": "echo", "inputSchema": {"type": "object"}},),
+    found = DiscoveredBackend("a", {"tools": {}}, tools=({"name": "echo", "inputSchema": {"type": "object"}},),
                                 ttl_ms=ttl_ms)
     return build_catalog({"a": found}, {}, config.aggregation)
 

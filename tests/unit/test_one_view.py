@@ -10,7 +10,7 @@ from types import MappingProxyType
 import pytest
 
 from tests.memory_core import MemoryCore, soon, tool
-from vmcp_actors.backends import BackendCapabilities
+from vmcp_actors.backends import DiscoveredBackend
 from vmcp_actors.concurrency import resolved
 from vmcp_actors.config import (
     AggregationConfig,
@@ -45,8 +45,8 @@ from vmcp_actors.decorators import _optimizer as optimizer_module
 DOWN = {"down": "backend 'down': discovery failed: connection refused"}
 
 
-def caps(name: str, *tools: str) -> BackendCapabilities:
-    return BackendCapabilities(backend=name, capabilities=MappingProxyType({"tools": {}}),
+def caps(name: str, *tools: str) -> DiscoveredBackend:
+    return DiscoveredBackend(backend=name, capabilities=MappingProxyType({"tools": {}}),
                                tools=tuple({"name": t, "description": f"{name} {t}",
                                             "inputSchema": {"type": "object", "properties": {"q": {"type": "string"}}}}
                                            for t in tools),

@@ -27,9 +27,9 @@ from vmcp_actors.backends._health import (
 )
 from vmcp_actors.backends._http import Abort, McpHttpClient, PostResult
 from vmcp_actors.backends._models import (
-    BackendCapabilities,
     ConnectionSnapshot,
     ConnectionState,
+    DiscoveredBackend,
     Handshake,
     plain_json,
 )
@@ -46,7 +46,7 @@ __all__ = [
     "BackendRequest",
     "InputRequired",
     "CallOpened",
-    "BackendCapabilities",
+    "DiscoveredBackend",
     "BackendChannel",
     "BackendConnection",
     "ExchangedTokenCache",

@@ -29,9 +29,9 @@ from urllib.parse import urlsplit, urlunsplit
 from vmcp_actors.backends._channel import BackendChannel
 from vmcp_actors.backends._http import Abort
 from vmcp_actors.backends._models import (
-    BackendCapabilities,
     ConnectionSnapshot,
     ConnectionState,
+    DiscoveredBackend,
     Handshake,
 )
 from vmcp_actors.concurrency import (
@@ -93,14 +93,14 @@ def display_url(url: str) -> str:
 
 @dataclass(frozen=True)
 class _HandshakeSettled:
-    discovery: cf.Future[BackendCapabilities]
+    discovery: cf.Future[DiscoveredBackend]
     handshake: cf.Future[Handshake]
     renewed: bool
 
 
 @dataclass(frozen=True)
 class _ListsSettled:
-    discovery: cf.Future[BackendCapabilities]
+    discovery: cf.Future[DiscoveredBackend]
     handshake: Handshake
     lists: dict[str, cf.Future[tuple[dict[str, Any], ...]]]
     renewed: bool
@@ -128,9 +128,9 @@ class BackendConnection(PooledActor):
         self._state = ConnectionState.RESTORED if restored is not None else ConnectionState.NEW
         self._last_error: str | None = None
         self._handshake: cf.Future[Handshake] | None = resolved(restored) if restored is not None else None
-        self._discovery: cf.Future[BackendCapabilities] | None = None
+        self._discovery: cf.Future[DiscoveredBackend] | None = None
         self._discovery_identity: Identity | None = None
-        self._discovered: BackendCapabilities | None = None
+        self._discovered: DiscoveredBackend | None = None
         self._end_remote = False
         # Attached before the actor runs, so the channel works the moment start() returns.
         channel.attach(self.actor_ref.proxy())
@@ -187,7 +187,7 @@ class BackendConnection(PooledActor):
         else:
             self._stop_listening()
 
-    def discover(self, identity: Identity | None) -> cf.Future[BackendCapabilities]:
+    def discover(self, identity: Identity | None) -> cf.Future[DiscoveredBackend]:
         """The backend's lists, fetched anew (a discovery in flight is shared)."""
         if self._state is ConnectionState.CLOSED:
             return failed(BackendUnavailable(self._name, f"backend {self._name!r} connection is closed"))
@@ -288,7 +288,7 @@ class BackendConnection(PooledActor):
         self._relisten = call_later(self._relisten_after, lambda: tell_quietly(ref, _Relisten()))
         self._relisten_after = min(self._relisten_after * 2, RELISTEN_AFTER_MOST)
 
-    def _after_handshake(self, discovery: cf.Future[BackendCapabilities], handshake: cf.Future[Handshake],
+    def _after_handshake(self, discovery: cf.Future[DiscoveredBackend], handshake: cf.Future[Handshake],
                          renewed: bool) -> None:
         on_settled(handshake, self._report(lambda settled: _HandshakeSettled(discovery, settled, renewed)))
 
@@ -324,7 +324,7 @@ class BackendConnection(PooledActor):
         if "tools/list" in results:
             results["tools/list"] = self._usable_tools(results["tools/list"])
         hints = [future.result()[1] for future in message.lists.values() if future.result()[1] is not None]
-        self._settle_discovery(found=BackendCapabilities(
+        self._settle_discovery(found=DiscoveredBackend(
             backend=self._name,
             capabilities=message.handshake.capabilities,
             tools=results.get("tools/list", ()),
@@ -346,7 +346,7 @@ class BackendConnection(PooledActor):
                                self._name, str(tool.get("name"))[:128])
         return tuple(usable)
 
-    def _settle_discovery(self, *, found: BackendCapabilities | None = None, error: BaseException | None = None) -> None:
+    def _settle_discovery(self, *, found: DiscoveredBackend | None = None, error: BaseException | None = None) -> None:
         discovery = self._discovery
         assert discovery is not None
         if error is not None:

@@ -65,7 +65,7 @@ def plain_json(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class BackendCapabilities:
+class DiscoveredBackend:
     """One backend's discovered lists, every page followed. The dicts are never mutated."""
 
     backend: str

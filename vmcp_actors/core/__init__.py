@@ -13,7 +13,7 @@ the same way ``vmcp-actors serve`` does (docs/library.md walks through an exampl
 
     serve(build("config.yaml").decorated(NoWrites), port=4483)
 
-**The interface** (``Capabilities``): ``list_*`` / ``lookup_*`` / call for tools, resources,
+**The interface** (``UserCore``): ``list_*`` / ``lookup_*`` / call for tools, resources,
 resource templates and prompts, ``describe_tool`` (one tool's definition as ``list_tools``
 lists it, None when not listed), ``complete``, ``explain_tool`` and ``close``. The caller's
 ``Identity`` is always an explicit argument (``None``: anonymous) and so is the request's
@@ -65,7 +65,7 @@ from vmcp_actors.core._explain import (
     Explanation,
     Finding,
 )
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer, LayerFactory
+from vmcp_actors.core._interface import Continuation, CoreLayer, LayerFactory, UserCore
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS_DIR_ENV
 from vmcp_actors.protocol import (
@@ -75,16 +75,19 @@ from vmcp_actors.protocol import (
     JsonRpcError,
 )
 
+# The interface's former name, kept for embedders' code written against it.
+Capabilities = UserCore
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4483
 EXPLAIN_TIMEOUT = 30.0
 
 
-class Layer(CapabilitiesLayer):
+class Layer(CoreLayer):
     """Base of a decorator: everything passes through to ``inner`` until overridden."""
 
     @property
-    def inner(self) -> Capabilities:
+    def inner(self) -> UserCore:
         return self._inner
 
 
@@ -205,7 +208,7 @@ def explain(core: Core, tool: str, identity: Identity | None = None, *,
         deadline = Deadline.after(timeout)
         key = UserKey.of(identity, {})
         user = runtime.gateway.serve_user(key, identity, {}, runtime.service.store.user(key)).get(timeout=timeout)
-        return user.capabilities.explain_tool(identity, tool, deadline)
+        return user.core.explain_tool(identity, tool, deadline)
     finally:
         runtime.stop()
 
@@ -231,6 +234,7 @@ __all__ = [
     "ABSENT",
     "ADDS",
     "Capabilities",
+    "Continuation",
     "Core",
     "Deadline",
     "Exchange",
@@ -253,6 +257,7 @@ __all__ = [
     "ServerRequest",
     "UNLISTS",
     "USES",
+    "UserCore",
     "VmcpConfig",
     "answered",
     "build",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from vmcp_actors.backends import BackendCapabilities
+from vmcp_actors.backends import DiscoveredBackend
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.core._uri_template import InvalidUriTemplate, compile_uri_template
 from vmcp_actors.protocol import is_valid_tool_name
@@ -73,7 +73,7 @@ class Catalog:
     template_routes: tuple[TemplateRoute, ...] = ()
     prompts: tuple[dict[str, Any], ...] = ()
     prompt_routes: Mapping[str, Route] = field(default_factory=lambda: MappingProxyType({}))
-    backends: Mapping[str, BackendCapabilities] = field(default_factory=lambda: MappingProxyType({}))
+    backends: Mapping[str, DiscoveredBackend] = field(default_factory=lambda: MappingProxyType({}))
     failures: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # Conflicts that make the catalog unusable (manual resolution left a clash).
     errors: tuple[str, ...] = ()
@@ -137,7 +137,7 @@ class _Candidate:
 
 
 def build_catalog(
-    discovered: Mapping[str, BackendCapabilities],
+    discovered: Mapping[str, DiscoveredBackend],
     failures: Mapping[str, str],
     aggregation: AggregationConfig,
 ) -> Catalog:
@@ -270,7 +270,7 @@ def _resolve_tool_names(
 
 
 def _prompts(
-    backends: list[str], discovered: Mapping[str, BackendCapabilities], aggregation: AggregationConfig,
+    backends: list[str], discovered: Mapping[str, DiscoveredBackend], aggregation: AggregationConfig,
     problems: list[str],
 ) -> tuple[list[dict[str, Any]], dict[str, Route]]:
     """Named like tools under prefix; bare for listed backends under priority (unlisted ones
@@ -306,7 +306,7 @@ def _prompts(
     return prompts, routes
 
 
-def _resources(backends: list[str], discovered: Mapping[str, BackendCapabilities]) -> tuple[list, dict[str, str]]:
+def _resources(backends: list[str], discovered: Mapping[str, DiscoveredBackend]) -> tuple[list, dict[str, str]]:
     resources: list[dict[str, Any]] = []
     owners: dict[str, str] = {}
     for backend in backends:
@@ -319,7 +319,7 @@ def _resources(backends: list[str], discovered: Mapping[str, BackendCapabilities
     return resources, owners
 
 
-def _templates(backends: list[str], discovered: Mapping[str, BackendCapabilities]) -> tuple[list, list[TemplateRoute]]:
+def _templates(backends: list[str], discovered: Mapping[str, DiscoveredBackend]) -> tuple[list, list[TemplateRoute]]:
     templates: list[dict[str, Any]] = []
     routes: list[TemplateRoute] = []
     for backend in backends:

@@ -12,7 +12,7 @@ from typing import Any
 
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._exchange import Exchange
-from vmcp_actors.core._interface import Capabilities
+from vmcp_actors.core._interface import UserCore
 from vmcp_actors.core._pagination import paginate
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
@@ -20,7 +20,7 @@ from vmcp_actors.protocol.mcp import LOGGING_LEVELS
 
 
 class McpDispatcher:
-    def __init__(self, capabilities: Capabilities, *, page_size: int):
+    def __init__(self, capabilities: UserCore, *, page_size: int):
         self._capabilities = capabilities
         self._page_size = page_size
         self._methods: dict[str, Callable[[Identity | None, dict[str, Any], Deadline], Any]] = {

@@ -1,7 +1,7 @@
 """Why a caller does or does not see a tool: every layer of the capability stack adds its
 own finding, innermost first, so a new decorator explains itself without touching others.
 
-``CapabilitiesLayer.explain_tool`` asks the layer below, then adds the layer's finding:
+``CoreLayer.explain_tool`` asks the layer below, then adds the layer's finding:
 by default a generic one from comparing its own ``lookup_tool`` and ``list_tools`` with the
 layer below's; a layer with something more to say overrides ``finding``.
 """

@@ -65,7 +65,7 @@ class Continuation:
                                             f"{self.name}")
 
 
-def reachable(core: Capabilities, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> bool:
+def reachable(core: UserCore, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> bool:
     """Whether ``core`` still offers what ``continuation`` goes on with (policies asked again)."""
     if continuation.method == "resources/read":
         return core.lookup_resource(identity, continuation.name, deadline) is not None
@@ -73,7 +73,7 @@ def reachable(core: Capabilities, identity: Identity | None, continuation: Conti
     return lookup(identity, continuation.name, deadline) is not None
 
 
-class Capabilities(Protocol):
+class UserCore(Protocol):
     """What a user's sessions offer their clients. Safe for concurrent use."""
 
     def list_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]: ...
@@ -103,7 +103,7 @@ class Capabilities(Protocol):
 
 
 # A decorator factory: called with a user's core, returns the decorated core.
-LayerFactory = Callable[["Capabilities"], "Capabilities"]
+LayerFactory = Callable[["UserCore"], "UserCore"]
 
 T = TypeVar("T")
 
@@ -142,8 +142,8 @@ def by_name(tools: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
     return named
 
 
-class CapabilitiesLayer:
-    """Base of the decorators over ``Capabilities``: every method passes through to the
+class CoreLayer:
+    """Base of the decorators over ``UserCore``: every method passes through to the
     layer below; a decorator overrides what it changes (the advertising filter and the
     composite tools both change only tools).
 
@@ -153,7 +153,7 @@ class CapabilitiesLayer:
 
     layer_name = ""
 
-    def __init__(self, inner: Capabilities):
+    def __init__(self, inner: UserCore):
         self._inner = inner
         self._tools_by_name: PerList[dict[str, dict[str, Any]]] = PerList()
 

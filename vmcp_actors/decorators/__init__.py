@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmcp_actors.config import VmcpConfig
-from vmcp_actors.core._interface import Capabilities, LayerFactory
+from vmcp_actors.core._interface import LayerFactory, UserCore
 from vmcp_actors.decorators._cedar import CedarAuthz, CedarPolicies
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.decorators._filter import AdvertisingFilter, is_advertised
@@ -36,12 +36,12 @@ class DecoratorStack:
     above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer
     workflow_metrics: WorkflowMetrics
 
-    def build(self, backends: Any, client_capabilities: Mapping[str, Any]) -> tuple[Capabilities, CompositeTools]:
+    def build(self, backends: Any, client_capabilities: Mapping[str, Any]) -> tuple[UserCore, CompositeTools]:
         """One user's stack over its ``AggregatedBackends``: the outermost layer, and the
         composite tools layer (its runs are the user's to cancel)."""
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
                                     self.workflow_metrics, client_capabilities=client_capabilities)
-        outermost: Capabilities = AdvertisingFilter(composites, self.config.aggregation)
+        outermost: UserCore = AdvertisingFilter(composites, self.config.aggregation)
         for wrap in self.above_filter:
             outermost = wrap(outermost)
         return outermost, composites

@@ -33,9 +33,9 @@ from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
 from vmcp_actors.core._interface import (
-    Capabilities,
-    CapabilitiesLayer,
+    CoreLayer,
     PerList,
+    UserCore,
     by_name,
     reachable,
 )
@@ -129,12 +129,12 @@ class Principal:
                                          default=str).encode()).hexdigest()
 
 
-class CedarAuthz(CapabilitiesLayer):
+class CedarAuthz(CoreLayer):
     """What the policies let this caller list and call; everything else is not there."""
 
     layer_name = "authz (Cedar)"
 
-    def __init__(self, inner: Capabilities, policies: CedarPolicies):
+    def __init__(self, inner: UserCore, policies: CedarPolicies):
         super().__init__(inner)
         self._policies = policies
         self._lock = threading.Lock()  # guards _decided (the decision cache)

@@ -47,7 +47,7 @@ from vmcp_actors.core._exchange import (
     ServerRequest,
 )
 from vmcp_actors.core._explain import ABSENT, ADDS, PASSES, USES, Explanation, Finding
-from vmcp_actors.core._interface import CapabilitiesLayer, by_name
+from vmcp_actors.core._interface import CoreLayer, by_name
 from vmcp_actors.decorators._filter import is_advertised
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
@@ -234,8 +234,8 @@ class _StepCaller:
         return outcome
 
 
-class CompositeTools(CapabilitiesLayer):
-    """Capabilities plus the config's composite tools (everything but tools passes through)."""
+class CompositeTools(CoreLayer):
+    """UserCore plus the config's composite tools (everything but tools passes through)."""
 
     _inner: AggregatedBackends
     layer_name = "composite tools"

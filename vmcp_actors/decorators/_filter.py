@@ -18,9 +18,9 @@ from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, Explanation, Finding
 from vmcp_actors.core._interface import (
-    Capabilities,
-    CapabilitiesLayer,
+    CoreLayer,
     PerList,
+    UserCore,
     by_name,
 )
 from vmcp_actors.identity import Identity
@@ -34,13 +34,13 @@ def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
     return route.composite or aggregation.is_advertised(route.backend, route.resolved_name, route.original_name)
 
 
-class AdvertisingFilter(CapabilitiesLayer):
-    """Capabilities minus the tools the config hides from clients (the filter only
+class AdvertisingFilter(CoreLayer):
+    """UserCore minus the tools the config hides from clients (the filter only
     subtracts tools; everything else passes through)."""
 
     layer_name = "advertising filter"
 
-    def __init__(self, inner: Capabilities, aggregation: AggregationConfig):
+    def __init__(self, inner: UserCore, aggregation: AggregationConfig):
         super().__init__(inner)
         self._aggregation = aggregation
         self._advertised: PerList[tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]] = PerList()

@@ -17,9 +17,9 @@ from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import Explanation, generic_finding
 from vmcp_actors.core._interface import (
-    Capabilities,
-    CapabilitiesLayer,
+    CoreLayer,
     PerList,
+    UserCore,
     reachable,
 )
 from vmcp_actors.identity import Identity
@@ -36,7 +36,7 @@ def _kept(cache: PerList[tuple[dict[str, Any], ...]], below: tuple[dict[str, Any
     return cache.get(below, lambda: tuple(entry for entry in below if entry.get(key) in keep), keep)
 
 
-def refuse_unknown_prompt_ref(layer: Capabilities, identity: Identity | None, params: Any,
+def refuse_unknown_prompt_ref(layer: UserCore, identity: Identity | None, params: Any,
                               deadline: Deadline) -> None:
     """A completion of a prompt ``layer`` does not offer gets the answer an unknown prompt gets."""
     ref = params.get("ref") if isinstance(params, dict) else None
@@ -45,10 +45,10 @@ def refuse_unknown_prompt_ref(layer: Capabilities, identity: Identity | None, pa
         raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref['name']}")
 
 
-class SubtractOnly(CapabilitiesLayer):
+class SubtractOnly(CoreLayer):
     """``layer`` (built over ``inner``) as the stack sees it: never more than ``inner``."""
 
-    def __init__(self, layer: Capabilities, inner: Capabilities):
+    def __init__(self, layer: UserCore, inner: UserCore):
         super().__init__(inner)
         self._layer = layer
         self.layer_name = getattr(layer, "layer_name", "") or type(layer).__name__

@@ -22,7 +22,7 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange, answered
 from vmcp_actors.core._explain import ADDS, UNLISTS, Explanation, Finding
-from vmcp_actors.core._interface import Capabilities, CapabilitiesLayer
+from vmcp_actors.core._interface import CoreLayer, UserCore
 from vmcp_actors.decorators._search import ToolIndex, as_text, tool_summary
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
@@ -66,12 +66,12 @@ CALL_TOOL_DEFINITION: dict[str, Any] = {
 META_DEFINITIONS = (FIND_TOOL_DEFINITION, CALL_TOOL_DEFINITION)
 
 
-class ToolOptimizer(CapabilitiesLayer):
+class ToolOptimizer(CoreLayer):
     """Two meta-tools over the layer below's tools (resources and prompts pass through)."""
 
     layer_name = "optimizer"
 
-    def __init__(self, inner: Capabilities, max_tools_to_return: int):
+    def __init__(self, inner: UserCore, max_tools_to_return: int):
         super().__init__(inner)
         self._limit = max_tools_to_return
         self._lock = threading.Lock()  # guards _index (the cached index)

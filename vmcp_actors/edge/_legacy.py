@@ -31,7 +31,7 @@ from vmcp_actors.protocol import (
 from vmcp_actors.protocol.mcp import PROTOCOL_VERSION_HEADER, is_logged_at
 from vmcp_actors.users import SessionRecord, UserHandle
 from vmcp_actors.users._actor import LIST_CHANGED, RESOURCE_UPDATED
-from vmcp_actors.users._live import Call, LiveSessions
+from vmcp_actors.users._live import InFlight, LiveSessions
 
 
 def check_header_version(header: str | None, session_version: str | None) -> JsonRpcError | None:
@@ -71,7 +71,7 @@ class RequestDeadlines:
 class SessionSide:
     """A 2025 session's client in one call (see ``edge._driver.ClientSide``)."""
 
-    def __init__(self, live: LiveSessions, session: SessionRecord, call: Call, deadline: Deadline, user: UserHandle):
+    def __init__(self, live: LiveSessions, session: SessionRecord, call: InFlight, deadline: Deadline, user: UserHandle):
         self._live = live
         self._session = session
         self._call = call

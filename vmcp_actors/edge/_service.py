@@ -405,7 +405,7 @@ class McpService:
             if method == "tools/call" and isinstance(name, str):
                 self._check_param_headers(user, identity, name, params.get("arguments"), param_headers, deadline)
         if continuation is not None:
-            run = CallRun(started(lambda: user.capabilities.resume(identity, continuation, deadline)), deadline)
+            run = CallRun(started(lambda: user.core.resume(identity, continuation, deadline)), deadline)
         else:
             dispatched = replace(message, params=request.params_for_dispatch(message.params))
             run = CallRun(started(lambda: user.dispatcher.handle(identity, dispatched, deadline)), deadline)
@@ -440,7 +440,7 @@ class McpService:
                 "is no longer waiting (it was answered, or its deadline passed); retry the original request "
                 "without it"))
         probe = Continuation(message.method or "", name if isinstance(name, str) else "", None, None, {})
-        if not reachable(user.capabilities, identity, probe, run.deadline):
+        if not reachable(user.core, identity, probe, run.deadline):
             self._parked.park(run)  # not this caller's to go on with any more: it waits out its deadline
             raise probe.unknown()
         outcome = side.answer_parked(run)
@@ -492,7 +492,7 @@ class McpService:
                              received: dict[str, str], deadline: Deadline) -> None:
         """A tool whose inputSchema marks arguments with ``x-mcp-header``: each such
         argument must come mirrored, and equal, in its ``Mcp-Param-*`` header (-32020)."""
-        tool = user.capabilities.describe_tool(identity, name, deadline)
+        tool = user.core.describe_tool(identity, name, deadline)
         if tool is None:
             return  # the dispatcher answers an unknown tool
         problem = param_header_mismatch(tool.get("inputSchema"), arguments, received)
@@ -513,7 +513,7 @@ class McpService:
         subscribed = []
         for uri in dict.fromkeys(uris):
             try:
-                user.capabilities.subscribe_resource(identity, listen_id, uri, deadline)
+                user.core.subscribe_resource(identity, listen_id, uri, deadline)
                 subscribed.append(uri)
             except JsonRpcError as error:
                 logger.debug("listen: not subscribing to a resource: %s", error.message)
@@ -546,7 +546,7 @@ class McpService:
         deadline = Deadline.after(ASK_TIMEOUT)
         for uri in uris:
             try:
-                user.capabilities.unsubscribe_resource(identity, subscriber, uri, deadline)
+                user.core.unsubscribe_resource(identity, subscriber, uri, deadline)
             except JsonRpcError:
                 pass
 

@@ -42,12 +42,12 @@ import pykka
 from vmcp_actors.backends import (
     DEGRADED,
     HEALTHY,
-    BackendCapabilities,
     BackendChannel,
     BackendConnection,
     BackendEras,
     BackendHealth,
     BackendRequest,
+    DiscoveredBackend,
     Handshake,
     McpHttpClient,
     OutgoingAuth,
@@ -70,7 +70,7 @@ from vmcp_actors.core._aggregated import AggregatedBackends, CatalogBoard
 from vmcp_actors.core._catalog import Catalog, build_catalog
 from vmcp_actors.core._dispatch import McpDispatcher
 from vmcp_actors.core._exchange import ServerRequest
-from vmcp_actors.core._interface import Capabilities
+from vmcp_actors.core._interface import UserCore
 from vmcp_actors.decorators import DecoratorStack, stack
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.exceptions import BackendError, BackendUnavailable
@@ -134,7 +134,7 @@ class UserHandle:
     key: UserKey
     actor: pykka.ActorRef[Any]
     proxy: Any  # ActorProxy[UserActor], made once (a proxy costs an introspection)
-    capabilities: Capabilities  # the outermost layer
+    core: UserCore  # the outermost layer of the user's decorated core
     dispatcher: McpDispatcher
     composites: CompositeTools
     backends: AggregatedBackends  # the innermost layer: for what goes to every backend
@@ -143,7 +143,7 @@ class UserHandle:
         """Close the whole stack, outermost first: every layer's own resources (the
         optimizer's index, an embedder's), then composite runs in flight are cancelled
         (the user's actors are stopping)."""
-        self.capabilities.close()
+        self.core.close()
 
 
 def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig,
@@ -233,7 +233,7 @@ class _SessionsRead:
 class _BackendDiscovered:
     round_id: int
     backend: str
-    outcome: cf.Future[BackendCapabilities]
+    outcome: cf.Future[DiscoveredBackend]
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ class UserActor(pykka.ThreadingActor):
         self._catalog_done_at: float | None = None  # when the served catalog settled
         self._round: _Round | None = None
         self._round_ids = itertools.count(1)
-        self._discovered: dict[str, BackendCapabilities] = {}
+        self._discovered: dict[str, DiscoveredBackend] = {}
         self._failures: dict[str, str] = {}
         self._session_origins: dict[str, bool] = {}  # session id -> its catalog came from the cache
         self._ending = False

@@ -83,5 +83,5 @@ def explain_for_admin(gateway: Any, store: Any, tool: str, *, session_id: str | 
         identity = user.proxy.caller().get(timeout=ASK_TIMEOUT)
     except (pykka.ActorDeadError, pykka.Timeout):
         return None
-    explanation = user.capabilities.explain_tool(identity, tool, Deadline.after(EXPLAIN_TIMEOUT))
+    explanation = user.core.explain_tool(identity, tool, Deadline.after(EXPLAIN_TIMEOUT))
     return {**explanation.to_json(), "subject": user.key.label, **({"session": session_id} if session_id else {})}

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from vmcp_actors.backends import BackendCapabilities, plain_json
+from vmcp_actors.backends import DiscoveredBackend, plain_json
 from vmcp_actors.config import AggregationConfig, VmcpConfig
 from vmcp_actors.core._catalog import Catalog, build_catalog
 from vmcp_actors.identity import Identity, forwarded_headers_of, identity_key
@@ -107,17 +107,17 @@ class DiscoveryCache:
                     "shared": self._shared is not None, "sharedHits": self.shared_hits}
 
 
-def capabilities_to_json(found: BackendCapabilities) -> dict[str, Any]:
+def capabilities_to_json(found: DiscoveredBackend) -> dict[str, Any]:
     return {"backend": found.backend, "capabilities": plain_json(found.capabilities), "tools": list(found.tools),
             "resources": list(found.resources), "resourceTemplates": list(found.resource_templates),
             "prompts": list(found.prompts), "ttlMs": found.ttl_ms}
 
 
-def capabilities_from_json(data: dict[str, Any]) -> BackendCapabilities:
+def capabilities_from_json(data: dict[str, Any]) -> DiscoveredBackend:
     lists = {key: tuple(data.get(key) or ()) for key in ("tools", "resources", "resourceTemplates", "prompts")}
     if not all(isinstance(item, dict) for values in lists.values() for item in values):
         raise ValueError("list entries must be objects")
-    return BackendCapabilities(backend=str(data["backend"]), capabilities=dict(data["capabilities"]),
+    return DiscoveredBackend(backend=str(data["backend"]), capabilities=dict(data["capabilities"]),
                                tools=lists["tools"], resources=lists["resources"],
                                resource_templates=lists["resourceTemplates"], prompts=lists["prompts"],
                                ttl_ms=data.get("ttlMs"))

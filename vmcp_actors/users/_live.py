@@ -180,7 +180,7 @@ class CallStream:
 
 
 @dataclass
-class Call:
+class InFlight:
     """A client request in flight: how to cancel it, and the requests sent on its stream."""
 
     session_id: str
@@ -195,14 +195,14 @@ class _Pending:
     method: str
     respond: Any
     timer: TimerHandle | None
-    call: Call | None
+    call: InFlight | None
 
 
 class _Session:
     def __init__(self) -> None:
         self.stream: StandaloneStream | None = None
         self.pending: dict[Any, _Pending] = {}
-        self.calls: dict[Any, Call] = {}
+        self.calls: dict[Any, InFlight] = {}
         self.call_streams: dict[str, CallStream] = {}
 
 
@@ -294,7 +294,7 @@ class LiveSessions:
     # -- requests to the client ----------------------------------------------------------
 
     def ask(self, session_id: str, request: ServerRequest, capabilities: Mapping[str, Any], deadline: Deadline,
-            call: Call | None = None) -> dict[str, Any] | None:
+            call: InFlight | None = None) -> dict[str, Any] | None:
         """Register ``request`` for the session and return the message to write (on the
         call's stream when ``call`` is given). When the client cannot take it, the request
         is answered with an error at once and None returned."""
@@ -348,13 +348,13 @@ class LiveSessions:
 
     # -- calls in flight -----------------------------------------------------------------
 
-    def begin_call(self, session_id: str, request_id: Any) -> Call:
-        call = Call(session_id, request_id)
+    def begin_call(self, session_id: str, request_id: Any) -> InFlight:
+        call = InFlight(session_id, request_id)
         with self._lock:
             self._sessions.setdefault(session_id, _Session()).calls[_key(request_id)] = call
         return call
 
-    def call_opened(self, call: Call, cancel: Any) -> None:
+    def call_opened(self, call: InFlight, cancel: Any) -> None:
         """A backend exchange (or composite run) of ``call`` started: how to cancel it."""
         with self._lock:
             call.cancels.append(cancel)
@@ -388,7 +388,7 @@ class LiveSessions:
             cancel(reason)
         return len(calls)
 
-    def end_call(self, call: Call) -> None:
+    def end_call(self, call: InFlight) -> None:
         """The call's answer is written or its stream closed: requests still waiting on
         that stream can no longer be answered."""
         with self._lock:
