@@ -90,18 +90,19 @@ class Runtime:
         self.service.drain()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """In reverse order of the start: the service's parked calls end (their backends
-        told), then the fanout, the Gateway (which ends or releases every user), tracing."""
-        self.service.stop()
+        """In reverse order of the start: tracing, the metric totals, the service (its
+        parked calls end, their backends told), the fanout, then the Gateway (which ends
+        or releases every user)."""
+        tracing.shutdown()
         if self.totals is not None:
             self.totals.stop()
+        self.service.stop()
         if self.fanout is not None:
             self.fanout.stop()
         try:
             self.gateway.actor_ref.stop(block=True, timeout=timeout)
         except (pykka.ActorDeadError, pykka.Timeout):
             pass
-        tracing.shutdown()
 
 
 def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequence[LayerFactory] = ()) -> Runtime:

@@ -35,10 +35,6 @@ from vmcp_actors.core._explain import (
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 
-# When a request's deadline ends before discovery does, it stops waiting this much
-# earlier, to answer with what discovery found so far.
-ANSWER_MARGIN = 0.1
-
 
 @dataclass(frozen=True)
 class Continuation:

@@ -10,7 +10,7 @@ What the revisions disagree on is translated here, both ways:
 * A 2026-07-28 backend that answers ``input_required`` (an ``InputRequired`` event):
   a modern client gets the backend's input requests as they are, with a ``requestState``
   sealed by the gateway (which backend, the backend's own state, who asked, for what);
-  a legacy client is asked each of them on the call's stream (``gather_input``) and the
+  a legacy client is asked each of them on the call's stream (``edge._legacy.SessionSide``) and the
   backend is asked again with the answers, so the client sees one ordinary call.
 * A request for the client during a call (``ServerRequest``: a legacy backend's
   elicitation, sampling or roots request, or a composite's elicitation step): a legacy

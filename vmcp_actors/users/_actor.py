@@ -509,7 +509,7 @@ class UserActor(pykka.ThreadingActor):
             self._backend_discovered(message)
         elif isinstance(message, _FromBackendStream):
             if self._services.fanout is not None and isinstance(message.message, dict):
-                self._services.fanout.publish(self._key, message.backend, message.message)
+                run_in_thread(self._services.fanout.publish, self._key, message.backend, message.message)  # Redis: off the loop
             self._from_backend_stream(message.backend, message.message)
         elif isinstance(message, _RefreshLists):
             self._refresh_lists()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from vmcp_actors.backends import DiscoveredBackend, plain_json
+from vmcp_actors.concurrency import run_in_thread
 from vmcp_actors.config import AggregationConfig, VmcpConfig
 from vmcp_actors.core._catalog import Catalog, build_catalog
 from vmcp_actors.identity import Identity, forwarded_headers_of, identity_key
@@ -90,8 +91,8 @@ class DiscoveryCache:
                 return
         with self._lock:
             self._keep(key, catalog, ttl)
-        if self._shared is not None:
-            self._shared.put("catalog", key, {"expires": time.time() + ttl, "backends": {
+        if self._shared is not None:  # a Redis round trip: on the I/O pool, never the caller's loop
+            run_in_thread(self._shared.put, "catalog", key, {"expires": time.time() + ttl, "backends": {
                 name: capabilities_to_json(found) for name, found in catalog.backends.items()}}, ttl)
 
     def _keep(self, key: Hashable, catalog: Catalog, ttl: float) -> None:

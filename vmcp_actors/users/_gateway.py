@@ -11,8 +11,7 @@ and nothing started is left behind when a caller stops waiting. No store round t
 on the loop either: the caller reads the user record it revives and writes the session
 record it opened (``admit_session``, ``serve_user``/``revive_user`` with ``user_record``),
 and reaping, ending users and deleting records run on the I/O pool, reporting back by
-message. (Called the old way, without the record, the read runs here: kept until the
-request service passes records.)
+message.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Flask front end: app factory and blueprints (mcp, admin, health)."""
+"""The Flask front end: the app factory over a started runtime, and the blueprints (mcp,
+admin, admin page, health, metrics, well-known)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from vmcp_actors.concurrency import wait_for_io
 worker_class = "gthread"
 workers = 1
 # A client's standalone stream (GET /mcp) holds a thread while it is open: at most
-# STANDALONE_STREAM_LIMIT of them (vmcp_actors.sessions), the rest serve requests.
+# STANDALONE_STREAM_LIMIT of them (vmcp_actors.users._live), the rest serve requests.
 threads = 128
 # Client connections one worker keeps open at once (gthread parks idle keep-alive ones in
 # its poller, off the threads): gunicorn's default of 1,000 would stall the 1,001st
