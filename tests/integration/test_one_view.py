@@ -50,7 +50,7 @@ def messages_per_list(tools: int) -> tuple[Counter[str], Counter[str]]:
     })
     runtime = start_runtime(config)
     try:
-        user = runtime.gateway.serve_user(UserKey.of(None, {}), None, {}).get(timeout=10)
+        user = runtime.gateway.serve_user(UserKey.of(None, {}), None, {}, None).get(timeout=10)
         counting = CountingProxy(user.backends._user)
         user.backends._user = counting
         listed = user.core.list_tools(None, Deadline.after(10))

@@ -609,6 +609,11 @@ def test_a_failed_run_is_logged_once_with_the_composite_the_step_and_why(caplog)
     caller = FakeCaller({"bad": failing("backend down")})
     result = outcome(composite(Step("broken", "bad")), caller)
     assert result["isError"] is True
+    # The run logs on its own thread, which may still be writing when the outcome arrives.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(r.name == "vmcp_actors.workflows.engine" for r in caplog.records):
+        time.sleep(0.01)
+    time.sleep(0.05)  # a second line, were there one, would follow at once
     lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows.engine"]
     assert len(lines) == 1 and lines[0].levelname == "WARNING"
     assert "composite 'c' run" in lines[0].getMessage() and "step 'broken' failed: backend down" in lines[0].getMessage()
