@@ -8,16 +8,19 @@ own log that the ``vmcp_actors`` it imported is that tree's. ``--after-ref REF``
 "after" side from a commit too (``--ref HEAD --after-ref HEAD``: identical code, ratios ~1).
 The benchmark code, test backends and clients are the working tree's for both sides.
 
-* ``overhead``: one run, one SDK echo backend in its own process, both gateways up at once.
-  Concurrent: 16 client threads per mode (direct, before, after), rounds in every order of
-  the three modes (each mode in each position alike); sequential: 1 thread, calls rotated
-  mode by mode. Targets (T3, issue 9): after/before throughput and p50 overhead.
+* ``overhead``: one run, one SDK echo backend in its own process, both gateways up at once,
+  for a legacy (2025-11-25, a session) and a modern (2026-07-28, no session) client
+  (``--eras``, default both): modes direct, before, after per era. Concurrent: 16 client
+  threads per mode, rounds in every order of direct/before/after, each with the eras in
+  both orders (each mode in each position alike); sequential: 1 thread, calls rotated mode
+  by mode in the same orders. Per era: after/before throughput and p50 overhead (T3, issue
+  9), gateway/direct throughput and overhead per side; with both eras, modern vs legacy.
 * any other benchmark (e.g. ``threads``): whole runs of ``python -m bench.NAME``, sides
   alternating (before, after, after, before, ...) for ``--rounds``; the metrics and
   targets each run records (VMCP_BENCH_RESULTS) side by side, medians over rounds. Extra
   arguments are passed on to it (``threads --idle-release 2s``).
 
-    .venv/bin/python -m bench.compare --ref REF [--after-ref REF] [--rounds N] [overhead] [threads ...] [ARGS]
+    .venv/bin/python -m bench.compare --ref REF [--after-ref REF] [--rounds N] [--eras legacy,modern] [overhead] [threads ...] [ARGS]
 """
 
 from __future__ import annotations
@@ -45,19 +48,24 @@ from bench._common import (
     McpClient,
     Stats,
     _die_with_parent,
+    admin_config,
+    admin_state,
     backend_process,
     gateway,
     median,
     print_header,
+    process_cpu_seconds,
     raise_failures,
+    record,
     run_benchmark,
     run_threads,
     settle_heap,
     table,
 )
-from bench.overhead import SEQUENTIAL_CALLS, WARMUP, echo
+from bench.overhead import ERAS, SEQUENTIAL_CALLS, WARMUP, echo
 
 SIDES = ("before", "after")
+ERA_LABELS = {"legacy": "2025-11-25, a session", "modern": "2026-07-28, no session"}
 SCRIPT_TIMEOUT = 300.0  # one run of a benchmark script (bench.threads takes up to ~4 min)
 # T3: "no worse than before", with room for what this shared 2-vCPU machine adds run to run.
 TARGET_THROUGHPUT_RATIO = 0.90  # after / before, gateway calls/s with 16 threads
@@ -94,33 +102,53 @@ def extracted(commit: str) -> Iterator[Path]:
 # ----------------------------------------------------------------------------------
 
 
-def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int) -> list[Check]:
-    modes = ("direct", *SIDES)
-    orders = list(itertools.permutations(modes))  # every mode in every position alike
+def overhead_orders(eras: Sequence[str]) -> list[list[str]]:
+    """The rounds' mode orders: every order of (direct, before, after) within an era, each
+    with the eras in both orders (one era: just the six orders). Mode names: ``SIDE-ERA``."""
+    era_orders = [list(eras)] if len(eras) == 1 else [list(eras), list(eras)[::-1]]
+    return [[f"{mode}-{era}" for era in era_order for mode in triple]
+            for triple in itertools.permutations(("direct", *SIDES)) for era_order in era_orders]
+
+
+def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
+                     eras: Sequence[str] = ("legacy",)) -> list[Check]:
+    modes = [f"{mode}-{era}" for era in eras for mode in ("direct", *SIDES)]
+    orders = overhead_orders(eras)  # every mode in every position alike
     per_round = max(1, calls // len(orders))
     with contextlib.ExitStack() as stack:
         backend = stack.enter_context(backend_process("sdk", "echo", "echo"))
-        gws = {side: stack.enter_context(gateway({"echo": backend.mcp_url}, tree=trees[side])) for side in SIDES}
+        extra = admin_config()
+        gws = {side: stack.enter_context(gateway({"echo": backend.mcp_url}, tree=trees[side], extra=extra))
+               for side in SIDES}
         for side in SIDES:
             print(f"{side}: gateway worker {gws[side].pid} runs {gws[side].source}")
-        targets = {"direct": (backend.mcp_url, "echo"), **{side: (gws[side].url, "echo_echo") for side in SIDES}}
-        clients = {mode: [stack.enter_context(McpClient(url)) for _ in range(threads)]
-                   for mode, (url, _) in targets.items()}
+        targets = {}  # mode: (url, tool, a 2026-07-28 client)
+        for era in eras:
+            targets[f"direct-{era}"] = (backend.mcp_url, "echo", era == "modern")
+            for side in SIDES:
+                targets[f"{side}-{era}"] = (gws[side].url, "echo_echo", era == "modern")
+        clients = {mode: [stack.enter_context(McpClient(url, modern=modern)) for _ in range(threads)]
+                   for mode, (url, _, modern) in targets.items()}
 
         def warm(index: int) -> None:
-            for mode, (_, tool) in targets.items():
+            for mode, (_, tool, _modern) in targets.items():
                 clients[mode][index].initialize()
                 for i in range(WARMUP):
                     echo(clients[mode][index], tool, f"w{i}")
 
         raise_failures(run_threads(threads, warm))
+        spoken = {side: admin_state(gws[side]).get("backendEras", {}).get("echo", "unknown") for side in SIDES}
+        print("the era each gateway spoke to the backend (admin state backendEras): "
+              + ", ".join(f"{side} {spoken[side]}" for side in SIDES))
         settle_heap()
 
         latencies: dict[str, list[float]] = {mode: [] for mode in modes}
         wall = dict.fromkeys(modes, 0.0)
-        cpu = dict.fromkeys(SIDES, 0.0)  # each gateway worker's CPU seconds while it was measured
+        cpu = dict.fromkeys(modes, 0.0)  # each gateway worker's CPU seconds while its mode was measured
+        backend_cpu = dict.fromkeys(modes, 0.0)  # the backend process's, each mode
         for mode in itertools.chain.from_iterable(orders):
             tool = targets[mode][1]
+            side = mode.split("-", 1)[0]
 
             def work(index: int, mode: str = mode, tool: str = tool) -> list[float]:
                 samples = []
@@ -130,12 +158,14 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int) -> lis
                     samples.append(time.perf_counter() - started)
                 return samples
 
-            cpu_before = gws[mode].cpu_seconds() if mode in gws else None
+            cpu_before = gws[side].cpu_seconds() if side in gws else None
+            backend_before = process_cpu_seconds(backend.pid)
             started = time.perf_counter()
             results = run_threads(threads, work, timeout=60)
             wall[mode] += time.perf_counter() - started
             if cpu_before is not None:
-                cpu[mode] += gws[mode].cpu_seconds() - cpu_before
+                cpu[mode] += gws[side].cpu_seconds() - cpu_before
+            backend_cpu[mode] += process_cpu_seconds(backend.pid) - backend_before
             raise_failures(results)
             for samples in results:
                 latencies[mode].extend(samples)
@@ -150,40 +180,87 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int) -> lis
     conc = {mode: Stats.of(samples) for mode, samples in latencies.items()}
     seq = {mode: Stats.of(samples) for mode, samples in sequential.items()}
     rate = {mode: len(latencies[mode]) / wall[mode] for mode in modes}
-    cpu_ms = {side: cpu[side] / len(latencies[side]) * 1000 for side in SIDES}
-    over_conc = {side: conc[side].p50 - conc["direct"].p50 for side in SIDES}
-    over_seq = {side: seq[side].p50 - seq["direct"].p50 for side in SIDES}
+    gw_modes = [f"{side}-{era}" for era in eras for side in SIDES]
+    cpu_ms = {mode: cpu[mode] / len(latencies[mode]) * 1000 for mode in gw_modes}
+    backend_ms = {mode: backend_cpu[mode] / len(latencies[mode]) * 1000 for mode in modes}
+    over_conc = {mode: conc[mode].p50 - conc[f"direct-{mode.split('-', 1)[1]}"].p50 for mode in gw_modes}
+    over_seq = {mode: seq[mode].p50 - seq[f"direct-{mode.split('-', 1)[1]}"].p50 for mode in gw_modes}
+    ratio = {mode: rate[mode] / rate[f"direct-{mode.split('-', 1)[1]}"] for mode in gw_modes}
 
-    print(f"\nconcurrent ({threads} threads, {len(latencies['direct'])} calls per mode, "
-          f"{len(orders)} rounds in every order of the modes)")
-    print(table(["mode", "p50", "p99", "mean", "throughput", "gateway CPU per call"], [
+    print(f"\nconcurrent ({threads} threads, {len(latencies[modes[0]])} calls per mode, "
+          f"{len(orders)} rounds per mode: every order of direct/before/after"
+          + (", the eras in both orders)" if len(eras) > 1 else ")"))
+    print(table(["mode", "p50", "p99", "mean", "throughput", "gateway CPU per call", "backend CPU per call"], [
         (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{rate[mode]:.0f} calls/s",
-         f"{cpu_ms[mode]:.2f} ms" if mode in cpu_ms else "") for mode, s in conc.items()]))
+         f"{cpu_ms[mode]:.2f} ms" if mode in cpu_ms else "", f"{backend_ms[mode]:.2f} ms")
+        for mode, s in conc.items()]))
     print(f"\nsequential (1 thread, {SEQUENTIAL_CALLS} calls per mode)")
     print(table(["mode", "p50", "p99", "mean", "min"], [
         (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.min:.2f} ms")
         for mode, s in seq.items()]))
-    throughput_ratio = rate["after"] / rate["before"]
-    print("\nafter vs before")
-    print(table(["measure", "before", "after", "after / before", "after - before"], [
-        (f"gateway throughput, {threads} threads", f"{rate['before']:.0f} calls/s", f"{rate['after']:.0f} calls/s",
-         f"{throughput_ratio:.2f}", ""),
-        ("throughput gateway / direct", f"{rate['before'] / rate['direct']:.2f}",
-         f"{rate['after'] / rate['direct']:.2f}", "", ""),
-        ("gateway CPU per call", f"{cpu_ms['before']:.2f} ms", f"{cpu_ms['after']:.2f} ms",
-         f"{cpu_ms['after'] / cpu_ms['before']:.2f}", f"{cpu_ms['after'] - cpu_ms['before']:+.2f} ms"),
-        ("p50 overhead, sequential", f"{over_seq['before']:.2f} ms", f"{over_seq['after']:.2f} ms",
-         f"{over_seq['after'] / over_seq['before']:.2f}", f"{over_seq['after'] - over_seq['before']:+.2f} ms"),
-        (f"p50 overhead, {threads} threads", f"{over_conc['before']:.2f} ms", f"{over_conc['after']:.2f} ms",
-         f"{over_conc['after'] / over_conc['before']:.2f}", f"{over_conc['after'] - over_conc['before']:+.2f} ms"),
-    ]))
-    slack = over_seq["after"] - over_seq["before"]
-    return [
-        Check(f"T3: gateway throughput after / before, {threads} threads", f"{throughput_ratio:.2f}",
-              f">= {TARGET_THROUGHPUT_RATIO:.2f}", throughput_ratio >= TARGET_THROUGHPUT_RATIO),
-        Check("T3: p50 overhead (sequential) after - before", f"{slack:+.2f} ms",
-              f"<= +{TARGET_SEQUENTIAL_SLACK_MS:.2f} ms", slack <= TARGET_SEQUENTIAL_SLACK_MS),
-    ]
+    checks: list[Check] = []
+    if len(set(spoken.values())) > 1:
+        checks.append(Check("both gateways spoke the same era to the backend", ", ".join(spoken.values()),
+                            "the same", False))
+    for era in eras:
+        b, a = f"before-{era}", f"after-{era}"
+        throughput_ratio = rate[a] / rate[b]
+        print(f"\nafter vs before, {era} client ({ERA_LABELS[era]})")
+        print(table(["measure", "before", "after", "after / before", "after - before"], [
+            (f"gateway throughput, {threads} threads", f"{rate[b]:.0f} calls/s", f"{rate[a]:.0f} calls/s",
+             f"{throughput_ratio:.2f}", ""),
+            ("throughput gateway / direct", f"{ratio[b]:.2f}", f"{ratio[a]:.2f}", f"{ratio[a] / ratio[b]:.2f}",
+             f"{ratio[a] - ratio[b]:+.2f}"),
+            ("gateway CPU per call", f"{cpu_ms[b]:.2f} ms", f"{cpu_ms[a]:.2f} ms",
+             f"{cpu_ms[a] / cpu_ms[b]:.2f}", f"{cpu_ms[a] - cpu_ms[b]:+.2f} ms"),
+            ("p50 overhead, sequential", f"{over_seq[b]:.2f} ms", f"{over_seq[a]:.2f} ms",
+             f"{over_seq[a] / over_seq[b]:.2f}", f"{over_seq[a] - over_seq[b]:+.2f} ms"),
+            (f"p50 overhead, {threads} threads", f"{over_conc[b]:.2f} ms", f"{over_conc[a]:.2f} ms",
+             f"{over_conc[a] / over_conc[b]:.2f}", f"{over_conc[a] - over_conc[b]:+.2f} ms"),
+        ]))
+        record(f"{era}: throughput after / before", round(throughput_ratio, 3))
+        for side, mode in (("before", b), ("after", a)):
+            record(f"{era}, {side}: p50 overhead sequential ms", round(over_seq[mode], 3))
+            record(f"{era}, {side}: throughput gateway / direct", round(ratio[mode], 3))
+        slack = over_seq[a] - over_seq[b]
+        prefix = "T3: " if era == "legacy" else f"T3 ({era} client): "
+        checks += [
+            Check(f"{prefix}gateway throughput after / before, {threads} threads", f"{throughput_ratio:.2f}",
+                  f">= {TARGET_THROUGHPUT_RATIO:.2f}", throughput_ratio >= TARGET_THROUGHPUT_RATIO),
+            Check(f"{prefix}p50 overhead (sequential) after - before", f"{slack:+.2f} ms",
+                  f"<= +{TARGET_SEQUENTIAL_SLACK_MS:.2f} ms", slack <= TARGET_SEQUENTIAL_SLACK_MS),
+        ]
+    if "legacy" in eras and "modern" in eras:
+        print("\nmodern (2026-07-28) client vs legacy (2025-11-25) client, each side")
+        rows = []
+        for side in SIDES:
+            legacy, modern = f"{side}-legacy", f"{side}-modern"
+            rows += [
+                (f"{side}: gateway p50, sequential", f"{seq[legacy].p50:.2f} ms", f"{seq[modern].p50:.2f} ms",
+                 f"{seq[modern].p50 - seq[legacy].p50:+.2f} ms"),
+                (f"{side}: p50 overhead, sequential", f"{over_seq[legacy]:.2f} ms", f"{over_seq[modern]:.2f} ms",
+                 f"{over_seq[modern] - over_seq[legacy]:+.2f} ms"),
+                (f"{side}: p50 overhead, {threads} threads", f"{over_conc[legacy]:.2f} ms",
+                 f"{over_conc[modern]:.2f} ms", f"{over_conc[modern] - over_conc[legacy]:+.2f} ms"),
+                (f"{side}: throughput gateway / direct", f"{ratio[legacy]:.2f}", f"{ratio[modern]:.2f}",
+                 f"{ratio[modern] - ratio[legacy]:+.2f}"),
+                (f"{side}: gateway throughput", f"{rate[legacy]:.0f} calls/s", f"{rate[modern]:.0f} calls/s",
+                 f"x {rate[modern] / rate[legacy]:.2f}"),
+                (f"{side}: gateway CPU per call", f"{cpu_ms[legacy]:.2f} ms", f"{cpu_ms[modern]:.2f} ms",
+                 f"{cpu_ms[modern] - cpu_ms[legacy]:+.2f} ms"),
+            ]
+        rows += [
+            ("direct: p50, sequential", f"{seq['direct-legacy'].p50:.2f} ms", f"{seq['direct-modern'].p50:.2f} ms",
+             f"{seq['direct-modern'].p50 - seq['direct-legacy'].p50:+.2f} ms"),
+            ("direct: backend CPU per call", f"{backend_ms['direct-legacy']:.2f} ms",
+             f"{backend_ms['direct-modern']:.2f} ms",
+             f"{backend_ms['direct-modern'] - backend_ms['direct-legacy']:+.2f} ms"),
+        ]
+        print(table(["measure", "legacy", "modern", "modern - legacy"], rows))
+        gap = over_seq["after-modern"] - over_seq["after-legacy"]
+        checks.append(Check("after: modern p50 overhead (sequential) minus legacy's", f"{gap:+.2f} ms",
+                            "<= +0.00 ms", gap <= 0.0))
+    return checks
 
 
 # ----------------------------------------------------------------------------------
@@ -265,6 +342,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="whole runs per side, other benchmarks (default 1)")
     parser.add_argument("--threads", type=int, default=16, help="overhead: client threads (default 16)")
     parser.add_argument("--calls", type=int, default=240, help="overhead: calls per thread per mode (default 240)")
+    parser.add_argument("--eras", default="legacy,modern",
+                        help="overhead: client eras, legacy (2025-11-25) and/or modern (2026-07-28); "
+                             "default both, interleaved in one run")
     parser.add_argument("benchmarks", nargs="*", metavar="NAME", default=["overhead"],
                         help="overhead (default) and/or any bench.NAME that reports targets, e.g. threads")
     args, passed_on = parser.parse_known_args()
@@ -273,6 +353,10 @@ def main() -> None:
             parser.error(f"no benchmark bench/{name}.py")
     if passed_on and set(args.benchmarks) == {"overhead"}:
         parser.error(f"unrecognized arguments: {' '.join(passed_on)}")
+
+    eras = tuple(dict.fromkeys(era.strip() for era in args.eras.split(",") if era.strip()))
+    if not eras or set(eras) - set(ERAS):
+        parser.error(f"--eras: a comma-separated list of {', '.join(ERAS)} (got {args.eras!r})")
 
     before = resolve(args.ref)
     after = resolve(args.after_ref) if args.after_ref else None
@@ -291,9 +375,9 @@ def main() -> None:
                      "after": stack.enter_context(extracted(after)) if after else ROOT}
             for name in args.benchmarks:  # each with its own watchdog
                 if name == "overhead":
-                    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
+                    faulthandler.dump_traceback_later(WATCHDOG_SECONDS * len(eras), exit=True)
                     print(f"\n######## overhead: before ({labels['before']}) vs after ({labels['after']}) ########\n")
-                    checks += compare_overhead(trees, args.threads, args.calls)
+                    checks += compare_overhead(trees, args.threads, args.calls, eras)
                 else:
                     faulthandler.dump_traceback_later(args.rounds * 2 * (SCRIPT_TIMEOUT + 30), exit=True)
                     checks += compare_script(name, trees, labels, args.rounds, passed_on)
