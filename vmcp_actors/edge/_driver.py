@@ -90,12 +90,19 @@ class CallRun:
 
     exchange: Exchange
     deadline: Deadline
-    id: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     cancel: Callable[[str | None], None] | None = None
     backend: str | None = None
     pending: dict[str, ServerRequest] = field(default_factory=dict)
     rounds: int = 0
     parked: bool = False
+    _id: str | None = None
+
+    @property
+    def id(self) -> str:
+        """Its name while parked (made when first asked: most calls are never parked)."""
+        if self._id is None:
+            self._id = secrets.token_urlsafe(12)
+        return self._id
 
 
 def started(start: Callable[[], Exchange | Mapping[str, Any]]) -> Exchange:
