@@ -30,6 +30,14 @@ logger = logging.getLogger(__name__)
 PRIORITY_FALLBACK_PREFIX = "{workload}_"
 
 
+def by_name(tools: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    """Tool definitions by name (the first of a name wins, as a client reading the list finds it)."""
+    named: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        named.setdefault(tool.get("name"), tool)  # type: ignore[arg-type]
+    return named
+
+
 @dataclass(frozen=True)
 class Route:
     """Where an advertised name really lives.
@@ -87,7 +95,7 @@ class Catalog:
     @functools.cached_property
     def tool_definitions(self) -> Mapping[str, dict[str, Any]]:
         """The advertised tools by name: the very dicts ``tools`` holds (derived once)."""
-        return MappingProxyType({tool["name"]: tool for tool in self.tools})
+        return MappingProxyType(by_name(self.tools))
 
     def route_resource(self, uri: str) -> str | None:
         """The backend that serves ``uri``: the one that listed it, else the first template that matches."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from vmcp_actors.concurrency import Deadline
-from vmcp_actors.core._catalog import Route
+from vmcp_actors.core._catalog import Route, by_name
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import (
     Explanation,
@@ -128,14 +128,6 @@ class PerList(Generic[T]):
 
     def clear(self) -> None:
         self._slot = None
-
-
-def by_name(tools: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
-    """Tool definitions by name (the first of a name wins, as a client reading the list finds it)."""
-    named: dict[str, dict[str, Any]] = {}
-    for tool in tools:
-        named.setdefault(tool.get("name"), tool)  # type: ignore[arg-type]
-    return named
 
 
 class CoreLayer:

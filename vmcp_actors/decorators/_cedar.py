@@ -29,14 +29,13 @@ import cedarpy
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import AuthzConfig
 from vmcp_actors.config._cedar import parse_entities
-from vmcp_actors.core._catalog import Route
+from vmcp_actors.core._catalog import Route, by_name
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
 from vmcp_actors.core._interface import (
     CoreLayer,
     PerList,
     UserCore,
-    by_name,
     reachable,
 )
 from vmcp_actors.decorators._guard import refuse_unknown_prompt_ref

@@ -38,7 +38,7 @@ from vmcp_actors.backends import CallOpened
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, stop_quietly
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.core._aggregated import ANSWER_MARGIN, AggregatedBackends
-from vmcp_actors.core._catalog import Catalog, InternalTool, Route
+from vmcp_actors.core._catalog import Catalog, InternalTool, Route, by_name
 from vmcp_actors.core._exchange import (
     SESSION_ENDED,
     CallCancelled,
@@ -47,7 +47,7 @@ from vmcp_actors.core._exchange import (
     ServerRequest,
 )
 from vmcp_actors.core._explain import ABSENT, ADDS, PASSES, USES, Explanation, Finding
-from vmcp_actors.core._interface import CoreLayer, by_name
+from vmcp_actors.core._interface import CoreLayer
 from vmcp_actors.decorators._filter import is_advertised
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS

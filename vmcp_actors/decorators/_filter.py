@@ -14,14 +14,13 @@ from typing import Any
 
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import AggregationConfig
-from vmcp_actors.core._catalog import Route
+from vmcp_actors.core._catalog import Route, by_name
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, Explanation, Finding
 from vmcp_actors.core._interface import (
     CoreLayer,
     PerList,
     UserCore,
-    by_name,
 )
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError

@@ -42,7 +42,6 @@ class RequestLifetime:
         self._held: list[UserKey] = []  # users held for this request (finish each once)
         self._ending: Callable[[], None] | None = None  # what the request opened, ended first
         self._audit: Callable[[RequestLifetime], None] | None = None
-        self.user: UserHandle | None = None  # the user that serves it
         self.run: CallRun | None = None  # its call, once started (which backend it reached)
         self.outcome: tuple[int, dict[str, Any] | None] | None = None  # status and body, once answered
         self._closed = False
@@ -57,7 +56,6 @@ class RequestLifetime:
             self._leased = session_id
             if lease.user is not None:
                 self._held.append(lease.user.key)
-                self.user = lease.user
         return lease
 
     def hold_user(self, key: UserKey) -> UserHandle | None:
@@ -65,7 +63,6 @@ class RequestLifetime:
         user = self._directory.hold_user(key)
         if user is not None:
             self._held.append(key)
-            self.user = user
         return user
 
     def ends_with(self, ending: Callable[[], None]) -> None:

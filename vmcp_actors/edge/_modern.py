@@ -318,25 +318,23 @@ class ParkedCalls:
     unanswered)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _calls and _timers
-        self._calls: dict[str, CallRun] = {}
-        self._timers: dict[str, TimerHandle] = {}
+        self._lock = threading.Lock()  # guards _calls
+        self._calls: dict[str, tuple[CallRun, TimerHandle]] = {}  # by id: the run and its deadline's timer
 
     def park(self, run: CallRun) -> None:
         run.parked = True
         timer = call_later(max(run.deadline.remaining(), 0.0), lambda: self._expire(run.id))
         with self._lock:
-            self._calls[run.id] = run
-            self._timers[run.id] = timer
+            self._calls[run.id] = (run, timer)
 
     def take(self, run_id: Any) -> CallRun | None:
         with self._lock:
-            run = self._calls.pop(run_id, None) if isinstance(run_id, str) else None
-            timer = self._timers.pop(run_id, None) if run is not None else None
-        if timer is not None:
-            timer.cancel()
-        if run is not None:
-            run.parked = False
+            parked = self._calls.pop(run_id, None) if isinstance(run_id, str) else None
+        if parked is None:
+            return None
+        run, timer = parked
+        timer.cancel()
+        run.parked = False
         return run
 
     def count(self) -> int:
@@ -345,11 +343,9 @@ class ParkedCalls:
 
     def end_all(self) -> None:
         with self._lock:
-            runs, self._calls = list(self._calls.values()), {}
-            timers, self._timers = list(self._timers.values()), {}
-        for timer in timers:
+            parked, self._calls = list(self._calls.values()), {}
+        for run, timer in parked:
             timer.cancel()
-        for run in runs:
             abandon(run, "the gateway is shutting down")
 
     def _expire(self, run_id: str) -> None:

@@ -294,12 +294,21 @@ class McpService:
 
     def _revive(self, key: UserKey, identity: Identity | None, lifetime: RequestLifetime) -> UserHandle:
         """The user's released actors revived, and held for the request."""
-        for _ in range(2):  # released again between the revival and the hold: once more
-            self._ask(self._gateway.revive_user(key, identity, self._directory.store.user(key)))
-            user = lifetime.hold_user(key)
+        return self._held(key, lifetime,
+                          lambda: self._gateway.revive_user(key, identity, self._directory.store.user(key)))
+
+    def _held(self, key: UserKey, lifetime: RequestLifetime, start: Callable[[], Any]) -> UserHandle:
+        """The user's live actors held for the request, started (``start``: the Gateway
+        asked, with the user record read here) when they are not live."""
+        user = lifetime.hold_user(key)
+        for _ in range(2):  # released again between the start and the hold: once more
             if user is not None:
                 return user
-        raise Unavailable()
+            self._ask(start())
+            user = lifetime.hold_user(key)
+        if user is None:
+            raise Unavailable()
+        return user
 
     # -- GET and DELETE ----------------------------------------------------------------------
 
@@ -383,7 +392,8 @@ class McpService:
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {message.method} (not part of "
                                                  f"{request.version})", http_status=404)
         key = UserKey.of(identity, request.client_capabilities)
-        user = self._hold_user(key, identity, request, lifetime)
+        user = self._held(key, lifetime, lambda: self._gateway.serve_user(
+            key, identity, relayed_capabilities(request.client_capabilities), self._directory.store.user(key)))
         if message.method == "subscriptions/listen":
             return self._listen(message, identity, user, lifetime)
         method = message.method or ""
@@ -448,20 +458,6 @@ class McpService:
             return settled(lifetime, *response_for(outcome, message.id))
         lifetime.run = run
         return answer_call(drive(run, side), lifetime, message.id)
-
-    def _hold_user(self, key: UserKey, identity: Identity | None, request: ModernRequest,
-                   lifetime: RequestLifetime) -> UserHandle:
-        """The caller's user (started or revived when it is not live), held for the request."""
-        user = lifetime.hold_user(key)
-        for _ in range(2):  # released again between the start and the hold: once more
-            if user is not None:
-                return user
-            self._ask(self._gateway.serve_user(key, identity, relayed_capabilities(request.client_capabilities),
-                                               self._directory.store.user(key)))
-            user = lifetime.hold_user(key)
-        if user is None:
-            raise Unavailable()
-        return user
 
     def _shaper(self, user: UserHandle, method: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
         def shape(result: Mapping[str, Any]) -> dict[str, Any]:
@@ -557,8 +553,8 @@ class McpService:
         def write(lifetime: RequestLifetime) -> None:
             status, body = lifetime.outcome if lifetime.outcome is not None else (500, None)
             self._audit.write(event_type, identity=identity, session_id=session_id, method=message.method or "",
-                              params=message.params, backend=lifetime.run.backend if lifetime.run else None, answer=body, http_status=status,
-                              seconds=elapsed())
+                              params=message.params, backend=lifetime.run.backend if lifetime.run else None,
+                              answer=body, http_status=status, seconds=elapsed())
 
         return write
 
@@ -569,9 +565,6 @@ class McpService:
             raise Unavailable() from None
         except CapReached as reached:
             raise Unavailable.at_cap(reached) from None
-        except StoreUnavailable as error:
-            logger.warning("%s", error)
-            raise Unavailable.store_down() from None
 
 
 def _error(status: int, message: str) -> Answer:
