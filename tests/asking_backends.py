@@ -86,7 +86,30 @@ class AskingBackend(SdkBackend):
                 raise
             return "waited"
 
-        for fn in (ask_llm, ask_user, ask_url, roots, touch, grow, wait):
+        later: list[Any] = []  # the tasks roots_later started (kept from the garbage collector)
+
+        async def roots_later(ctx: Context) -> str:
+            """Answer at once, then ask for the client's roots (roots/list outside any call);
+            ``.events`` says what came back and how long it took."""
+            import asyncio
+            import time
+
+            session = ctx.session
+
+            async def ask() -> None:
+                await asyncio.sleep(0.3)
+                started = time.monotonic()
+                try:
+                    result = await session.list_roots()
+                    outcome = "roots: " + ",".join(str(root.uri) for root in result.roots)
+                except Exception as error:  # noqa: BLE001 - recorded for the test
+                    outcome = f"refused: {error}"
+                backend.events.append(f"{outcome} after {time.monotonic() - started:.1f} s")
+
+            later.append(asyncio.get_running_loop().create_task(ask()))
+            return "asking later"
+
+        for fn in (ask_llm, ask_user, ask_url, roots, roots_later, touch, grow, wait):
             server.add_tool(fn)
 
         @server.resource(WATCHED_URI, mime_type="text/plain")

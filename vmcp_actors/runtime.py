@@ -132,7 +132,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     directory = Directory(store, time.monotonic)
     cache = DiscoveryCache(config.operational.discovery_cache_ttl, shared=shared, aggregation=config.aggregation)
     workflow_metrics = WorkflowMetrics()
-    services = SessionServices.for_config(config, outgoing_auth=outgoing_auth, discovery_cache=cache,
+    services = SessionServices.for_config(config, shared, outgoing_auth=outgoing_auth, discovery_cache=cache,
                                           store=store, workflow_metrics=workflow_metrics,
                                           decorators=stack(config, layers, workflow_metrics),
                                           fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)

@@ -119,10 +119,25 @@ def test_the_fixture_passes_the_suite_directly(suite: Suite, fixture_backend: Co
 @pytest.mark.parametrize("spec_version", SPEC_VERSIONS)
 def test_the_gateway_passes_the_suite(suite: Suite, fixture_backend: ConformanceBackend, start_gateway, tmp_path,
                                       spec_version: str) -> None:
-    # The fixture's 2025 tools ask the client mid-call: the gateway speaks 2025-11-25 to it.
-    gateway = start_gateway(gateway_config(fixture_backend, "legacy"))
+    # Nothing pinned: the fixture speaks both revisions, and its 2025 tools ask the client
+    # mid-call; a session whose client takes those requests gets a 2025 backend session.
+    gateway = start_gateway(gateway_config(fixture_backend))
     run = run_suite(suite, gateway.url, spec_version, tmp_path)
     assert_clean(run, f"through the gateway, spec {spec_version}")
+
+
+@pytest.mark.parametrize("pin", ["legacy", "modern"])
+def test_the_gateway_passes_the_suite_with_the_fixture_pinned(suite: Suite, fixture_backend: ConformanceBackend,
+                                                              start_gateway, tmp_path, pin: str) -> None:
+    """Additional rows: the fixture pinned to one era. Pinned to 2026-07-28, its tools that
+    ask mid-call cannot (its SDK has no back channel there), as straight to a 2026-only one."""
+    gateway = start_gateway(gateway_config(fixture_backend, pin))
+    run = run_suite(suite, gateway.url, SPEC_VERSIONS[0], tmp_path, expected_failures=None)
+    where = f"through the gateway, fixture pinned {pin}"
+    failed = set(run.failed_scenarios())
+    allowed = NOT_TRANSLATABLE_TO_MODERN if pin == "modern" else frozenset()
+    assert_ran(run, where)
+    assert failed <= allowed, f"{where}: {sorted(failed - allowed)}\n{run.report()}"
 
 
 # -- 2026-07-28 ---------------------------------------------------------------------------------

@@ -81,17 +81,15 @@ def test_sampling_elicitation_and_roots_reach_the_client_and_its_answers_the_bac
             answers = [_text(await client.call_tool("asking_ask_llm", {"prompt": "hello"})),
                        _text(await client.call_tool("asking_ask_user", {"question": "Who?"})),
                        _text(await client.call_tool("asking_ask_url", {}))]
-            if mode == "legacy":
-                # The SDK sends roots/list on its standalone stream, outside the call: a
-                # 2025 session takes it on its own stream; a 2026-07-28 client has none
-                # (docs/architecture.md, "Translation between eras", what is left).
-                answers.append(_text(await asyncio.wait_for(client.call_tool("asking_roots", {}), 20)))
+            # The SDK sends roots/list on its standalone stream, outside the call: the
+            # gateway delivers it into the user's one call in flight on that backend (on
+            # the call's stream for a 2025 session, as input_required for 2026-07-28).
+            answers.append(_text(await asyncio.wait_for(client.call_tool("asking_roots", {}), 20)))
             return answers
 
         answers = _run(work, server=gateway.url, mode=mode, sampling_callback=_sampling,
                        elicitation_callback=_elicitation({"name": "Ada", "count": 3}), list_roots_callback=_roots)
-        expected = ["model test-model said: HELLO", "accepted: Ada x3", "url: accept"]
-        assert answers == expected + (["file:///work/project"] if mode == "legacy" else [])
+        assert answers == ["model test-model said: HELLO", "accepted: Ada x3", "url: accept", "file:///work/project"]
 
 
 def test_a_client_without_the_capability_gets_the_backend_an_error_at_once(start_gateway):

@@ -16,6 +16,7 @@ from vmcp_actors.backends import (
     Handshake,
     McpHttpClient,
 )
+from vmcp_actors.backends._channel import ERA_REMEMBERED_FOR
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.core._catalog import Catalog, build_catalog
 from vmcp_actors.edge._modern import (
@@ -25,7 +26,7 @@ from vmcp_actors.edge._modern import (
     legacy_result,
     read_modern,
 )
-from vmcp_actors.exceptions import BackendHTTPError
+from vmcp_actors.exceptions import BackendHTTPError, BackendRpcError
 from vmcp_actors.protocol import JsonRpcError, Message
 from vmcp_actors.protocol.mcp import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
@@ -274,6 +275,90 @@ def test_a_failing_backend_is_not_taken_for_a_legacy_one():
         with pytest.raises(BackendHTTPError):
             _channel(eras).perform_handshake(None)
     assert eras.get("b") is None
+
+
+def _discovered(request):
+    return 200, {"Content-Type": "application/json"}, json.dumps({
+        "jsonrpc": "2.0", "id": json.loads(request.body)["id"], "result": {
+            "resultType": "complete", "supportedVersions": [MODERN], "capabilities": {"tools": {}}}})
+
+
+def _methods(rsps: responses.RequestsMock) -> list[str]:
+    return [json.loads(call.request.body).get("method") for call in rsps.calls]
+
+
+def test_a_user_whose_2025_clients_take_requests_initializes_first_without_a_probe():
+    eras = BackendEras()
+    channel = BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"roots": {}}, eras=eras,
+                             prefers_legacy=True)
+    with responses.RequestsMock() as rsps:
+        _initialize_answers(rsps)
+        handshake = channel.perform_handshake(None)
+        assert _methods(rsps) == ["initialize", "notifications/initialized"]
+    assert not handshake.is_modern and eras.speaks("b", "legacy") is True and eras.speaks("b", "modern") is None
+    assert "take sampling, elicitation or roots" in channel.era_reason
+
+
+def test_a_2026_only_backend_refusing_initialize_is_discovered_and_remembered():
+    eras = BackendEras()
+    refusal = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32022, "message": "Unsupported protocol version",
+                                                    "data": {"supported": [MODERN]}}}
+
+    def channel() -> BackendChannel:
+        return BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"roots": {}}, eras=eras,
+                              prefers_legacy=True)
+
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.POST, URL, status=400, json=refusal)
+        rsps.add_callback(responses.POST, URL, callback=_discovered)
+        first = channel()
+        assert first.perform_handshake(None).is_modern
+        assert _methods(rsps) == ["initialize", "server/discover"]
+    assert "refuses initialize" in first.era_reason and eras.speaks("b", "legacy") is False
+    with responses.RequestsMock() as rsps:  # remembered: straight to server/discover
+        rsps.add_callback(responses.POST, URL, callback=_discovered)
+        channel().perform_handshake(None)
+        assert _methods(rsps) == ["server/discover"]
+
+
+def test_an_initialize_failing_for_another_reason_is_not_taken_for_a_refusal():
+    eras = BackendEras()
+    channel = BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"roots": {}}, eras=eras,
+                             prefers_legacy=True)
+    with responses.RequestsMock() as rsps:
+        rsps.add(responses.POST, URL, json={"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "boom"}})
+        with pytest.raises(BackendRpcError):
+            channel.perform_handshake(None)
+    assert eras.speaks("b", "legacy") is None
+
+
+class _SharedLevel:
+    """The shared cache's interface (get/put), in memory: what another process would read."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, object] = {}
+        self.ttls: list[float] = []
+
+    def get(self, namespace: str, key: object) -> object:
+        return self.entries.get(json.dumps([namespace, key]))
+
+    def put(self, namespace: str, key: object, value: object, ttl: float) -> None:
+        self.entries[json.dumps([namespace, key])] = json.loads(json.dumps(value))
+        self.ttls.append(ttl)
+
+
+def test_what_a_backend_speaks_is_shared_with_other_processes_and_forgotten_after_a_while():
+    shared, now = _SharedLevel(), [0.0]
+    urls = {"b": URL}
+    learner = BackendEras(shared=shared, urls=urls, clock=lambda: now[0])
+    learner.learn("b", "modern", False)
+    assert shared.ttls == [ERA_REMEMBERED_FOR]
+    other = BackendEras(shared=shared, urls=urls, clock=lambda: now[0])  # a new process
+    assert other.speaks("b", "modern") is False and other.get("b") == "legacy"
+    assert BackendEras(shared=shared, urls={"b": "http://moved.test/mcp"}).speaks("b", "modern") is None
+    now[0] += ERA_REMEMBERED_FOR + 1
+    shared.entries.clear()  # Redis expired it too
+    assert learner.speaks("b", "modern") is None and learner.get("b") is None
 
 
 def test_a_pinned_era_is_never_probed():

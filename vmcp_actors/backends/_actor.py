@@ -184,7 +184,7 @@ class BackendConnection(PooledActor):
             if changed and handshake is not None and handshake.is_modern and self._listener is not None:
                 self._stop_listening()
             self._listen()
-        else:
+        elif not self._takes_requests():
             self._stop_listening()
 
     def discover(self, identity: Identity | None) -> cf.Future[DiscoveredBackend]:
@@ -209,11 +209,19 @@ class BackendConnection(PooledActor):
             backend=self._name,
             state=self._state.value,
             protocol_version=handshake.protocol_version if handshake else None,
+            protocol_reason=self._protocol_reason(handshake),
             tools=len(found.tools) if found else 0,
             resources=len(found.resources) if found else 0,
             prompts=len(found.prompts) if found else 0,
             last_error=self._last_error,
         )
+
+    def _protocol_reason(self, handshake: Handshake | None) -> str | None:
+        if handshake is None:
+            return None
+        if self._channel.era_reason is None:  # no handshake in this process: the record's
+            return "restored from the user record (the handshake that opened this backend session said so)"
+        return self._channel.era_reason
 
     # -- told by pooled jobs, callbacks and channels -------------------------------------
 
@@ -247,11 +255,24 @@ class BackendConnection(PooledActor):
         else:
             self._fail(error)
 
+    def on_start(self) -> None:
+        self._listen()  # a revived user's backend session may ask outside a call at once
+
+    def _takes_requests(self) -> bool:
+        """A 2025 backend session told that the user's clients take sampling, elicitation
+        or roots: it may ask for them outside a call, on its standalone stream, which
+        therefore stays open for as long as the connection lives (as a direct client's does)."""
+        handshake = result_or_none(self._handshake)
+        return self._channel.takes_requests and handshake is not None and not handshake.is_modern
+
     def _listen(self) -> None:
         """Open the standalone stream if it is wanted and not open (after the handshake)."""
-        if not self._stream_wanted or self._on_stream is None or self._state is ConnectionState.CLOSED \
+        if self._on_stream is None or self._state is ConnectionState.CLOSED \
                 or self._listener is not None or self._relisten is not None:
             return
+        if not self._stream_wanted:
+            if not self._takes_requests():
+                return
         handshake = result_or_none(self._handshake)
         if handshake is None:
             self.handshake(self._stream_identity)  # listens once it settles
@@ -259,7 +280,8 @@ class BackendConnection(PooledActor):
         if handshake.session_id == self._no_stream_on:
             return
         ref = self.actor_ref
-        self._listener = _StreamListener(self._name, self._channel, handshake, self._stream_identity,
+        identity = self._stream_identity if self._stream_wanted else self._handshake_identity
+        self._listener = _StreamListener(self._name, self._channel, handshake, identity,
                                          self._on_stream, lambda ended: tell_quietly(ref, ended), self._stream_uris)
         self._listener.start()
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -48,6 +50,7 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.identity import Identity, forwarded_headers_of
+from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
     LATEST_PROTOCOL_VERSION,
@@ -114,32 +117,139 @@ class InputRequired:
 Exchange = Generator[Any, None, dict[str, Any]]
 
 LEGACY, MODERN = "legacy", "modern"
+_OPENING = {LEGACY: "initialize", MODERN: "server/discover"}
+
+
+class _NotThisEra(Exception):
+    """A ``server/discover`` answer that offers no 2026-07-28."""
+
+
+# How long what a backend speaks is remembered: a backend upgraded meanwhile is probed
+# again after this.
+ERA_REMEMBERED_FOR = 3600.0
+ERA_NAMESPACE = "backend-eras"
+# How a backend of the other revision refuses our first message: a JSON-RPC error with one
+# of these codes (-32022: unsupported protocol version), or one of these HTTP statuses.
+REFUSAL_CODES = frozenset({-32022, -32600, -32601, -32602})
+REFUSAL_STATUSES = frozenset({400, 404, 405, 406, 415})
 
 
 class BackendEras:
-    """Which era each backend speaks, as its first handshake found out (process-wide and
-    thread-safe): later handshakes with it skip the ``server/discover`` probe when it is
-    a legacy backend, and every user's connection starts from what is known."""
+    """What each backend speaks, as handshakes found out: per era, True (it answered),
+    False (it refused) or unknown. Process-wide and thread-safe; with a shared second level
+    (records in Redis) every process learns from the first, so a new process does not probe
+    again. A handshake skips an era the backend is known to refuse; what is learned is
+    forgotten after ERA_REMEMBERED_FOR. ``pinned`` (from config) is never probed."""
 
-    def __init__(self, pinned: Mapping[str, str] | None = None) -> None:
-        self._lock = threading.Lock()  # guards the eras probed per backend; never nested
-        self._pinned = dict(pinned or {})  # from config: never probed
-        self._known: dict[str, str] = {}
+    def __init__(self, pinned: Mapping[str, str] | None = None, shared: SharedCache | None = None,
+                 urls: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()  # guards the facts learned per backend; never nested
+        self._pinned = dict(pinned or {})
+        self._shared = shared
+        self._urls = dict(urls or {})  # the shared level is keyed by name and URL: a moved backend is new
+        self._clock = clock
+        self._known: dict[str, tuple[dict[str, bool], float]] = {}  # backend -> (era -> speaks, learned at)
+
+    def pinned(self, backend: str) -> str | None:
+        return self._pinned.get(backend)
+
+    def speaks(self, backend: str, era: str) -> bool | None:
+        """Whether ``backend`` speaks ``era`` (None: not known). May read the shared level:
+        call it off actor loops (handshakes run on the I/O pool)."""
+        pinned = self._pinned.get(backend)
+        if pinned is not None:
+            return era == pinned
+        return self._facts(backend).get(era)
 
     def get(self, backend: str) -> str | None:
+        """The era a backend is first spoken to in, as known in this process: pinned,
+        ``modern`` when it answers 2026-07-28, ``legacy`` when it refuses it."""
+        pinned = self._pinned.get(backend)
+        if pinned is not None:
+            return pinned
         with self._lock:
-            return self._pinned.get(backend) or self._known.get(backend)
+            facts = self._fresh(backend)
+        modern = facts.get(MODERN)
+        return None if modern is None else MODERN if modern else LEGACY
 
-    def is_pinned(self, backend: str) -> bool:
-        return backend in self._pinned
-
-    def remember(self, backend: str, era: str) -> None:
+    def learn(self, backend: str, era: str, speaks: bool) -> None:
         with self._lock:
-            self._known[backend] = era
+            facts = {**self._fresh(backend), era: speaks}
+            self._known[backend] = (facts, self._clock())
+        if self._shared is not None:
+            self._shared.put(ERA_NAMESPACE, self._shared_key(backend), facts, ERA_REMEMBERED_FOR)
 
     def snapshot(self) -> dict[str, str]:
         with self._lock:
-            return {**self._known, **self._pinned}
+            names = list(self._known)
+        known = {name: era for name in names if (era := self.get(name)) is not None}
+        return {**known, **self._pinned}
+
+    def _facts(self, backend: str) -> dict[str, bool]:
+        with self._lock:
+            facts = self._fresh(backend)
+        if facts or self._shared is None:
+            return facts
+        shared = self._shared.get(ERA_NAMESPACE, self._shared_key(backend))
+        if not isinstance(shared, dict):
+            return {}
+        facts = {era: value for era, value in shared.items() if era in (MODERN, LEGACY) and isinstance(value, bool)}
+        with self._lock:
+            self._known[backend] = (facts, self._clock())  # forgotten here when the shared entry is, about
+        return facts
+
+    def _fresh(self, backend: str) -> dict[str, bool]:
+        """Under the lock: what is known of ``backend`` and not yet forgotten."""
+        entry = self._known.get(backend)
+        if entry is None:
+            return {}
+        if self._clock() - entry[1] > ERA_REMEMBERED_FOR:
+            del self._known[backend]
+            return {}
+        return entry[0]
+
+    def _shared_key(self, backend: str) -> list[str]:
+        return [backend, self._urls.get(backend, "")]
+
+
+_STREAMED, _INTERJECTED, _ANSWERED, _FAILED = "streamed", "interjected", "answered", "failed"
+_Mailbox = queue.SimpleQueue  # of (kind, value): what the reader thread and interjections bring
+
+
+class _CallsInFlight:
+    """The mailboxes of one backend session's calls that take interjected requests."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards the open mailboxes; never nested
+        self._open: list[_Mailbox] = []
+
+    def open(self) -> _Mailbox:
+        mailbox: _Mailbox = queue.SimpleQueue()
+        with self._lock:
+            self._open.append(mailbox)
+        return mailbox
+
+    def close(self, mailbox: _Mailbox, backend: str) -> None:
+        with self._lock:
+            self._open.remove(mailbox)
+        # A request interjected as the call ended: no one will read it, so it is refused.
+        while True:
+            try:
+                kind, value = mailbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind is _INTERJECTED:
+                logger.warning("backend %r asked for %s outside a call just as the call ended; refused",
+                               backend, value.method)
+                value.reply({"error": {"code": INTERNAL_ERROR,
+                                       "message": f"{value.method}: the call it was delivered to ended"}})
+
+    def deliver_to_only(self, request: BackendRequest) -> bool:
+        with self._lock:
+            if len(self._open) != 1:
+                return False
+            self._open[0].put((_INTERJECTED, request))
+            return True
 
 
 class _RequestIds:
@@ -161,10 +271,13 @@ class _RequestIds:
 class BackendChannel:
     def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None,
                  client_capabilities: Mapping[str, Any] | None = None, eras: BackendEras | None = None,
-                 request_id_base: int = 0):
+                 request_id_base: int = 0, prefers_legacy: bool = False):
         self.name = name
         self.timeout = timeout
         self._eras = eras if eras is not None else BackendEras()
+        # The user's clients are 2025 sessions that take requests: 2025 first (see UserKey).
+        self._prefers_legacy = prefers_legacy
+        self.era_reason: str | None = None  # why the last handshake speaks its era (admin state)
         # What the gateway declares at initialize: what the user's clients declared.
         self._client_capabilities = dict(client_capabilities or {})
         self._client = client
@@ -172,6 +285,20 @@ class BackendChannel:
         self._ids = _RequestIds(request_id_base)
         self._connection: Any = None  # ActorProxy[BackendConnection], attached when it is created
         self._handshake: cf.Future[Handshake] | None = None
+        self._calls = _CallsInFlight()
+
+    @property
+    def takes_requests(self) -> bool:
+        """The gateway declared sampling, elicitation or roots to this backend (its user's
+        clients did): on a 2025 session it may then ask for them, outside a call too, so
+        its standalone stream stays open and calls take requests that arrive there."""
+        return bool(self._client_capabilities)
+
+    def interject(self, request: BackendRequest) -> bool:
+        """A request the backend sent outside any call: delivered into this user's one call
+        in flight on this backend session, as if it came on that call's stream. False
+        (nothing done) when no call, or more than one, is in flight."""
+        return self._calls.deliver_to_only(request)
 
     # -- the BackendConnection actor only ------------------------------------------------
 
@@ -182,47 +309,77 @@ class BackendChannel:
         self._handshake = handshake
 
     def perform_handshake(self, identity: Identity | None) -> Handshake:
-        """What the backend speaks and offers: ``server/discover`` first (a 2026-07-28
-        backend answers it: no session), else initialize, then notifications/initialized.
-        Which one worked is remembered for the backend. A pooled job: it is shared by every
-        request of the user, so it waits the backend's timeout, not one request's deadline."""
-        era = self._eras.get(self.name)
-        if era != LEGACY:
-            discovered = self._discover(identity, probing=era is None)
-            if discovered is not None:
-                self._eras.remember(self.name, MODERN)
-                return discovered
-            self._eras.remember(self.name, LEGACY)
-        return self._initialize(identity)
+        """What the backend speaks and offers. The user's preferred era first (2026-07-28:
+        ``server/discover``, no session; 2025: initialize, then notifications/initialized),
+        the other when the backend refuses it (or is known to); what worked, and what was
+        refused, is remembered for the backend. A pooled job: it is shared by every request
+        of the user, so it waits the backend's timeout, not one request's deadline."""
+        pinned = self._eras.pinned(self.name)
+        if pinned is not None:
+            handshake = self._attempt(pinned, identity, strict=True)
+            assert handshake is not None
+            self.era_reason = f"pinned in the config (protocol: {pinned})"
+            return handshake
+        preferred = (LEGACY, MODERN) if self._prefers_legacy else (MODERN, LEGACY)
+        order = [era for era in preferred if self._eras.speaks(self.name, era) is not False] or list(preferred)
+        for era in order:
+            handshake = self._attempt(era, identity, strict=era == order[-1])
+            if handshake is not None:
+                self._eras.learn(self.name, era, True)
+                self.era_reason = self._why(era, skipped=era != preferred[0])
+                return handshake
+            self._eras.learn(self.name, era, False)
+        raise AssertionError("the last era is attempted strictly")  # pragma: no cover
 
-    def _discover(self, identity: Identity | None, probing: bool) -> Handshake | None:
-        """The backend's ``server/discover`` answer as a handshake; None when it answers
-        as a server of an earlier revision would (a JSON-RPC error or a 4xx)."""
+    def _attempt(self, era: str, identity: Identity | None, strict: bool) -> Handshake | None:
+        """A handshake in ``era``; None when the backend refuses it as one of the other
+        revision would (``strict``: that refusal is raised)."""
+        try:
+            return self._discover(identity) if era == MODERN else self._initialize(identity)
+        except BackendRpcError as refused:
+            if strict or refused.code not in REFUSAL_CODES and era == LEGACY:
+                raise
+            logger.debug("backend %r refused %s (%d)", self.name, _OPENING[era], refused.code)
+            return None
+        except BackendHTTPError as refused:
+            if strict or refused.status not in REFUSAL_STATUSES:
+                raise
+            logger.debug("backend %r refused %s (HTTP %d)", self.name, _OPENING[era], refused.status)
+            return None
+        except _NotThisEra:
+            if strict:
+                raise BackendProtocolError(self.name, f"backend {self.name!r} does not speak "
+                                                      f"{MODERN_PROTOCOL_VERSION} (its server/discover answer "
+                                                      "does not offer it)") from None
+            return None
+
+    def _why(self, era: str, skipped: bool) -> str:
+        """For the admin state: why this user's connection speaks ``era``."""
+        if era == MODERN and not skipped:
+            return f"the backend speaks {MODERN_PROTOCOL_VERSION} (it answers server/discover)"
+        if era == LEGACY and not skipped:
+            return ("this user's 2025 clients take sampling, elicitation or roots, which a backend asks for "
+                    "only on a 2025 session")
+        if era == LEGACY:
+            return f"the backend speaks no {MODERN_PROTOCOL_VERSION} (it refuses server/discover)"
+        return (f"the backend speaks only {MODERN_PROTOCOL_VERSION} (it refuses initialize): what it asks is "
+                "translated for this user's 2025 clients")
+
+    def _discover(self, identity: Identity | None) -> Handshake:
+        """The backend's ``server/discover`` answer as a handshake. Raises _NotThisEra when
+        it answers without offering 2026-07-28."""
         message = {"jsonrpc": "2.0", "id": self._ids.next(), "method": "server/discover",
                    "params": {"_meta": self.modern_meta()}}
         headers = {**self.headers_for(identity), METHOD_HEADER: "server/discover"}
-        try:
-            reply = self._client.post(message, session_id=None, protocol_version=MODERN_PROTOCOL_VERSION,
-                                      timeout=self.timeout, extra_headers=headers)
-        except BackendRpcError as refused:
-            logger.debug("backend %r refused server/discover (%d): not a %s backend", self.name, refused.code,
-                         MODERN_PROTOCOL_VERSION)
-            if not probing and self._eras.is_pinned(self.name):
-                raise
-            return None
-        except BackendHTTPError as refused:
-            if refused.status in (400, 404, 405, 406, 415) and not (not probing and self._eras.is_pinned(self.name)):
-                return None
-            raise
+        reply = self._client.post(message, session_id=None, protocol_version=MODERN_PROTOCOL_VERSION,
+                                  timeout=self.timeout, extra_headers=headers)
         answer = reply.message
         if not isinstance(answer, dict) or "error" in answer or not isinstance(answer.get("result"), dict):
-            if self._eras.is_pinned(self.name):
-                raise BackendProtocolError(self.name, f"backend {self.name!r} does not answer server/discover")
-            return None
+            raise _NotThisEra()
         result = answer["result"]
         versions = result.get("supportedVersions")
         if not isinstance(versions, list) or MODERN_PROTOCOL_VERSION not in versions:
-            return None
+            raise _NotThisEra()
         capabilities = result.get("capabilities")
         meta = result.get("_meta")
         server_info = meta.get(META_SERVER_INFO) if isinstance(meta, dict) else None
@@ -417,6 +574,9 @@ class BackendChannel:
             self._send_later(handshake, headers, {"jsonrpc": "2.0", "method": "notifications/cancelled",
                                                   "params": cancelled})
 
+        # A call that may be asked for something from outside (see interject) is read by a
+        # thread of its own while this one waits on its mailbox; any other is read here.
+        mailbox = self._calls.open() if self.takes_requests and not handshake.is_modern else None
         yield CallOpened(self.name, cancel)
         exchange = self._client.exchange(
             message,
@@ -426,6 +586,12 @@ class BackendChannel:
             extra_headers=headers,
             abort=abort,
         )
+        if mailbox is not None:
+            try:
+                answer = yield from self._read_with_interjections(exchange, abort, mailbox, timeout, handshake, headers)
+            finally:
+                self._calls.close(mailbox, self.name)
+            return self._result_of(answer, method)
         try:
             while True:
                 try:
@@ -435,6 +601,51 @@ class BackendChannel:
                 yield self._incoming(streamed, handshake, headers)
         finally:
             exchange.close()
+
+    def _read_with_interjections(self, exchange: Generator[Any, None, Any], abort: Abort, mailbox: _Mailbox,
+                                 timeout: float, handshake: Handshake, headers: dict[str, str]) -> Generator[Any, None, Any]:
+        """The exchange's messages and the requests interjected into the call, in arrival
+        order; returns the backend's answer. A ``vmcp-call-<backend>`` thread reads the
+        exchange into the mailbox (and closes it); closing this generator aborts that read."""
+
+        def read() -> None:
+            try:
+                while True:
+                    try:
+                        streamed = next(exchange)
+                    except StopIteration as answered:
+                        mailbox.put((_ANSWERED, answered.value))
+                        return
+                    mailbox.put((_STREAMED, streamed))
+            except BaseException as error:  # noqa: BLE001 - the waiting thread raises it
+                mailbox.put((_FAILED, error))
+            finally:
+                exchange.close()
+
+        threading.Thread(target=read, name=f"vmcp-call-{self.name}", daemon=True).start()
+        # The read ends within its timeout (or at abort); this margin only guards against a bug.
+        give_up_at = time.monotonic() + timeout + 5.0
+        finished = False
+        try:
+            while True:
+                try:
+                    kind, value = mailbox.get(timeout=max(give_up_at - time.monotonic(), 0.0))
+                except queue.Empty:
+                    raise BackendTimeout(self.name, f"backend {self.name!r} did not answer within "
+                                                    f"{timeout:g} s") from None
+                if kind is _STREAMED:
+                    yield self._incoming(value, handshake, headers)
+                elif kind is _INTERJECTED:
+                    yield value
+                elif kind is _ANSWERED:
+                    finished = True
+                    return value
+                else:
+                    finished = True
+                    raise value
+        finally:
+            if not finished:
+                abort.abort()  # the reader stops and closes the exchange
 
     def listen(self, identity: Identity | None, handshake: Handshake, abort: Abort,
                resource_uris: frozenset[str] = frozenset()) -> Iterator[Any]:

@@ -87,6 +87,7 @@ class ConnectionSnapshot:
     backend: str
     state: str
     protocol_version: str | None
+    protocol_reason: str | None  # why this connection speaks that revision
     tools: int
     resources: int
     prompts: int
@@ -97,6 +98,7 @@ class ConnectionSnapshot:
             "backend": self.backend,
             "state": self.state,
             "protocolVersion": self.protocol_version,
+            "protocolReason": self.protocol_reason,
             "tools": self.tools,
             "resources": self.resources,
             "prompts": self.prompts,

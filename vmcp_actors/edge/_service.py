@@ -225,7 +225,7 @@ class McpService:
 
         def open_session() -> Answer:
             # The store is read and written here, on the request's thread; the Gateway only decides.
-            user_record = self._directory.store.user(UserKey.of(identity, outcome.client_capabilities))
+            user_record = self._directory.store.user(UserKey.of(identity, outcome.client_capabilities, session=True))
             record = self._ask(self._gateway.admit_session(identity, outcome, user_record))
             self._directory.store.put_session(record)
             return Answer(body=result_response(message.id, outcome.result(self._config.name)),

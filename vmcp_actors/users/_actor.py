@@ -77,6 +77,7 @@ from vmcp_actors.exceptions import BackendError, BackendUnavailable
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
 from vmcp_actors.protocol.mcp import is_logged_at
+from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.users._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.users._live import LiveSessions
 from vmcp_actors.users._records import UserKey, UserRecord
@@ -119,11 +120,12 @@ class SessionServices:
     health: BackendHealth | None = None
 
     @classmethod
-    def for_config(cls, config: VmcpConfig, **kwargs: Any) -> SessionServices:
-        """Services whose backend eras start from the config's pins, with the config's
-        health board."""
+    def for_config(cls, config: VmcpConfig, shared: SharedCache | None = None, **kwargs: Any) -> SessionServices:
+        """Services whose backend eras start from the config's pins (and, with ``shared``,
+        from what other processes learned), with the config's health board."""
         pinned = {backend.name: backend.protocol for backend in config.backends if backend.protocol != "auto"}
-        return cls(eras=BackendEras(pinned), health=BackendHealth(config), **kwargs)
+        urls = {backend.name: backend.url for backend in config.backends}
+        return cls(eras=BackendEras(pinned, shared, urls), health=BackendHealth(config), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,8 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
     ``new``: the record is not in the store yet (the actor writes it first, after
     ``write_after`` settles: the ending of the user's previous record)."""
     board = CatalogBoard()
-    channels = {backend.name: _channel(backend, config, services, record.client_capabilities)
+    channels = {backend.name: _channel(backend, config, services, record.client_capabilities,
+                                       record.key.prefers_legacy)
                 for backend in sorted(config.backends, key=lambda b: b.name)}
     writes = _RecordWrites(record.key, write_after)
     if new:
@@ -187,12 +190,12 @@ def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionS
 
 
 def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServices,
-             client_capabilities: Mapping[str, Any] | None = None) -> BackendChannel:
+             client_capabilities: Mapping[str, Any] | None = None, prefers_legacy: bool = False) -> BackendChannel:
     breaker = services.health.breaker(backend.name) if services.health is not None else None
     return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url, breaker=breaker),
                           config.operational.timeouts.for_backend(backend.name),
                           services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
-                          services.request_id_base)
+                          services.request_id_base, prefers_legacy)
 
 
 class _RecordWrites:
@@ -285,6 +288,7 @@ class UserActor(pykka.ThreadingActor):
         self._session_origins: dict[str, bool] = {}  # session id -> its catalog came from the cache
         self._ending = False
         self._connections: dict[str, Any] = {}
+        self._channels = dict(channels)
         self._live = services.live
         # Who hears what arrives outside a call: sessions with a stream open (latest
         # last) and, per resource URI, the sessions subscribed to it (also from their
@@ -491,6 +495,8 @@ class UserActor(pykka.ThreadingActor):
         usable = catalog if catalog is not None and catalog.has_backends else None
         return {
             "user": self._key.label,
+            # its clients are 2025 sessions that take requests: backends are spoken 2025 first
+            "prefersLegacy": self._key.prefers_legacy,
             "started": self._created,
             "backends": backends,
             "catalogErrors": list(usable.errors) if usable else [],
@@ -591,8 +597,14 @@ class UserActor(pykka.ThreadingActor):
                 self._live.push(session_id, message)
 
     def _request_for_client(self, backend: str, request: BackendRequest) -> None:
-        """A backend asks a client outside any call: the session whose stream opened
-        last takes it (chosen on the I/O pool, where the session records are read)."""
+        """A backend asks a client outside any call. The user's one call in flight on that
+        backend session takes it, as if it came on the call's stream (a 2025 client sees
+        it there, a 2026-07-28 one gets input_required); failing that, the session whose
+        stream opened last (chosen on the I/O pool, where the session records are read);
+        failing both, the backend is refused at once."""
+        channel = self._channels.get(backend)
+        if channel is not None and channel.interject(request):
+            return
         run_in_thread(self._ask_a_client, backend, request, tuple(reversed(self._streams)))
 
     def _ask_a_client(self, backend: str, request: BackendRequest, session_ids: tuple[str, ...]) -> None:
@@ -607,8 +619,12 @@ class UserActor(pykka.ThreadingActor):
             asked = ServerRequest(request.method, request.params, request.reply, backend)
             if self._live.ask_on_stream(session_id, asked, session.client_capabilities, Deadline.after(timeout)):
                 return
-        request.reply({"error": {"code": -32603, "message": f"no client of this user has a stream open to take "
-                                                             f"{request.method}"}})
+        logger.warning("backend %r asked user %s for %s outside a call, with no call of that user in flight on it "
+                       "(or more than one) and no client stream open: refused", backend, self._key.label,
+                       request.method)
+        request.reply({"error": {"code": -32603, "message": f"{request.method}: no call of this user is in flight "
+                                                             "on this backend session (or more than one is) and no "
+                                                             "client has a stream open to take it"}})
 
     def _refresh_lists(self) -> None:
         self._refresh_timer = None

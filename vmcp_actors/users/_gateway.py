@@ -138,7 +138,7 @@ class Gateway(pykka.ThreadingActor):
         now = time.time()
         record = SessionRecord(
             session_id=self._signer.new_session_id(),
-            user=UserKey.of(identity, outcome.client_capabilities),
+            user=UserKey.of(identity, outcome.client_capabilities, session=True),
             protocol_version=outcome.protocol_version,
             client_capabilities=outcome.client_capabilities,
             client_info=outcome.client_info,

@@ -21,6 +21,7 @@ from vmcp_actors.identity import ANONYMOUS, Identity, forwarded_headers_of, iden
 # The client capabilities the gateway passes on to backends (it declares to a backend
 # what the user's clients declared, so a backend never asks what no client can answer).
 RELAYED_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots")
+LEGACY_PREFERRED = "legacy"  # a user key's mark: its clients are 2025 sessions that take requests
 
 
 def relayed_capabilities(client_capabilities: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,20 +40,27 @@ class UserKey:
     anonymous caller), a digest of the passthrough headers, which backends may answer
     by (callers they can tell apart never share a catalog or a backend session), and a
     digest of the client capabilities declared to backends (a backend session is told
-    one set: clients that declare another get backend sessions of their own)."""
+    one set: clients that declare another get backend sessions of their own), and whether
+    its clients are 2025 sessions that take requests (``prefers_legacy``): a backend that
+    speaks both revisions asks for sampling, elicitation and roots only on a 2025 session,
+    so such a user's connections speak 2025 to it, and a 2026-07-28 client never shares
+    them."""
 
     issuer: str = ""
     subject: str = ANONYMOUS
     headers: str = ""
     features: str = ""
+    prefers_legacy: bool = False
 
     @classmethod
-    def of(cls, identity: Identity | None, client_capabilities: Mapping[str, Any] | None = None) -> UserKey:
+    def of(cls, identity: Identity | None, client_capabilities: Mapping[str, Any] | None = None,
+           *, session: bool = False) -> UserKey:
+        """``session``: the client is a 2025 session (it initialized), not a 2026-07-28 one."""
         owner = identity_key(identity)
         headers = _digest(forwarded_headers_of(identity))
-        features = _digest(relayed_capabilities(client_capabilities or {}))
+        relayed = relayed_capabilities(client_capabilities or {})
         issuer, subject = owner if owner is not None else ("", ANONYMOUS)
-        return cls(issuer, subject, headers, features)
+        return cls(issuer, subject, headers, _digest(relayed), session and bool(relayed))
 
     @property
     def owner(self) -> tuple[str, str] | None:
@@ -65,13 +73,17 @@ class UserKey:
         return self.subject if self.issuer else ANONYMOUS
 
     def to_json(self) -> list[str]:
-        return [self.issuer, self.subject, self.headers, self.features]
+        parts = [self.issuer, self.subject, self.headers, self.features]
+        return [*parts, LEGACY_PREFERRED] if self.prefers_legacy else parts
 
     @classmethod
     def from_json(cls, data: Any) -> UserKey:
-        if not isinstance(data, list) or len(data) not in (3, 4) or not all(isinstance(part, str) for part in data):
-            raise ValueError("a user key is [issuer, subject, headers digest, features digest]")
-        return cls(*data)
+        if not isinstance(data, list) or len(data) not in (3, 4, 5) or not all(isinstance(part, str) for part in data):
+            raise ValueError('a user key is [issuer, subject, headers digest, features digest] and "legacy" '
+                             "when its clients are 2025 sessions that take requests")
+        if len(data) == 5 and data[4] != LEGACY_PREFERRED:
+            raise ValueError(f"a user key's fifth part can only be {LEGACY_PREFERRED!r}")
+        return cls(*data[:4], prefers_legacy=len(data) == 5)
 
 
 @dataclass(frozen=True)

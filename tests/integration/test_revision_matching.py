@@ -1,0 +1,218 @@
+"""Never worse than a direct connection (issue 22): a backend that speaks both revisions is
+spoken to in the revision of the client it serves where that changes what works, and a
+request a backend sends outside a call reaches the client. Default config (nothing
+pinned), a real official-SDK backend, the official SDK client directly and through the
+gateway, compared."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import mcp
+import pytest
+from mcp import types
+
+from tests.asking_backends import asking_backend
+from tests.backends import RawMcpBackend, _echo_tools
+from tests.gateway import admin_get, backend_entry, wait_until
+from tests.integration.test_client_requests import _elicitation, _roots, _sampling
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+ADMIN_ENV, ADMIN_TOKEN = "VMCP_TEST_REVISION_ADMIN_TOKEN", "revision-admin-token-7c2e"
+PREFIX = "asking_"  # the default conflict resolution prefixes every tool with its backend's name
+CALLBACKS = {"sampling_callback": _sampling, "elicitation_callback": _elicitation({"name": "Ada", "count": 3}),
+             "list_roots_callback": _roots}
+
+
+@pytest.fixture(autouse=True)
+def admin_token(monkeypatch):
+    monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
+
+
+def config(backend: Any, **extra: Any) -> dict:
+    return {"name": "t", "backends": [backend_entry("asking", backend)], "admin": {"tokenEnv": ADMIN_ENV}, **extra}
+
+
+def calls(names: list[str], prefix: str = "", mode: str = "legacy", **client_args: Any):
+    """Each tool called once with the SDK client, in order: (is_error, first text) each, or
+    ("refused", code, message) for a JSON-RPC error."""
+    arguments = {"ask_llm": {"prompt": "hello"}, "ask_user": {"question": "Who?"}, "touch": {"uri": "test://x"}}
+
+    async def main(url: str) -> list[tuple[Any, ...]]:
+        async with mcp.Client(url, mode=mode, **client_args) as client:
+            results: list[tuple[Any, ...]] = []
+            for name in names:
+                try:
+                    result = await asyncio.wait_for(client.call_tool(prefix + name, arguments.get(name, {})), 20)
+                except mcp.MCPError as error:
+                    results.append(("refused", error.error.code, error.error.message))
+                    continue
+                results.append((result.is_error, result.content[0].text))
+            return results
+
+    return lambda url: asyncio.run(main(url))
+
+
+def connections(gateway) -> list[dict]:
+    """Every live user's backend connections, with whether the user prefers 2025."""
+    state = admin_get(gateway, token=ADMIN_TOKEN).json()
+    return [{**backend, "prefersLegacy": user["prefersLegacy"]} for user in state["users"]
+            for backend in user["backends"]]
+
+
+BACK_CHANNEL = ["ask_llm", "ask_user", "ask_url", "roots"]
+
+
+def test_a_2025_session_that_takes_requests_gets_a_2025_backend_session_and_what_direct_gets(start_gateway):
+    with asking_backend() as backend:
+        gateway = start_gateway(config(backend))
+        direct = calls(BACK_CHANNEL, **CALLBACKS)(backend.mcp_url)
+        through = calls(BACK_CHANNEL, PREFIX, **CALLBACKS)(gateway.url)
+        assert through == direct == [(False, "model test-model said: HELLO"), (False, "accepted: Ada x3"),
+                                     (False, "url: accept"), (False, "file:///work/project")]
+        [connection] = connections(gateway)
+        assert connection["protocolVersion"] == "2025-11-25" and connection["prefersLegacy"]
+        assert "take sampling, elicitation or roots" in connection["protocolReason"]
+
+
+def test_2026_clients_and_2025_sessions_that_take_nothing_get_2026_backend_sessions(start_gateway):
+    with asking_backend() as backend:
+        gateway = start_gateway(config(backend))
+        # A 2026-07-28 client (auto mode: the gateway and the backend answer server/discover)
+        # gets the backend's 2026-07-28 behaviour, as directly: what the tool asks mid-call
+        # fails there (the SDK has no back channel on a 2026-07-28 connection).
+        direct = calls(["ask_llm", "touch"], mode="auto", **CALLBACKS)(backend.mcp_url)
+        through = calls(["ask_llm", "touch"], PREFIX, mode="auto", **CALLBACKS)(gateway.url)
+        assert through == direct and direct[0][0] == "refused" and direct[1] == (False, "touched test://x"), direct
+        list_tools(gateway, open_session(gateway))  # a 2025 session that declares nothing
+        found = wait_until(lambda: len(connections(gateway)) == 2 and connections(gateway))
+        assert found, connections(gateway)
+        assert {(c["protocolVersion"], c["prefersLegacy"]) for c in found} == {("2026-07-28", False)}
+        assert all("answers server/discover" in c["protocolReason"] for c in found)
+
+
+def test_a_request_outside_any_call_with_nowhere_to_go_is_refused_at_once_and_logged(start_gateway, caplog):
+    caplog.set_level(logging.WARNING, logger="vmcp_actors")
+    with asking_backend() as backend:
+        gateway = start_gateway(config(backend))
+        assert calls(["roots_later"], PREFIX, mode="legacy", list_roots_callback=_roots)(gateway.url) == [
+            (False, "asking later")]  # the client leaves at once: no call in flight, no stream
+        refused = wait_until(lambda: [e for e in backend.events if e.startswith("refused")], timeout=10)
+        assert refused, backend.events
+        assert "no call of this user is in flight" in refused[0]
+        assert float(refused[0].rsplit(" after ", 1)[1].split()[0]) < 2.0  # at once, not a timeout
+        assert any("outside a call" in record.getMessage() and "roots/list" in record.getMessage()
+                   for record in caplog.records)
+
+
+def test_a_request_outside_a_call_goes_to_the_standalone_stream_when_two_calls_are_in_flight(start_gateway):
+    with asking_backend() as backend:
+        gateway = start_gateway(config(backend))
+
+        async def main() -> str:
+            async with mcp.Client(gateway.url, mode="legacy", **CALLBACKS) as client:
+                waiting = asyncio.ensure_future(client.call_tool(PREFIX + "wait", {}))
+                await asyncio.sleep(0.5)  # two calls in flight on the backend session: no one call takes it
+                try:
+                    result = await asyncio.wait_for(client.call_tool(PREFIX + "roots", {}), 20)
+                finally:
+                    waiting.cancel()
+                return result.content[0].text
+
+        # The SDK client keeps its standalone stream open: the request is asked there.
+        assert asyncio.run(main()) == "file:///work/project"
+
+
+def test_a_2026_client_gets_a_backends_request_outside_the_call_as_input_required(start_gateway):
+    """The backend speaks only 2025 here (as the TypeScript reference server does) and sends
+    roots/list on its standalone stream: the one call in flight answers input_required."""
+    from tests.eras import start_in_era
+    from tests.asking_backends import AskingBackend
+
+    backend = start_in_era(AskingBackend("asking"), "legacy")
+    try:
+        gateway = start_gateway(config(backend))
+        assert calls(["roots"], PREFIX, mode="auto", list_roots_callback=_roots)(gateway.url) == [
+            (False, "file:///work/project")]
+        [connection] = connections(gateway)
+        assert connection["protocolVersion"] == "2025-11-25" and not connection["prefersLegacy"]
+        assert "refuses server/discover" in connection["protocolReason"]
+    finally:
+        backend.stop()
+
+
+# -- remembered revisions -----------------------------------------------------------------------
+
+
+def legacy_backend() -> RawMcpBackend:
+    """A 2025-only backend (server/discover: -32601) that records what it gets."""
+    return RawMcpBackend("old", _echo_tools("old")).start()
+
+
+def open_session(gateway, capabilities: dict | None = None, headers: dict | None = None) -> str:
+    response = gateway.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": capabilities or {},
+        "clientInfo": {"name": "raw", "version": "1"}}}, headers=headers)
+    assert response.status_code == 200, response.text
+    session_id = response.headers["Mcp-Session-Id"]
+    gateway.post({"jsonrpc": "2.0", "method": "notifications/initialized"}, session_id, headers=headers)
+    return session_id
+
+
+def list_tools(gateway, session_id: str, headers: dict | None = None) -> None:
+    response = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session_id,
+                            headers={"MCP-Protocol-Version": "2025-11-25", **(headers or {})})
+    assert response.status_code == 200, response.text
+
+
+def test_a_backends_revision_is_remembered_in_redis_and_a_new_process_does_not_probe_again(
+        start_gateway, redis_server, monkeypatch):
+    monkeypatch.setenv("SHARED_SIGNING_KEY", "shared-signing-key-0123456789abcdef")
+    backend = legacy_backend()
+    try:
+        shared = {"name": "t", "backends": [backend_entry("old", backend)],
+                  # a passthrough header tells users apart: each process serves a new user
+                  "outgoingAuth": {"passthroughHeaders": ["X-Tenant"]},
+                  "operational": {"signingKeyEnv": "SHARED_SIGNING_KEY"},
+                  "sessionStorage": {"provider": "redis", "address": redis_server.address, "db": 0,
+                                     "keyPrefix": "t:"}}
+        first = start_gateway(shared)
+        list_tools(first, open_session(first, headers={"X-Tenant": "a"}), {"X-Tenant": "a"})
+        assert backend.methods()[:2] == ["server/discover", "initialize"]
+        first.stop()
+        backend.clear_received()
+        second = start_gateway(shared)  # another process: nothing learned locally
+        list_tools(second, open_session(second, headers={"X-Tenant": "b"}), {"X-Tenant": "b"})
+        assert backend.methods()[:2] == ["initialize", "notifications/initialized"], backend.methods()
+        assert "server/discover" not in backend.methods()
+    finally:
+        backend.stop()
+
+
+def test_without_redis_a_new_process_probes_again(start_gateway):
+    backend = legacy_backend()
+    try:
+        plain = {"name": "t", "backends": [backend_entry("old", backend)]}
+        first = start_gateway(plain)
+        list_tools(first, open_session(first))
+        first.stop()
+        backend.clear_received()
+        second = start_gateway(plain)
+        list_tools(second, open_session(second))
+        assert backend.methods()[:2] == ["server/discover", "initialize"], backend.methods()
+    finally:
+        backend.stop()
+
+
+def test_a_legacy_backend_costs_no_probe_for_a_session_that_takes_requests(start_gateway):
+    backend = legacy_backend()
+    try:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("old", backend)]})
+        list_tools(gateway, open_session(gateway, {"roots": {}}))
+        assert backend.methods()[:2] == ["initialize", "notifications/initialized"], backend.methods()
+        assert "server/discover" not in backend.methods()
+    finally:
+        backend.stop()
