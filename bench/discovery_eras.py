@@ -122,11 +122,11 @@ def snapshot(backends: Sequence[BackendProcess]) -> list[Received]:
     return [Received.of(backend) for backend in backends]
 
 
-def first_tools_list(url: str, token: str, backends: Sequence[BackendProcess], store: str, phase: str,
-                     delay: float, gw: RunningGateway) -> Discovery:
+def first_tools_list(gw: RunningGateway, token: str, backends: Sequence[BackendProcess], store: str, phase: str,
+                     delay: float) -> Discovery:
     """A new client of a new user: initialize, then tools/list; the backends' counts around it."""
     before = snapshot(backends)
-    with McpClient(url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+    with McpClient(gw.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
         started = time.perf_counter()
         client.initialize()
         initialized = time.perf_counter()
@@ -165,10 +165,10 @@ def run_store(store: str, backends: Sequence[BackendProcess], incoming: dict, id
 
     found = []
     with gateway(urls, operational=operational, extra=extra) as first:
-        found.append(first_tools_list(first.url, token("a"), backends, store, "process 1, user A", delay, first))
-        found.append(first_tools_list(first.url, token("b"), backends, store, "process 1, user B", delay, first))
+        found.append(first_tools_list(first, token("a"), backends, store, "process 1, user A", delay))
+        found.append(first_tools_list(first, token("b"), backends, store, "process 1, user B", delay))
     with gateway(urls, operational=operational, extra=extra) as second:
-        found.append(first_tools_list(second.url, token("c"), backends, store, SECOND_PROCESS, delay, second))
+        found.append(first_tools_list(second, token("c"), backends, store, SECOND_PROCESS, delay))
     return found
 
 
@@ -179,7 +179,7 @@ def run_pinned(backends: Sequence[BackendProcess], incoming: dict, idp, delay: f
              "backends": [{"name": name, "url": url, "protocol": "legacy"} for name, url in urls.items()]}
     with gateway(urls, operational={"signingKeyEnv": SIGNING_KEY_ENV}, extra=extra) as gw:
         token = idp.issue_token("bench-pinned-a", AUDIENCE, expires_in=600)
-        return first_tools_list(gw.url, token, backends, "pinned", "protocol: legacy, user A", delay, gw)
+        return first_tools_list(gw, token, backends, "pinned", "protocol: legacy, user A", delay)
 
 
 def body(delay: float) -> list[Check]:
