@@ -450,9 +450,15 @@ class BackendProcess:
 
 
 @contextlib.contextmanager
-def backend_process(kind: str, name: str, *tools: str) -> Iterator[BackendProcess]:
-    """A test backend (``sdk`` or ``raw``) served in its own process (bench/_backend_server.py)."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench._backend_server", kind, name, *tools], cwd=ROOT,
+def backend_process(kind: str, name: str, *tools: str, delay: float = 0.0,
+                    count: bool = False) -> Iterator[BackendProcess]:
+    """A test backend (``sdk``, ``legacy`` or ``raw``) served in its own process
+    (bench/_backend_server.py): ``delay`` seconds before every POST's answer; ``count``:
+    what reaches it, read with :func:`backend_counts`."""
+    options = [f"--delay={delay:g}"] if delay else []
+    if count:
+        options.append("--count")
+    proc = subprocess.Popen([sys.executable, "-m", "bench._backend_server", *options, kind, name, *tools], cwd=ROOT,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
     try:
         url = proc.stdout.readline().strip()
@@ -463,6 +469,16 @@ def backend_process(kind: str, name: str, *tools: str) -> Iterator[BackendProces
         with contextlib.suppress(OSError):
             proc.stdin.close()
         _stop_process(proc)
+
+
+def backend_counts(backend: BackendProcess) -> dict[str, dict[str, dict[str, int]]]:
+    """What has reached a ``backend_process(..., count=True)`` so far: {HTTP method:
+    {JSON-RPC method (POST) or "": {HTTP status or "pending": n}}}."""
+    from bench._backend_server import COUNTS_PATH
+
+    response = requests.get(backend.mcp_url.removesuffix("/mcp") + COUNTS_PATH, timeout=10)
+    response.raise_for_status()
+    return response.json()
 
 
 def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] | None = None,

@@ -18,7 +18,8 @@ The benchmark code, test backends and clients are the working tree's for both si
 * any other benchmark (e.g. ``threads``): whole runs of ``python -m bench.NAME``, sides
   alternating (before, after, after, before, ...) for ``--rounds``; the metrics and
   targets each run records (VMCP_BENCH_RESULTS) side by side, medians over rounds. Extra
-  arguments are passed on to it (``threads --idle-release 2s``).
+  arguments are passed on to it (``threads --idle-release 2s``). ``discovery_eras``
+  (issue 22) starts and stops its gateways from each side's tree the same way.
 
     .venv/bin/python -m bench.compare --ref REF [--after-ref REF] [--rounds N] [--eras legacy,modern] [overhead] [threads ...] [ARGS]
 """
@@ -346,7 +347,8 @@ def main() -> None:
                         help="overhead: client eras, legacy (2025-11-25) and/or modern (2026-07-28); "
                              "default both, interleaved in one run")
     parser.add_argument("benchmarks", nargs="*", metavar="NAME", default=["overhead"],
-                        help="overhead (default) and/or any bench.NAME that reports targets, e.g. threads")
+                        help="overhead (default) and/or any bench.NAME that reports targets, e.g. threads, "
+                             "discovery_eras")
     args, passed_on = parser.parse_known_args()
     for name in args.benchmarks:
         if name != "overhead" and not (ROOT / "bench" / f"{name}.py").is_file():

@@ -14,7 +14,8 @@ import time
 
 from bench._common import ROOT, table
 
-BENCHMARKS = ("fanout", "concurrent_calls", "isolation", "overhead", "composite_parallel", "find_tool")
+BENCHMARKS = ("fanout", "concurrent_calls", "isolation", "overhead", "composite_parallel", "find_tool",
+              "discovery_eras")
 PER_BENCHMARK_TIMEOUT = 150.0
 
 
