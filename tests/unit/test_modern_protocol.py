@@ -146,6 +146,10 @@ def test_results_for_modern_clients_carry_result_type_identity_and_cache_hints()
     read = complete({"contents": [], "ttlMs": 5000, "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "b"}}},
                     "resources/read", "gw", hints)
     assert read["ttlMs"] == 5000 and read["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "gw"
+    public = CacheHints(30_000, "public")
+    private_read = complete({"contents": [], "ttlMs": 5, "cacheScope": "private"}, "resources/read", "gw", public)
+    assert private_read["cacheScope"] == "private"  # the backend's answer is for its caller only
+    assert complete({"contents": [], "cacheScope": "public"}, "resources/read", "gw", hints)["cacheScope"] == "private"
     called = complete({"content": []}, "tools/call", "gw", hints)
     assert "ttlMs" not in called and called["resultType"] == "complete"
     interim = complete({"resultType": "input_required", "requestState": "s"}, "tools/call", "gw", hints)

@@ -239,12 +239,14 @@ def complete(result: Mapping[str, Any], method: str, name: str, hints: CacheHint
     meta[META_SERVER_INFO] = server_info(name)
     shaped["_meta"] = meta
     if method in CACHEABLE_METHODS and shaped["resultType"] == "complete":
+        shaped["cacheScope"] = hints.scope
         if method == "resources/read":
             ttl = result.get("ttlMs")
             shaped["ttlMs"] = ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl >= 0 else 0
+            if result.get("cacheScope") == "private":  # the backend's answer is for this caller only
+                shaped["cacheScope"] = "private"
         else:
             shaped["ttlMs"] = hints.list_ttl_ms
-        shaped["cacheScope"] = hints.scope
     return shaped
 
 
