@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import requests
+import urllib3
+import urllib3.connection
 import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from requests.structures import CaseInsensitiveDict
@@ -76,32 +78,95 @@ _ERROR_BODY_LIMIT = 64 * 1024  # a JSON-RPC error body bigger than this is not r
 
 class Abort:
     """Ends an exchange or a stream from another thread (a cancelled call, a listener no
-    longer needed): its socket is shut down, so a read blocked on it returns at once."""
+    longer needed): its socket is shut down, so a read blocked on it returns at once. Before
+    the backend's response has begun, the socket of the request being sent is watched
+    (``watch``), so a call the backend has not started answering is ended on the wire too."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards the watched response and the aborted flag; never nested
+        self._lock = threading.Lock()  # guards the watched response or socket and the aborted flag; never nested
         self._resp: requests.Response | None = None
+        self._sock: socket.socket | None = None
         self.aborted = False
 
     def attach(self, resp: requests.Response) -> bool:
         """Watch ``resp``; False (and ``resp`` closed) when the abort came first."""
         with self._lock:
+            self._sock = None
             if self.aborted:
                 resp.close()
                 return False
             self._resp = resp
             return True
 
+    def watch(self, sock: socket.socket | None) -> None:
+        """Watch the socket a request was sent on, until its response begins (None: stop)."""
+        with self._lock:
+            if not self.aborted or sock is None:
+                self._sock = sock
+                return
+        _shut(sock)
+
     def abort(self) -> None:
         with self._lock:
             self.aborted = True
             resp, self._resp = self._resp, None
-        sock = getattr(getattr(resp.raw, "connection", None), "sock", None) if resp is not None else None
+            sock, self._sock = self._sock, None
+        if resp is not None:
+            sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+class _Sending(threading.local):
+    abort: Abort | None = None  # the Abort of the request this thread is sending, if any
+
+
+_SENDING = _Sending()
+
+
+class _Watched:
+    """A connection whose socket the sending thread's Abort watches while the response is awaited."""
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        abort = _SENDING.abort
+        if abort is None:
+            return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+        abort.watch(self.sock)  # type: ignore[attr-defined]
+        try:
+            return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            abort.watch(None)
+
+
+class _WatchedHTTPConnection(_Watched, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _WatchedHTTPSConnection(_Watched, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+class _AbortableAdapter(HTTPAdapter):
+    """requests' adapter whose direct connections can be ended before their response begins."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
 
 
 @dataclass(frozen=True)
@@ -190,7 +255,7 @@ class McpHttpClient:
         self._owns_http = http is None
         if http is None:
             http = requests.Session()
-            adapter = HTTPAdapter(pool_connections=pool_size, pool_maxsize=pool_size)
+            adapter = _AbortableAdapter(pool_connections=pool_size, pool_maxsize=pool_size)
             http.mount("http://", adapter)
             http.mount("https://", adapter)
             # Read the proxy and CA settings once: with trust_env, requests re-reads the
@@ -263,7 +328,7 @@ class McpHttpClient:
         ``abort`` ends it from another thread (raising BackendCancelled here).
         """
         deadline = time.monotonic() + timeout
-        resp = self._open(request, session_id, protocol_version, extra_headers, deadline, timeout)
+        resp = self._open(request, session_id, protocol_version, extra_headers, deadline, timeout, abort)
         try:
             if abort is not None and not abort.attach(resp):
                 raise self._cancelled()
@@ -357,6 +422,7 @@ class McpHttpClient:
         extra_headers: Mapping[str, str] | None,
         deadline: float,
         timeout: float,
+        abort: Abort | None = None,
     ) -> requests.Response:
         headers = self._headers(session_id, protocol_version, extra_headers)
         headers["Content-Type"] = _JSON
@@ -364,7 +430,7 @@ class McpHttpClient:
             if span is not None and protocol_version is not None and protocol_version >= MODERN_PROTOCOL_VERSION:
                 message = _with_traceparent(message, headers["traceparent"])  # 2026-07-28: in _meta too
             body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-            resp = self._send("POST", headers, body, deadline, timeout)
+            resp = self._send("POST", headers, body, deadline, timeout, abort)
             if span is not None:
                 span.set_attribute("http.response.status_code", resp.status_code)
             try:
@@ -449,8 +515,11 @@ class McpHttpClient:
         return BackendTimeout(self._name, f"backend {self._name!r} did not answer within {timeout:g}s")
 
     def _send(
-        self, method: str, headers: CaseInsensitiveDict, body: bytes | None, deadline: float, timeout: float
+        self, method: str, headers: CaseInsensitiveDict, body: bytes | None, deadline: float, timeout: float,
+        abort: Abort | None = None,
     ) -> requests.Response:
+        """``abort`` (a call's): aborted before the response begins, the send ends with
+        BackendCancelled and its socket is shut, so the backend sees the request end."""
         remaining = self._remaining(deadline, timeout)
         breaker = self._breaker
         if breaker is not None:
@@ -460,7 +529,10 @@ class McpHttpClient:
                 record_backend(self._name, "circuit_open", 0.0)
                 raise
         started = time.monotonic()
+        _SENDING.abort = abort
         try:
+            if abort is not None and abort.aborted:
+                raise self._cancelled()
             resp = self._http.request(
                 method,
                 self._url,
@@ -472,6 +544,8 @@ class McpHttpClient:
                 allow_redirects=False,
             )
         except Exception as exc:
+            if abort is not None and abort.aborted:
+                raise self._cancelled() from None  # we ended it: nothing against the backend
             mapped = self._map_exception(exc, timeout)
             record_backend(self._name, _outcome_of(mapped), time.monotonic() - started)
             if breaker is not None:
@@ -479,6 +553,8 @@ class McpHttpClient:
                 (breaker.failed if isinstance(mapped, (BackendUnavailable, BackendTimeout)) else breaker.succeeded)()
             # `from None`: requests' messages carry the URL; keep it out of tracebacks.
             raise mapped from None
+        finally:
+            _SENDING.abort = None
         record_backend(self._name, "ok" if resp.status_code < 500 else "http_5xx", time.monotonic() - started)
         if breaker is not None:
             (breaker.failed if resp.status_code >= 500 else breaker.succeeded)()
