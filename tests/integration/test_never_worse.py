@@ -65,9 +65,9 @@ pytestmark = [
 PY_LEGACY, PY_AUTO, TS = "py-legacy", "py-auto", "ts"
 ASKING, RESOLVER, EVERYTHING, MODERN = "asking", "resolver", "everything", "modern"
 ALL_ASKING = ["sampling", "elicitation", "roots"]
-CALL_TIMEOUT = 5  # seconds a client waits for one call: a cell the gateway fails ends soon
-WAIT_TIMEOUT = 3  # seconds a client waits for a notification
-CANCELLED_WITHIN = 2.0  # seconds for a cancelled call to reach its backend (directly: milliseconds)
+CALL_TIMEOUT = 3  # seconds a client waits for one call: a cell the gateway fails ends soon
+WAIT_TIMEOUT = 2  # seconds a client waits for a notification
+CANCELLED_WITHIN = 1.5  # seconds for a cancelled call to reach its backend (directly: milliseconds)
 
 
 def in_ci() -> bool:
@@ -363,7 +363,7 @@ SDK_RESULTS = (
 )
 SDK_REFUSED = (call("refuse", {"shape": "square"}, refused=True),)
 CHATTY = call("chatty", {"steps": 3}, progress=True)
-CANCEL = call("wait", cancelAfter=0.5)
+CANCEL = call("wait", cancelAfter=0.3)
 
 EVERYTHING_RESULTS = (
     call("echo", {"message": "hello"}),
@@ -430,7 +430,7 @@ UNCANCELLED_2025 = f"{UNCANCELLED}; (a) would cancel it with notifications/cance
 CACHE_SCOPE = ("issue 22: the gateway answers resources/read to a 2026-07-28 client with cacheScope 'public' "
                "where the backend said 'private'")
 ROOTS_OUTSIDE = ("issue 22 (b): get-roots-list's roots/list goes out on the backend's standalone stream, "
-                 "which nothing carries to a 2026-07-28 client: the call times out (client side, 5 s)")
+                 "which nothing carries to a 2026-07-28 client: the call times out (client side, CALL_TIMEOUT)")
 LOG_OUTSIDE = ("issue 22: directly the client falls back to 2025 and gets the log message the backend sends "
                "outside a request on its standalone stream; through the gateway it speaks 2026-07-28, where "
                "nothing carries such a message")
