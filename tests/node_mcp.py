@@ -56,7 +56,7 @@ class EverythingServer:
     def __init__(self, name: str = "everything") -> None:
         self.name = name
         self.port = _free_port()
-        self._log = tempfile.TemporaryFile()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until stop()
         home = node_mcp_home()
         # The server listens on every interface of PORT; it is only ever reached on loopback.
         self._process = subprocess.Popen(

@@ -34,10 +34,8 @@ cells skip without it, and fail under CI).
 from __future__ import annotations
 
 import copy
-import os
 import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
@@ -45,10 +43,9 @@ import pytest
 
 from tests import node_mcp
 from tests.asking_backends import WATCHED_URI
+from tests.conformance.test_conformance import in_ci
 from tests.gateway import QuickStopGatewayServer, backend_entry, wait_until
 from tests.matrix_backends import (
-    REFUSED_CODE,
-    REFUSED_MESSAGE,
     matrix_asking_backend,
     matrix_modern_backend,
     matrix_resolver_backend,
@@ -68,10 +65,6 @@ ALL_ASKING = ["sampling", "elicitation", "roots"]
 CALL_TIMEOUT = 3  # seconds a client waits for one call: a cell the gateway fails ends soon
 WAIT_TIMEOUT = 2  # seconds a client waits for a notification
 CANCELLED_WITHIN = 1.5  # seconds for a cancelled call to reach its backend (directly: milliseconds)
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _needs_node() -> None:
@@ -229,7 +222,6 @@ class Cell:
     cancels: bool = False  # the backend must see the call cancelled, directly and through the gateway
     xfail: str | None = None
     capabilities: tuple[str, ...] = tuple(ALL_ASKING)
-    extra: dict = field(default_factory=dict)
 
     @property
     def id(self) -> str:

@@ -7,7 +7,7 @@
 // outcome have the shapes tests/matrix_clients.py documents; the Python SDK client's driver
 // there prints the same shapes, so the test compares either client's runs the same way.
 // The client answers the server's requests with the canned answers both drivers share
-// (tests/matrix_clients.py CANNED_*, passed in the scenario's "canned").
+// (tests/matrix_clients.py CANNED, passed in the scenario's "canned").
 import { createRequire } from "node:module";
 import { join } from "node:path";
 
