@@ -57,6 +57,7 @@ pytestmark = [
     # the SDK deprecates logging, sampling, roots and resources/subscribe for 2026-07-28
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:.*deprecated as of 2026-07-28"),
+    pytest.mark.filterwarnings("ignore:.*removed as of 2026-07-28"),
 ]
 
 PY_LEGACY, PY_AUTO, TS = "py-legacy", "py-auto", "ts"
