@@ -1,0 +1,115 @@
+"""The Node side of the never-worse matrix: the TypeScript reference server
+``@modelcontextprotocol/server-everything`` (streamable HTTP, 2025 revisions only) on a
+loopback port, and the TypeScript SDK's client driven by ``tests/node/ts_client.mjs``.
+
+``scripts/install-node-mcp`` installs both, with a Node 22, into :func:`node_mcp_home`;
+this module looks in the same place (``$VMCP_NODE_MCP_HOME``, else
+``${XDG_CACHE_HOME:-$HOME/.cache}/vmcp-actors/node-mcp``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+INSTALL_SCRIPT = "scripts/install-node-mcp"
+TS_CLIENT = Path(__file__).resolve().parent / "node" / "ts_client.mjs"
+EVERYTHING_ENTRY = "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+NODE = "node_modules/.bin/node"
+STARTUP_TIMEOUT = 15.0
+
+
+def node_mcp_home() -> Path:
+    explicit = os.environ.get("VMCP_NODE_MCP_HOME")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "vmcp-actors" / "node-mcp"
+
+
+def missing() -> str | None:
+    """Why the Node side cannot run (a message naming the install script), or None."""
+    home = node_mcp_home()
+    if not (home / ".installed").is_file() or not (home / NODE).exists() or not (home / EVERYTHING_ENTRY).is_file():
+        return (f"the Node MCP packages are not installed in {home}: run {INSTALL_SCRIPT} "
+                f"(it installs Node 22, @modelcontextprotocol/server-everything and @modelcontextprotocol/sdk)")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EverythingServer:
+    """server-everything in streamable HTTP mode, as a child process on a loopback port
+    (``.url``, ``.mcp_url``, ``.name``, ``.stop()``: like the Python test backends, so
+    ``backend_entry`` takes it)."""
+
+    def __init__(self, name: str = "everything") -> None:
+        self.name = name
+        self.port = _free_port()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until stop()
+        home = node_mcp_home()
+        # The server listens on every interface of PORT; it is only ever reached on loopback.
+        self._process = subprocess.Popen(
+            [str(home / NODE), str(home / EVERYTHING_ENTRY), "streamableHttp"],
+            env={**os.environ, "PORT": str(self.port)}, cwd=home,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
+        try:
+            self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"server-everything exited with {self._process.returncode}: {self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"server-everything did not listen on {self.port} within {STARTUP_TIMEOUT} s: {self.log()}")
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", "replace")[-2000:]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def mcp_url(self) -> str:
+        return self.url + "/mcp"
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(5)
+        self._log.close()
+
+
+def run_ts_client(url: str, scenario: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """Run ``scenario`` with the TypeScript SDK client against ``url``; its outcome (the shape
+    tests/matrix_clients.py documents)."""
+    home = node_mcp_home()
+    done = subprocess.run([str(home / NODE), str(TS_CLIENT), str(home), url], input=json.dumps(scenario),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"ts_client.mjs exited with {done.returncode}: {done.stderr[-3000:]}")
+    return json.loads(done.stdout)
