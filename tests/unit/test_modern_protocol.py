@@ -150,6 +150,9 @@ def test_results_for_modern_clients_carry_result_type_identity_and_cache_hints()
     private_read = complete({"contents": [], "ttlMs": 5, "cacheScope": "private"}, "resources/read", "gw", public)
     assert private_read["cacheScope"] == "private"  # the backend's answer is for its caller only
     assert complete({"contents": [], "cacheScope": "public"}, "resources/read", "gw", hints)["cacheScope"] == "private"
+    # A backend that says nothing (a 2025 one) may answer per session: private, as the SDK assumes.
+    assert complete({"contents": []}, "resources/read", "gw", public)["cacheScope"] == "private"
+    assert complete({"contents": [], "cacheScope": "public"}, "resources/read", "gw", public)["cacheScope"] == "public"
     called = complete({"content": []}, "tools/call", "gw", hints)
     assert "ttlMs" not in called and called["resultType"] == "complete"
     interim = complete({"resultType": "input_required", "requestState": "s"}, "tools/call", "gw", hints)

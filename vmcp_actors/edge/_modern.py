@@ -243,7 +243,7 @@ def complete(result: Mapping[str, Any], method: str, name: str, hints: CacheHint
         if method == "resources/read":
             ttl = result.get("ttlMs")
             shaped["ttlMs"] = ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl >= 0 else 0
-            if result.get("cacheScope") == "private":  # the backend's answer is for this caller only
+            if result.get("cacheScope") != "public":  # the backend's answer may be for this caller only
                 shaped["cacheScope"] = "private"
         else:
             shaped["ttlMs"] = hints.list_ttl_ms
