@@ -267,12 +267,9 @@ class BackendConnection(PooledActor):
 
     def _listen(self) -> None:
         """Open the standalone stream if it is wanted and not open (after the handshake)."""
-        if self._on_stream is None or self._state is ConnectionState.CLOSED \
-                or self._listener is not None or self._relisten is not None:
+        if not (self._stream_wanted or self._takes_requests()) or self._on_stream is None \
+                or self._state is ConnectionState.CLOSED or self._listener is not None or self._relisten is not None:
             return
-        if not self._stream_wanted:
-            if not self._takes_requests():
-                return
         handshake = result_or_none(self._handshake)
         if handshake is None:
             self.handshake(self._stream_identity)  # listens once it settles

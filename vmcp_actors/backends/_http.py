@@ -521,6 +521,8 @@ class McpHttpClient:
         """``abort`` (a call's): aborted before the response begins, the send ends with
         BackendCancelled and its socket is shut, so the backend sees the request end."""
         remaining = self._remaining(deadline, timeout)
+        if abort is not None and abort.aborted:
+            raise self._cancelled()  # cancelled before it was sent: nothing goes out, no circuit probe taken
         breaker = self._breaker
         if breaker is not None:
             try:
@@ -531,8 +533,6 @@ class McpHttpClient:
         started = time.monotonic()
         _SENDING.abort = abort
         try:
-            if abort is not None and abort.aborted:
-                raise self._cancelled()
             resp = self._http.request(
                 method,
                 self._url,
