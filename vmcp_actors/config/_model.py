@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from vmcp_actors.workflows import CompositeTool
 
 DEFAULT_TRANSPORT = "streamable-http"
+TRANSPORTS = (DEFAULT_TRANSPORT, "sse", "stdio")
+USER_PLACEHOLDER = "{user}"  # in a perUser stdio backend's args, env values and cwd
 DEFAULT_ALGORITHMS = ("RS256", "ES256")
 DEFAULT_PREFIX_FORMAT = "{workload}_"
 WORKLOAD_PLACEHOLDER = "{workload}"
@@ -29,14 +31,35 @@ def _freeze_sequence(obj: object, attr: str) -> None:
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """One MCP server behind the gateway; ``name`` becomes its tools' prefix."""
+    """One MCP server behind the gateway; ``name`` becomes its tools' prefix. An HTTP
+    backend (``streamable-http``, or ``sse``: the 2024-11-05 HTTP+SSE transport) has a
+    ``url``; a ``stdio`` backend is a program the gateway starts (``command``, ``args``,
+    ``env``, ``cwd``), one for everyone (``scope: shared``) or one per user (``perUser``)."""
 
     name: str
-    url: str
+    url: str | None = None
     transport: str = DEFAULT_TRANSPORT
     # "auto": a server/discover probe decides (remembered); "modern" (2026-07-28) or
     # "legacy" (initialize, 2025-xx) pin it.
     protocol: str = "auto"
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    # Literal values. Left out of the hash: a mapping proxy is not hashable.
+    env: Mapping[str, str] = field(default_factory=dict, hash=False)
+    cwd: str | None = None
+    scope: str = "shared"
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "args")
+        _freeze_mapping(self, "env")
+
+    @property
+    def is_process(self) -> bool:
+        return self.transport == "stdio"
+
+    @property
+    def per_user(self) -> bool:
+        return self.transport == "stdio" and self.scope == "perUser"
 
 
 @dataclass(frozen=True)
@@ -241,6 +264,10 @@ class OperationalConfig:
     failure_handling: FailureHandlingConfig | None = None
     # NAME of the env var holding the key that signs session ids; None = a random key per start.
     signing_key_env: str | None = None
+    # stdio backends: live children of this worker at most (perUser ones are released
+    # least recently used first), and how long a shared child may sit idle before it stops.
+    max_processes: int = 50
+    process_idle_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "allowed_hosts")
@@ -369,6 +396,9 @@ class BackendAuthConfig:
     type: str = "unauthenticated"
     header_injection: HeaderInjectionConfig | None = None
     token_exchange: TokenExchangeConfig | None = None
+    # For a stdio backend: the environment variable of the child that carries the
+    # credential (the injected header's value, or the exchanged token) instead of a header.
+    token_env: str | None = None
 
 
 @dataclass(frozen=True)

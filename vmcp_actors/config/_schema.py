@@ -46,6 +46,8 @@ from ._model import (
     DEFAULT_MAX_TOOLS_TO_RETURN,
     DEFAULT_PREFIX_FORMAT,
     DEFAULT_TRANSPORT,
+    TRANSPORTS,
+    USER_PLACEHOLDER,
     AdminConfig,
     AggregationConfig,
     AuditConfig,
@@ -325,19 +327,74 @@ def _env_var_name(value: str | None) -> None:
 # --- schemas ----------------------------------------------------------------------------
 
 
+def _no_nul(value: str) -> None:
+    if "\0" in value:
+        raise ValidationError("must not hold a NUL character")
+
+
+def _not_blank_text(value: str) -> None:
+    if not value.strip() or "\0" in value:
+        raise ValidationError("must not be blank or hold a NUL character")
+
+
 class BackendSchema(_StrictSchema):
     name = _String(required=True, validate=_backend_name)
-    url = _String(required=True, validate=_http_url)
-    transport = _String(
-        load_default=DEFAULT_TRANSPORT,
-        validate=_Choice([DEFAULT_TRANSPORT], ["sse", "stdio"], hint=f" (only {DEFAULT_TRANSPORT})"),
-    )
+    url = _String(load_default=None, allow_none=True, validate=_http_url)
+    transport = _String(load_default=DEFAULT_TRANSPORT, validate=_Choice(list(TRANSPORTS), []))
     # Which MCP era the backend speaks: probed with server/discover (auto), or pinned.
     protocol = _String(load_default="auto", validate=_Choice(["auto", "modern", "legacy"], []))
+    # A stdio backend: the program, looked up on PATH, and how it runs.
+    command = _String(load_default=None, allow_none=True, validate=_not_blank_text)
+    args = _List(_String(validate=_no_nul), load_default=tuple)
+    env = fields.Dict(keys=_String(validate=_env_var_name), values=_String(validate=_no_nul), load_default=dict)
+    cwd = _String(load_default=None, allow_none=True, validate=_not_blank_text)
+    scope = _String(load_default="shared", validate=_Choice(["shared", "perUser"], []))
+
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _check_transport_fields(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        transport = original_data.get("transport", DEFAULT_TRANSPORT)
+        errors: dict[str, list[str]] = {}
+        if transport == "stdio":
+            if original_data.get("url") is not None:
+                errors["url"] = ["must not be set for transport stdio (it runs command instead)"]
+            if not original_data.get("command"):
+                errors["command"] = ["is required for transport stdio"]
+            if original_data.get("scope", "shared") == "shared":
+                errors.update(_user_placeholders(original_data, "only a scope: perUser backend can use "
+                                                 f"{USER_PLACEHOLDER} (a shared process serves every user)"))
+        elif transport in TRANSPORTS:
+            if original_data.get("url") is None:
+                errors["url"] = [f"is required for transport {transport}"]
+            for key in ("command", "args", "env", "cwd", "scope"):
+                if key in original_data:
+                    errors[key] = [f"is for transport stdio only (this backend's transport is {transport})"]
+        if errors:
+            raise ValidationError(errors)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> BackendConfig:
         return BackendConfig(**data)
+
+
+def _user_placeholders(original: Mapping[str, Any], message: str) -> dict[str, list[str]]:
+    """Where a shared stdio backend's args, env values or cwd use {user}."""
+    found: dict[str, Any] = {}
+    args = original.get("args")
+    if isinstance(args, list):
+        at = {index: [message] for index, arg in enumerate(args) if isinstance(arg, str) and USER_PLACEHOLDER in arg}
+        if at:
+            found["args"] = at
+    env = original.get("env")
+    if isinstance(env, Mapping):
+        at = {name: [message] for name, value in env.items() if isinstance(value, str) and USER_PLACEHOLDER in value}
+        if at:
+            found["env"] = at
+    cwd = original.get("cwd")
+    if isinstance(cwd, str) and USER_PLACEHOLDER in cwd:
+        found["cwd"] = [message]
+    return found
 
 
 class OidcSchema(_StrictSchema):
@@ -496,6 +553,7 @@ class BackendAuthSchema(_StrictSchema):
     )
     header_injection = _Nested(HeaderInjectionSchema, data_key="headerInjection", load_default=None, allow_none=True)
     token_exchange = _Nested(TokenExchangeSchema, data_key="tokenExchange", load_default=None, allow_none=True)
+    token_env = _String(data_key="tokenEnv", load_default=None, allow_none=True, validate=_env_var_name)
 
     @validates_schema(pass_original=True, skip_on_field_errors=False)
     def _check_block_matches_type(self, data: Any, original_data: Any, **kwargs: Any) -> None:
@@ -953,6 +1011,29 @@ class VmcpSchema(_StrictSchema):
             raise ValidationError({"outgoingAuth": errors})
 
     @validates_schema(skip_on_field_errors=False)
+    def _check_process_credentials(self, data: dict[str, Any], **kwargs: Any) -> None:
+        """A stdio backend's credential goes into its child's environment (tokenEnv), a
+        user's own one only into a perUser child; tokenEnv is for stdio backends only."""
+        outgoing = data.get("outgoing_auth")
+        if not isinstance(outgoing, OutgoingAuthConfig):
+            return
+        errors: dict[str, Any] = {}
+        for backend in data.get("backends") or ():
+            if not isinstance(backend, BackendConfig):
+                continue
+            auth = outgoing.for_backend(backend.name)
+            where = backend.name in outgoing.backends
+            problem = _process_credential_problem(backend, auth, where)
+            if problem is not None:
+                key, message = problem
+                if where:
+                    errors.setdefault("backends", {})[backend.name] = {key: [message]}
+                else:  # the default applies to it
+                    errors.setdefault("default", {}).setdefault(key, []).append(message)
+        if errors:
+            raise ValidationError({"outgoingAuth": errors})
+
+    @validates_schema(skip_on_field_errors=False)
     def _check_composite_tools(self, data: dict[str, Any], **kwargs: Any) -> None:
         aggregation = data.get("aggregation")
         errors = composite_reference_problems(
@@ -979,6 +1060,23 @@ class VmcpSchema(_StrictSchema):
             audit=data["audit"],
             telemetry=data["telemetry"],
         )
+
+
+def _process_credential_problem(backend: BackendConfig, auth: BackendAuthConfig,
+                                named: bool) -> tuple[str, str] | None:
+    if not backend.is_process:
+        if auth.token_env is not None and named:
+            return "tokenEnv", f"is for stdio backends only (backend {backend.name!r} is {backend.transport})"
+        return None
+    if auth.type == "unauthenticated":
+        return None
+    if auth.token_env is None:
+        return "tokenEnv", (f"is required for stdio backend {backend.name!r}: its credential goes into the "
+                            "child's environment under this name (a process takes no headers)")
+    if auth.type == "token_exchange" and not backend.per_user:
+        return "tokenEnv", (f"stdio backend {backend.name!r} is shared by every user: a user's exchanged token "
+                            "needs scope: perUser")
+    return None
 
 
 def _backend_names(data: Mapping[str, Any]) -> list[str | None] | None:
