@@ -388,6 +388,7 @@ class BackendChannel:
             protocol_version=MODERN_PROTOCOL_VERSION,
             capabilities=MappingProxyType(dict(capabilities) if isinstance(capabilities, dict) else {}),
             server_info=MappingProxyType(dict(server_info) if isinstance(server_info, dict) else {}),
+            instructions=_instructions(result),
         )
 
     def modern_meta(self, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -427,6 +428,7 @@ class BackendChannel:
             protocol_version=version,
             capabilities=MappingProxyType(dict(capabilities) if isinstance(capabilities, dict) else {}),
             server_info=MappingProxyType(dict(server_info) if isinstance(server_info, dict) else {}),
+            instructions=_instructions(result),
         )
 
     def close_remote(self, handshake: Handshake, identity: Identity | None) -> None:
@@ -838,3 +840,13 @@ def drain(exchange: Exchange) -> dict[str, Any]:
         return answered.value
     finally:
         exchange.close()
+
+
+# Longer instructions are cut: they go into every client's context, whatever a backend sends.
+MAX_INSTRUCTIONS = 16 * 1024
+
+
+def _instructions(result: Mapping[str, Any]) -> str | None:
+    """The handshake's ``instructions``, when it gave a usable one."""
+    text = result.get("instructions")
+    return text[:MAX_INSTRUCTIONS] if isinstance(text, str) and text else None

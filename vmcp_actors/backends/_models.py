@@ -26,6 +26,7 @@ class Handshake:
     protocol_version: str
     capabilities: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     server_info: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    instructions: str | None = None  # how to use the server, for the client's model
 
     @property
     def is_modern(self) -> bool:
@@ -38,6 +39,7 @@ class Handshake:
             "protocolVersion": self.protocol_version,
             "capabilities": plain_json(self.capabilities),
             "serverInfo": plain_json(self.server_info),
+            "instructions": self.instructions,
         }
 
     @classmethod
@@ -52,7 +54,9 @@ class Handshake:
             raise ValueError("protocolVersion must be a string")
         if not isinstance(capabilities, Mapping) or not isinstance(server_info, Mapping):
             raise ValueError("capabilities and serverInfo must be objects")
-        return cls(session_id, version, MappingProxyType(dict(capabilities)), MappingProxyType(dict(server_info)))
+        instructions = data.get("instructions")
+        return cls(session_id, version, MappingProxyType(dict(capabilities)), MappingProxyType(dict(server_info)),
+                   instructions if isinstance(instructions, str) else None)
 
 
 def plain_json(value: Any) -> Any:
@@ -75,6 +79,7 @@ class DiscoveredBackend:
     resource_templates: tuple[dict[str, Any], ...] = ()
     prompts: tuple[dict[str, Any], ...] = ()
     ttl_ms: int | None = None  # the shortest ttlMs a 2026-07-28 backend gave its lists (None: no hint)
+    instructions: str | None = None  # what the backend's handshake said about using it
 
     def supports(self, capability: str) -> bool:
         return capability in self.capabilities

@@ -78,6 +78,9 @@ from vmcp_actors.signing import Signer, Unsealable
 
 logger = logging.getLogger(__name__)
 
+# Watches the client's connection: calls back when the client goes away, until unwatched.
+WatchHangup = Callable[[Callable[[], None]], Callable[[], None]]
+
 # HTTP statuses of a 2026-07-28 error answer (the specification names these; other
 # errors of a method are answered 200 with the error in the body).
 MODERN_ERROR_STATUS = {
@@ -102,6 +105,7 @@ MODERN_SERVER_CAPABILITIES = {
     "resources": {"subscribe": True, "listChanged": True},
     "prompts": {"listChanged": True},
     "completions": {},
+    "logging": {},  # deprecated in 2026-07-28, still served: log messages at the level a request asks for
 }
 
 
@@ -381,7 +385,7 @@ class StatelessSide:
 
     def __init__(self, method: str, name: Any, request: ModernRequest, principal: list[str], seal: StateSeal,
                  parked: ParkedCalls, shape: Callable[[Mapping[str, Any]], dict[str, Any]],
-                 on_stream_notification: Callable[[Notification], None]):
+                 on_stream_notification: Callable[[Notification], None], watch_hangup: WatchHangup | None = None):
         self._method = method
         self._name = name
         self._request = request
@@ -391,6 +395,24 @@ class StatelessSide:
         self._shape = shape  # a result as the client gets it
         self._on_stream_notification = on_stream_notification  # list changes, resource updates
         self._keys = itertools.count(1)
+        self._watch_hangup = watch_hangup
+        self._unwatch: Callable[[], None] | None = None
+        self._gone_lock = threading.Lock()  # orders the client's hang-up against the call's opening
+        self._gone = False
+
+    def attend(self, run: CallRun) -> None:
+        """Watch the client's connection while ``run`` goes on: closing it cancels the call
+        (2026-07-28: a client disconnect is the cancellation), even before anything is written."""
+        if self._watch_hangup is not None:
+            self._unwatch = self._watch_hangup(lambda: self._hung_up(run))
+
+    def _hung_up(self, run: CallRun) -> None:
+        with self._gone_lock:
+            cancel = run.cancel
+            self._gone = cancel is None  # not opened yet: cancelled as it opens
+        if cancel is not None:
+            logger.info("a 2026-07-28 client closed its %s request: the call is cancelled", self._method)
+            cancel("the client closed its request")
 
     def keep(self, notification: Notification) -> bool:
         method = notification.method
@@ -403,7 +425,10 @@ class StatelessSide:
         return method != "notifications/elicitation/complete"  # removed in 2026-07-28
 
     def opened(self, run: CallRun) -> None:
-        pass  # run.cancel is how a closed stream (or an abandoned park) ends it
+        with self._gone_lock:
+            gone = self._gone  # the client left before the call reached its backend
+        if gone and run.cancel is not None:
+            run.cancel("the client closed its request")
 
     def asked(self, request: ServerRequest, run: CallRun) -> Outcome | None:
         why_not = missing_capability(request.method, request.params, self._request.client_capabilities)
@@ -428,7 +453,9 @@ class StatelessSide:
             run.cancel("the client closed its stream")  # in 2026-07-28, that is the cancellation
 
     def finished(self, run: CallRun) -> None:
-        pass
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
 
     def park(self, run: CallRun) -> Outcome:
         """The call waits here for the client's retry: ``input_required`` with what it asks."""

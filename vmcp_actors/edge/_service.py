@@ -41,6 +41,7 @@ from vmcp_actors.edge._modern import (
     ParkedCalls,
     StatelessSide,
     StateSeal,
+    WatchHangup,
     complete,
     discover_result,
     is_modern_request,
@@ -91,6 +92,9 @@ RESUMABLE_SINCE = "2025-11-25"
 _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
 # Seconds a client refused at a cap is told to wait: sessions and users go idle in seconds.
 CAP_RETRY_AFTER = 5
+# initialize and server/discover wait at most this long for the user's backends to say
+# their instructions (once per user: its discovery is kept after).
+INSTRUCTIONS_WAIT = 5.0
 STREAM_OPENING = ": stream open\n\n"  # a comment first: headers and a byte now, so the client knows it listens
 
 
@@ -174,7 +178,9 @@ class McpService:
 
     def post(self, message: Message, identity: Identity | None, session_id: str | None,
              header_version: str | None, method_header: str | None = None, name_header: str | None = None,
-             param_headers: dict[str, str] | None = None) -> Answer:
+             param_headers: dict[str, str] | None = None, watch_hangup: WatchHangup | None = None) -> Answer:
+        """``watch_hangup``: how to learn that the client closed the request's connection
+        (a 2026-07-28 client's cancellation)."""
         modern = message.method == "server/discover" or is_modern_request(
             header_version, ACCEPTED_PROTOCOL_HEADER_VERSIONS, session_id)
         if not modern and message.is_request and message.method == "initialize":
@@ -186,7 +192,7 @@ class McpService:
         if modern:
             headers = {"version": header_version, "method": method_header, "name": name_header}
             return self._answering(lifetime, message.id, True, lambda: self._post_stateless(
-                message, identity, headers, param_headers or {}, lifetime))
+                message, identity, headers, param_headers or {}, lifetime, watch_hangup))
         return self._answering(lifetime, message.id, False, lambda: self._post_in_session(
             message, identity, session_id, header_version, lifetime))
 
@@ -228,7 +234,17 @@ class McpService:
             user_record = self._directory.store.user(UserKey.of(identity, outcome.client_capabilities, session=True))
             record = self._ask(self._gateway.admit_session(identity, outcome, user_record))
             self._directory.store.put_session(record)
-            return Answer(body=result_response(message.id, outcome.result(self._config.name)),
+            result = outcome.result(self._config.name)
+            user = lifetime.hold_user(record.user)
+            instructions = None
+            if user is not None:
+                # Attached now, the discovery the instructions wait for is the session's own.
+                self._ask(user.proxy.attach_session(record.session_id, identity))
+                self._directory.mark_attached(record.session_id)
+                instructions = self._instructions(user, identity)
+            if instructions is not None:
+                result["instructions"] = instructions
+            return Answer(body=result_response(message.id, result),
                           headers={SESSION_HEADER: record.session_id}, session_id=record.session_id)
 
         return self._answering(lifetime, message.id, False, open_session)
@@ -291,6 +307,17 @@ class McpService:
             meta = {**params.get("_meta", {}), META_LOG_LEVEL: lease.session.log_level or LOGGING_LEVELS[0]}
             return replace(message, params={**params, "_meta": meta})
         return message
+
+    @staticmethod
+    def _instructions(user: UserHandle, identity: Identity | None) -> str | None:
+        """The user's backends' instructions, for initialize and server/discover. Waiting for
+        them starts the user's discovery (which its first list would start anyway); a
+        backend still unheard of after INSTRUCTIONS_WAIT is left out, not waited for."""
+        try:
+            return user.core.instructions(identity, Deadline.after(INSTRUCTIONS_WAIT))
+        except Exception:  # noqa: BLE001 - initialize is answered without them, not refused
+            logger.debug("the backends' instructions could not be had", exc_info=True)
+            return None
 
     def _revive(self, key: UserKey, identity: Identity | None, lifetime: RequestLifetime) -> UserHandle:
         """The user's released actors revived, and held for the request."""
@@ -379,21 +406,25 @@ class McpService:
     # -- 2026-07-28: no session, the caller's user serves each request --------------------
 
     def _post_stateless(self, message: Message, identity: Identity | None, headers: dict[str, str | None],
-                        param_headers: dict[str, str], lifetime: RequestLifetime) -> Answer:
+                        param_headers: dict[str, str], lifetime: RequestLifetime,
+                        watch_hangup: WatchHangup | None) -> Answer:
         if message.kind == "response":
             raise _refusal(400, "Bad Request: a 2026-07-28 client sends no responses (input goes in "
                                 "inputResponses on a retry)")
         request = read_modern(message, headers)
         if not message.is_request:
             return settled(lifetime, 202, None)  # 2026-07-28 defines no client notifications over HTTP
-        if message.method == "server/discover":
-            return settled(lifetime, 200, result_response(message.id, discover_result(self._config.name)))
         if message.method in REMOVED_METHODS:
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {message.method} (not part of "
                                                  f"{request.version})", http_status=404)
         key = UserKey.of(identity, request.client_capabilities)
         user = self._held(key, lifetime, lambda: self._gateway.serve_user(
             key, identity, relayed_capabilities(request.client_capabilities), self._directory.store.user(key)))
+        if message.method == "server/discover":
+            result = discover_result(self._config.name, self._instructions(user, identity))
+            if "instructions" in result:
+                result["cacheScope"] = self._cache_hints.scope  # the caller's backends said it
+            return settled(lifetime, 200, result_response(message.id, result))
         if message.method == "subscriptions/listen":
             return self._listen(message, identity, user, lifetime)
         method = message.method or ""
@@ -402,7 +433,7 @@ class McpService:
         name = params.get(named) if named else None
         deadline = self._deadlines.for_request(message)
         side = StatelessSide(method, name, request, principal_of(key), self._seal, self._parked,
-                             self._shaper(user, method), self._heard(user))
+                             self._shaper(user, method), self._heard(user), watch_hangup)
         if request.request_state is not None:
             state = self._seal.open(request.request_state, principal_of(key), method, name)
             if state["k"] == "c":
@@ -420,6 +451,7 @@ class McpService:
             dispatched = replace(message, params=request.params_for_dispatch(message.params))
             run = CallRun(started(lambda: user.dispatcher.handle(identity, dispatched, deadline)), deadline)
         lifetime.run = run
+        side.attend(run)
         return answer_call(drive(run, side), lifetime, message.id)
 
     @staticmethod
@@ -457,6 +489,7 @@ class McpService:
         if outcome is not None:
             return settled(lifetime, *response_for(outcome, message.id))
         lifetime.run = run
+        side.attend(run)
         return answer_call(drive(run, side), lifetime, message.id)
 
     def _shaper(self, user: UserHandle, method: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:

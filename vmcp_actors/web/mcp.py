@@ -19,6 +19,7 @@ from vmcp_actors.edge._auth import (
     IdentityProviderUnavailable,
     www_authenticate,
 )
+from vmcp_actors.edge._modern import WatchHangup
 from vmcp_actors.edge._service import Answer
 from vmcp_actors.identity import Identity, anonymous_with
 from vmcp_actors.metrics import record_request
@@ -38,6 +39,7 @@ from vmcp_actors.protocol.mcp import (
 )
 from vmcp_actors.tracing import request_span
 from vmcp_actors.users._gateway import short_id
+from vmcp_actors.web._hangups import process_hangups, request_socket
 from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response, rpc_error
 from vmcp_actors.web._security import host_allowed, origin_allowed
@@ -124,6 +126,7 @@ def post_message() -> Response:
             _field(METHOD_HEADER), _field(NAME_HEADER),
             {name[len(PARAM_HEADER_PREFIX):].lower(): _ows(value) for name, value in request.headers.items()
              if name.lower().startswith(PARAM_HEADER_PREFIX.lower())},
+            _hangup_watch(),
         )
         return _write(answer, message.method or message.kind, started)
 
@@ -167,6 +170,14 @@ def _read_body() -> bytes:
     if request.stream.read(1):  # data beyond the limit that the stream held back
         raise RequestEntityTooLarge()
     return b"".join(chunks)
+
+
+def _hangup_watch() -> WatchHangup | None:
+    sock = request_socket(request.environ)
+    if sock is None:
+        return None
+    hangups = process_hangups()
+    return lambda on_hangup: hangups.watch(sock, on_hangup)
 
 
 def _ows(value: str) -> str:
