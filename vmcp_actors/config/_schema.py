@@ -881,6 +881,9 @@ class OperationalSchema(_StrictSchema):
                                allow_none=True)
     max_live_users = _Integer(data_key="maxLiveUsers", load_default=1000,
                               validate=validate.Range(1, 100_000, error="must be between 1 and 100000"))
+    max_processes = _Integer(data_key="maxProcesses", load_default=50,
+                             validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
+    process_idle_timeout = _Duration(data_key="processIdleTimeout", load_default=600.0)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OperationalConfig:
