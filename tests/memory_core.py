@@ -92,9 +92,6 @@ class MemoryCore:
     def unsubscribe_resource(self, identity, subscriber, uri, deadline):
         return {}
 
-    def instructions(self, identity, deadline):
-        return None
-
     def explain_tool(self, identity, name, deadline) -> Explanation:
         if self.lookup_tool(identity, name, deadline) is not None:
             return Explanation(name, True, True, (Finding("memory", OFFERS, "offered"),))

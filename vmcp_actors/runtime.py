@@ -143,7 +143,9 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     if services.fanout is not None:
         services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
     authenticator = build_authenticator(oidc, client_secret)
-    service = McpService(config, gateway, directory, signer, services.live)
+    names = [backend.name for backend in config.backends]
+    service = McpService(config, gateway, directory, signer, services.live,
+                         remembered_instructions=lambda: services.eras.instructions(names))
     package_logger = logging.getLogger("vmcp_actors")
     if _PROBLEMS not in package_logger.handlers:
         package_logger.addHandler(_PROBLEMS)

@@ -1,6 +1,8 @@
 """A backend's instructions reach the client through the gateway (never worse than a direct
-connection): one backend's text as it is, several under a heading each (by name), in initialize
-(2025) and in server/discover (2026-07-28)."""
+connection): one backend's text as it is, several under a heading each (by name), in
+initialize (2025) and in server/discover (2026-07-28). Opening a session contacts no
+backend, so they are what the backends said at their last handshake: a gateway that has
+not met a backend yet does not know them."""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ from tests.gateway import backend_entry
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-def instructions_seen(url: str, mode: str) -> str | None:
+def instructions_seen(url: str, mode: str, list_tools: bool = False) -> str | None:
     async def main() -> str | None:
         async with mcp.Client(url, mode=mode) as client:
+            if list_tools:
+                await client.list_tools()
             return client.instructions
 
     return asyncio.run(main())
@@ -30,6 +34,7 @@ def test_one_backends_instructions_are_passed_on_as_they_are(start_gateway, mode
         gateway = start_gateway({"name": "t", "backends": [backend_entry("alpha", alpha)]})
         direct = instructions_seen(alpha.url + "/mcp", mode)
         assert direct == "test backend alpha"
+        assert instructions_seen(gateway.url, mode, list_tools=True) is None, "no backend was met yet"
         assert instructions_seen(gateway.url, mode) == direct
 
 
@@ -37,14 +42,25 @@ def test_one_backends_instructions_are_passed_on_as_they_are(start_gateway, mode
 def test_several_backends_instructions_come_under_their_names(start_gateway, mode):
     with sdk_backend("alpha", ["echo"]) as alpha, sdk_backend("beta", ["echo"]) as beta:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("beta", beta), backend_entry("alpha", alpha)]})
+        instructions_seen(gateway.url, mode, list_tools=True)
         assert instructions_seen(gateway.url, mode) == (
             "## alpha\n\ntest backend alpha\n\n## beta\n\ntest backend beta")
 
 
-def test_a_backend_that_cannot_be_reached_leaves_initialize_answered(start_gateway):
+def test_a_backend_that_cannot_be_reached_leaves_the_others_instructions(start_gateway):
     with socket.create_server(("127.0.0.1", 0)) as taken:  # bound, never accepting: refused
         unused_port = taken.getsockname()[1]
     with sdk_backend("alpha", ["echo"]) as alpha:
         gateway = start_gateway({"name": "t", "backends": [
             backend_entry("alpha", alpha), {"name": "gone", "url": f"http://127.0.0.1:{unused_port}/mcp"}]})
+        instructions_seen(gateway.url, "legacy", list_tools=True)
         assert instructions_seen(gateway.url, "legacy") == "test backend alpha"
+
+
+def test_another_process_with_shared_records_knows_them(start_gateway, redis_server):
+    with sdk_backend("alpha", ["echo"]) as alpha:
+        config = {"name": "t", "backends": [backend_entry("alpha", alpha)],
+                  "sessionStorage": {"provider": "redis", "address": redis_server.address}}
+        first, second = start_gateway(config), start_gateway(config)
+        instructions_seen(first.url, "legacy", list_tools=True)
+        assert instructions_seen(second.url, "auto") == "test backend alpha"

@@ -242,7 +242,7 @@ def test_unknown_field_is_reported_with_its_path() -> None:
     data = minimal(backends=[{"name": "a", "url": "http://a"}, {"name": "b", "ulr": "http://b"}])
     errors = errors_of(data)
     assert "backends[1].ulr: unknown field" in errors
-    assert "backends[1].url: is required" in errors
+    assert "backends[1].url: is required for transport streamable-http" in errors
 
 
 def test_unknown_top_level_field_is_reported() -> None:
@@ -288,11 +288,64 @@ def test_backend_name_of_63_characters_is_accepted() -> None:
     assert config_from_mapping(minimal(backends=[{"name": name, "url": "http://a"}])).backends[0].name == name
 
 
-@pytest.mark.parametrize("transport", ["sse", "stdio"])
-def test_contract_transports_are_not_supported_yet(transport: str) -> None:
-    assert errors_of(minimal(backends=[{"name": "a", "url": "http://a", "transport": transport}])) == (
-        f"backends[0].transport: '{transport}' is not supported yet (only streamable-http)",
-    )
+def test_a_stdio_backend_loads_with_its_process_fields() -> None:
+    config = config_from_mapping(minimal(backends=[{"name": "files", "transport": "stdio", "command": "npx",
+                                     "args": ["-y", "server-filesystem", "/srv"], "env": {"LOG_LEVEL": "info"},
+                                     "cwd": "/srv"}]))
+    (files,) = config.backends
+    assert (files.command, files.args, dict(files.env), files.cwd, files.scope, files.url) == (
+        "npx", ("-y", "server-filesystem", "/srv"), {"LOG_LEVEL": "info"}, "/srv", "shared", None)
+    assert files.is_process and not files.per_user
+
+
+def test_a_legacy_sse_backend_loads() -> None:
+    (old,) = config_from_mapping(minimal(backends=[{"name": "old", "transport": "sse", "url": "https://old.example.com/sse"}])).backends
+    assert (old.transport, old.url) == ("sse", "https://old.example.com/sse")
+
+
+@pytest.mark.parametrize(("entry", "expected"), [
+    ({"name": "f", "transport": "stdio"}, ["backends[0].command: is required for transport stdio"]),
+    ({"name": "f", "transport": "stdio", "command": "x", "url": "http://a"},
+     ["backends[0].url: must not be set for transport stdio (it runs command instead)"]),
+    ({"name": "f", "transport": "stdio", "command": "x", "args": ["--db", "/d/{user}.db"]},
+     ["backends[0].args[1]: only a scope: perUser backend can use {user} (a shared process serves every user)"]),
+    ({"name": "f", "transport": "stdio", "command": "x", "env": {"F": "/d/{user}"}, "cwd": "/h/{user}"},
+     ["backends[0].cwd: only a scope: perUser backend can use {user} (a shared process serves every user)",
+      "backends[0].env.F: only a scope: perUser backend can use {user} (a shared process serves every user)"]),
+    ({"name": "f", "transport": "stdio", "command": "x", "env": {"1BAD": "v"}},
+     ["backends[0].env.1BAD.key: must be an environment variable name (letters, digits and '_', not starting "
+      "with a digit)"]),
+    ({"name": "f", "transport": "stdio", "command": "x", "scope": "perUser"}, []),
+    ({"name": "f", "url": "http://a", "command": "x", "scope": "perUser"},
+     ["backends[0].command: is for transport stdio only (this backend's transport is streamable-http)",
+      "backends[0].scope: is for transport stdio only (this backend's transport is streamable-http)"]),
+    ({"name": "f", "transport": "sse"}, ["backends[0].url: is required for transport sse"]),
+])
+def test_process_backend_mistakes_are_reported_with_their_paths(entry: dict, expected: list[str]) -> None:
+    assert sorted(problems_of(minimal(backends=[entry]))) == sorted(expected)
+
+
+def problems_of(data: Any) -> tuple[str, ...]:
+    """Like errors_of, for data that may load: () then."""
+    try:
+        config_from_mapping(data)
+    except ConfigError as error:
+        return error.errors
+    return ()
+
+
+def test_a_stdio_backend_credential_goes_into_its_environment() -> None:
+    def auth(backend: dict, **block: object) -> tuple[str, ...]:
+        return problems_of(minimal(backends=[backend], outgoingAuth={"backends": {"f": {
+            "type": "header_injection", "headerInjection": {"headerName": "X-Key", "headerValueEnv": "KEY"},
+            **block}}}))
+
+    shared = {"name": "f", "transport": "stdio", "command": "x"}
+    assert auth(shared, tokenEnv="API_KEY") == ()
+    assert auth(shared) == ("outgoingAuth.backends.f.tokenEnv: is required for stdio backend 'f': its credential "
+                            "goes into the child's environment under this name (a process takes no headers)",)
+    assert auth({"name": "f", "url": "http://a"}, tokenEnv="API_KEY") == (
+        "outgoingAuth.backends.f.tokenEnv: is for stdio backends only (backend 'f' is streamable-http)",)
 
 
 def test_unknown_transport_lists_the_choices() -> None:

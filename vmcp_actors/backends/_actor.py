@@ -351,7 +351,6 @@ class BackendConnection(PooledActor):
             resource_templates=results.get("resources/templates/list", ()),
             prompts=results.get("prompts/list", ()),
             ttl_ms=min(hints) if hints else None,
-            instructions=message.handshake.instructions,
         ))
 
     def _usable_tools(self, tools: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:

@@ -31,7 +31,7 @@ import pykka
 from vmcp_actors import __version__
 from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
 from vmcp_actors.backends._http import Abort, McpHttpClient
-from vmcp_actors.backends._models import Handshake
+from vmcp_actors.backends._models import Handshake, compose_instructions
 from vmcp_actors.concurrency import (
     ASK_TIMEOUT,
     Deadline,
@@ -128,6 +128,7 @@ class _NotThisEra(Exception):
 # again after this.
 ERA_REMEMBERED_FOR = 3600.0
 ERA_NAMESPACE = "backend-eras"
+INSTRUCTIONS_NAMESPACE = "backend-instructions"
 # How a backend of the other revision refuses our first message: a JSON-RPC error with one
 # of these codes (-32022: unsupported protocol version), or one of these HTTP statuses.
 REFUSAL_CODES = frozenset({-32022, -32600, -32601, -32602})
@@ -149,6 +150,30 @@ class BackendEras:
         self._urls = dict(urls or {})  # the shared level is keyed by name and URL: a moved backend is new
         self._clock = clock
         self._known: dict[str, tuple[dict[str, bool], float]] = {}  # backend -> (era -> speaks, learned at)
+        self._instructions: dict[str, str | None] = {}  # backend -> what its last handshake said
+
+    def said(self, backend: str, instructions: str | None) -> None:
+        """A handshake's ``instructions`` (None: it gave none), kept for the next clients."""
+        with self._lock:
+            if self._instructions.get(backend, "") == instructions:
+                return
+            self._instructions[backend] = instructions
+        if self._shared is not None:
+            self._shared.put(INSTRUCTIONS_NAMESPACE, self._shared_key(backend), {"text": instructions},
+                             ERA_REMEMBERED_FOR)
+
+    def instructions(self, backends: list[str]) -> str | None:
+        """What ``backends`` said in their handshakes, composed (``compose_instructions``),
+        from this process or the shared level: no backend is contacted."""
+        with self._lock:
+            known = {name: self._instructions[name] for name in backends if name in self._instructions}
+        if self._shared is not None:
+            for name in backends:
+                if name not in known:
+                    entry = self._shared.get(INSTRUCTIONS_NAMESPACE, self._shared_key(name))
+                    if isinstance(entry, dict) and isinstance(entry.get("text"), (str, type(None))):
+                        known[name] = entry["text"]
+        return compose_instructions(known)
 
     def pinned(self, backend: str) -> str | None:
         return self._pinned.get(backend)
@@ -313,7 +338,13 @@ class BackendChannel:
         ``server/discover``, no session; 2025: initialize, then notifications/initialized),
         the other when the backend refuses it (or is known to); what worked, and what was
         refused, is remembered for the backend. A pooled job: it is shared by every request
-        of the user, so it waits the backend's timeout, not one request's deadline."""
+        of the user, so it waits the backend's timeout, not one request's deadline. Its
+        instructions are remembered for the backend (what initialize tells clients)."""
+        handshake = self._handshake_in_some_era(identity)
+        self._eras.said(self.name, handshake.instructions)
+        return handshake
+
+    def _handshake_in_some_era(self, identity: Identity | None) -> Handshake:
         pinned = self._eras.pinned(self.name)
         if pinned is not None:
             handshake = self._attempt(pinned, identity, strict=True)

@@ -86,7 +86,17 @@ class Abort:
         self._lock = threading.Lock()  # guards the watched response or socket and the aborted flag; never nested
         self._resp: requests.Response | None = None
         self._sock: socket.socket | None = None
+        self._callback: Callable[[], None] | None = None
         self.aborted = False
+
+    def on_abort(self, callback: Callable[[], None] | None) -> bool:
+        """Call ``callback`` on abort, instead of a socket shutdown (a link that is not an
+        HTTP response); None: no longer. False (and nothing kept) when the abort came first."""
+        with self._lock:
+            if self.aborted and callback is not None:
+                return False
+            self._callback = callback
+            return True
 
     def attach(self, resp: requests.Response) -> bool:
         """Watch ``resp``; False (and ``resp`` closed) when the abort came first."""
@@ -111,6 +121,9 @@ class Abort:
             self.aborted = True
             resp, self._resp = self._resp, None
             sock, self._sock = self._sock, None
+            callback, self._callback = self._callback, None
+        if callback is not None:
+            callback()
         if resp is not None:
             sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
         if sock is not None:

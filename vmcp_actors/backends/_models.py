@@ -79,7 +79,6 @@ class DiscoveredBackend:
     resource_templates: tuple[dict[str, Any], ...] = ()
     prompts: tuple[dict[str, Any], ...] = ()
     ttl_ms: int | None = None  # the shortest ttlMs a 2026-07-28 backend gave its lists (None: no hint)
-    instructions: str | None = None  # what the backend's handshake said about using it
 
     def supports(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -109,3 +108,12 @@ class ConnectionSnapshot:
             "prompts": self.prompts,
             "lastError": self.last_error,
         }
+
+
+def compose_instructions(said: Mapping[str, str | None]) -> str | None:
+    """Backends' instructions as one text for a client: one backend's as it is, several
+    under a heading each, by backend name (the same text whichever answered first)."""
+    given = sorted((name, text) for name, text in said.items() if text)
+    if len(given) <= 1:
+        return given[0][1] if given else None
+    return "\n\n".join(f"## {name}\n\n{text}" for name, text in given)

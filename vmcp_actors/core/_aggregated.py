@@ -187,14 +187,6 @@ class AggregatedBackends:
     def lookup_resource(self, identity: Identity | None, uri: str, deadline: Deadline) -> str | None:
         return self.catalog(identity, deadline).route_resource(uri)
 
-    def instructions(self, identity: Identity | None, deadline: Deadline) -> str | None:
-        """The backends' instructions (None while no backend is discovered, or when the
-        catalog is unusable: initialize is not refused for that)."""
-        try:
-            return self.catalog(identity, deadline).instructions
-        except JsonRpcError:
-            return None
-
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation:
         """The innermost findings: which backends offer ``name`` (by advertised, overridden
         or original name), what overrides and conflict resolution made of it."""

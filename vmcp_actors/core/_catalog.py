@@ -93,15 +93,6 @@ class Catalog:
         return bool(self.backends)
 
     @functools.cached_property
-    def instructions(self) -> str | None:
-        """What the backends' handshakes said about using them: one backend's text as it
-        is, several under a heading each (by backend name: the same text whichever answered first)."""
-        given = sorted((name, found.instructions) for name, found in self.backends.items() if found.instructions)
-        if len(given) <= 1:
-            return given[0][1] if given else None
-        return "\n\n".join(f"## {name}\n\n{text}" for name, text in given)
-
-    @functools.cached_property
     def tool_definitions(self) -> Mapping[str, dict[str, Any]]:
         """The advertised tools by name: the very dicts ``tools`` holds (derived once)."""
         return MappingProxyType(by_name(self.tools))

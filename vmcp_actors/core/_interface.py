@@ -95,7 +95,6 @@ class UserCore(Protocol):
                              deadline: Deadline) -> dict[str, Any]: ...
     def resume(self, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> Exchange: ...
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation: ...
-    def instructions(self, identity: Identity | None, deadline: Deadline) -> str | None: ...
     def close(self) -> None: ...
 
 
@@ -207,9 +206,6 @@ class CoreLayer:
         callable_ = self.lookup_tool(identity, name, deadline) is not None
         finding = self.finding(identity, name, deadline, below, listed, callable_)
         return below.with_finding(finding, listed=listed, callable=callable_)
-
-    def instructions(self, identity, deadline):
-        return self._inner.instructions(identity, deadline)
 
     def finding(self, identity: Identity | None, name: str, deadline: Deadline, below: Explanation,
                 listed: bool, callable_: bool) -> Finding:

@@ -92,9 +92,6 @@ RESUMABLE_SINCE = "2025-11-25"
 _UNAVAILABLE = "Service Unavailable: the gateway is shutting down or overloaded"
 # Seconds a client refused at a cap is told to wait: sessions and users go idle in seconds.
 CAP_RETRY_AFTER = 5
-# initialize and server/discover wait at most this long for the user's backends to say
-# their instructions (once per user: its discovery is kept after).
-INSTRUCTIONS_WAIT = 5.0
 STREAM_OPENING = ": stream open\n\n"  # a comment first: headers and a byte now, so the client knows it listens
 
 
@@ -135,8 +132,11 @@ def _refusal(status: int, message: str) -> JsonRpcError:
 
 class McpService:
     def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer,
-                 live: LiveSessions | None = None, parked: ParkedCalls | None = None):
+                 live: LiveSessions | None = None, parked: ParkedCalls | None = None,
+                 remembered_instructions: Callable[[], str | None] | None = None):
+        """``remembered_instructions``: what the backends said in their last handshakes."""
         self._config = config
+        self._remembered_instructions = remembered_instructions
         self._draining = threading.Event()  # set once, on SIGTERM
         self._audit = AuditLog(config.audit)
         self._live = live if live is not None else LiveSessions()
@@ -235,13 +235,7 @@ class McpService:
             record = self._ask(self._gateway.admit_session(identity, outcome, user_record))
             self._directory.store.put_session(record)
             result = outcome.result(self._config.name)
-            user = lifetime.hold_user(record.user)
-            instructions = None
-            if user is not None:
-                # Attached now, the discovery the instructions wait for is the session's own.
-                self._ask(user.proxy.attach_session(record.session_id, identity))
-                self._directory.mark_attached(record.session_id)
-                instructions = self._instructions(user, identity)
+            instructions = self._instructions()
             if instructions is not None:
                 result["instructions"] = instructions
             return Answer(body=result_response(message.id, result),
@@ -308,15 +302,16 @@ class McpService:
             return replace(message, params={**params, "_meta": meta})
         return message
 
-    @staticmethod
-    def _instructions(user: UserHandle, identity: Identity | None) -> str | None:
-        """The user's backends' instructions, for initialize and server/discover. Waiting for
-        them starts the user's discovery (which its first list would start anyway); a
-        backend still unheard of after INSTRUCTIONS_WAIT is left out, not waited for."""
+    def _instructions(self) -> str | None:
+        """The backends' instructions for initialize and server/discover, as their last
+        handshakes said (opening a session contacts no backend: until the gateway has met a
+        backend once, its instructions are not known)."""
+        if self._remembered_instructions is None:
+            return None
         try:
-            return user.core.instructions(identity, Deadline.after(INSTRUCTIONS_WAIT))
+            return self._remembered_instructions()
         except Exception:  # noqa: BLE001 - initialize is answered without them, not refused
-            logger.debug("the backends' instructions could not be had", exc_info=True)
+            logger.warning("the backends' instructions could not be read", exc_info=True)
             return None
 
     def _revive(self, key: UserKey, identity: Identity | None, lifetime: RequestLifetime) -> UserHandle:
@@ -417,14 +412,12 @@ class McpService:
         if message.method in REMOVED_METHODS:
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {message.method} (not part of "
                                                  f"{request.version})", http_status=404)
+        if message.method == "server/discover":
+            return settled(lifetime, 200, result_response(message.id, discover_result(
+                self._config.name, self._instructions())))
         key = UserKey.of(identity, request.client_capabilities)
         user = self._held(key, lifetime, lambda: self._gateway.serve_user(
             key, identity, relayed_capabilities(request.client_capabilities), self._directory.store.user(key)))
-        if message.method == "server/discover":
-            result = discover_result(self._config.name, self._instructions(user, identity))
-            if "instructions" in result:
-                result["cacheScope"] = self._cache_hints.scope  # the caller's backends said it
-            return settled(lifetime, 200, result_response(message.id, result))
         if message.method == "subscriptions/listen":
             return self._listen(message, identity, user, lifetime)
         method = message.method or ""

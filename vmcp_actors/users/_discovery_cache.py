@@ -111,7 +111,7 @@ class DiscoveryCache:
 def capabilities_to_json(found: DiscoveredBackend) -> dict[str, Any]:
     return {"backend": found.backend, "capabilities": plain_json(found.capabilities), "tools": list(found.tools),
             "resources": list(found.resources), "resourceTemplates": list(found.resource_templates),
-            "prompts": list(found.prompts), "ttlMs": found.ttl_ms, "instructions": found.instructions}
+            "prompts": list(found.prompts), "ttlMs": found.ttl_ms}
 
 
 def capabilities_from_json(data: dict[str, Any]) -> DiscoveredBackend:
@@ -121,5 +121,4 @@ def capabilities_from_json(data: dict[str, Any]) -> DiscoveredBackend:
     return DiscoveredBackend(backend=str(data["backend"]), capabilities=dict(data["capabilities"]),
                                tools=lists["tools"], resources=lists["resources"],
                                resource_templates=lists["resourceTemplates"], prompts=lists["prompts"],
-                               ttl_ms=data.get("ttlMs"),
-                               instructions=data["instructions"] if isinstance(data.get("instructions"), str) else None)
+                               ttl_ms=data.get("ttlMs"))

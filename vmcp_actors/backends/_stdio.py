@@ -1,0 +1,528 @@
+"""Backends that are programs: the gateway starts them and speaks MCP over their stdin and
+stdout (newline-delimited JSON-RPC), one ``MessageBus`` per child.
+
+``ChildProcesses`` (one per gateway process) owns every child: a ``shared`` backend's one
+child, serving every user, stopped after ``operational.processIdleTimeout`` without use;
+a ``perUser`` backend's child per person, stopped when that person's user is released.
+At most ``operational.maxProcesses`` children run at once: at the cap, the least recently
+used per-user child with no call in flight is stopped (it starts again when its user next
+calls), and when every child is busy the call is refused with ``ProcessesBusy`` (503,
+``Retry-After``).
+
+A child gets only the environment its config names, plus ``PATH``, ``HOME`` and ``LANG``,
+and the credential of ``outgoingAuth.backends.<name>.tokenEnv``: never the gateway's
+own secrets. Each stderr line is logged under the backend's name (credential values
+replaced); the last one is kept for the admin state. Children are started from one
+long-lived thread with ``PR_SET_PDEATHSIG``, so the kernel kills each when its gateway
+worker dies, even by SIGKILL (the death signal follows the thread that forked); they run
+in their own process group, which is what ``stop`` signals: SIGTERM, then SIGKILL after a
+grace. Every exit is reaped by the child's reader thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmcp_actors.backends._bus import BusClient, MessageBus
+from vmcp_actors.concurrency import TimerHandle, call_later
+from vmcp_actors.config import BackendConfig, BackendAuthConfig, VmcpConfig
+from vmcp_actors.config._model import USER_PLACEHOLDER
+from vmcp_actors.exceptions import BackendError, BackendTimeout, BackendUnavailable
+
+logger = logging.getLogger(__name__)
+stderr_logger = logging.getLogger("vmcp_actors.backends.stderr")
+
+# What a child inherits from the gateway's environment; everything else comes from config.
+INHERITED_ENV = ("PATH", "HOME", "LANG")
+# After SIGTERM, how long a child may take to exit before SIGKILL.
+STOP_GRACE = 2.0
+# The longest line read from a child's stdout; a longer one is skipped, whole.
+MAX_LINE = 32 * 1024 * 1024
+# How often idle shared children are looked for.
+IDLE_SWEEP = 15.0
+# Garbage lines logged as warnings per child; later ones only at debug level.
+GARBAGE_WARNINGS = 5
+# Retry-After (seconds) when every child is busy at the cap.
+BUSY_RETRY_AFTER = 2
+# How much of a stderr line is kept for the admin state.
+LAST_LINE_CHARS = 300
+
+_PR_SET_PDEATHSIG = 1
+try:  # resolved before any fork: the child only calls it
+    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: children are stopped at shutdown only
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ProcessesBusy(BackendUnavailable):
+    """Every child the gateway may run is busy: the call is refused, to be retried."""
+
+    retry_after = BUSY_RETRY_AFTER
+
+
+def user_digest(owner: tuple[str, str] | None, headers: str = "") -> str:
+    """A filesystem-safe name for a person (``{user}``): the same in every worker."""
+    issuer, subject = owner if owner is not None else ("", "anonymous")
+    return hashlib.sha256(f"{issuer}\0{subject}\0{headers}".encode()).hexdigest()[:24]
+
+
+class _Spawner:
+    """The one thread children are started from: PR_SET_PDEATHSIG fires when the thread
+    that forked ends, so it must be one that lives as long as the process."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._pid = os.getpid()
+        threading.Thread(target=self._run, name="vmcp-spawner", daemon=True).start()
+
+    def popen(self, argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen:
+        done: cf.Future[subprocess.Popen] = cf.Future()
+        self._jobs.put((argv, env, cwd, done))
+        return done.result()
+
+    def _run(self) -> None:
+        while True:
+            argv, env, cwd, done = self._jobs.get()
+            try:
+                done.set_result(subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                    start_new_session=True, preexec_fn=_die_with_parent, close_fds=True))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller
+                done.set_exception(error)
+
+
+_spawner: _Spawner | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner._pid != os.getpid():
+            _spawner = _Spawner()
+        spawner = _spawner
+    return spawner.popen(argv, env, cwd)
+
+
+class ChildLink:
+    """One running child: a ``Link`` of its bus. Its reader thread hands each stdout line
+    to the bus; its stderr thread logs."""
+
+    def __init__(self, bus: MessageBus, process: subprocess.Popen, secrets: tuple[str, ...],
+                 on_exit: Callable[[ChildLink], None]):
+        self.bus = bus
+        self.process = process
+        self.started = time.monotonic()
+        self.last_stderr: str | None = None
+        self._secrets = secrets  # values never to log
+        self._on_exit = on_exit
+        self._write_lock = threading.Lock()  # one message at a time on stdin
+        self._stopping = False
+        self._garbage = 0
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        os.set_blocking(process.stdin.fileno(), False)
+        name = bus.backend
+        threading.Thread(target=self._read, name=f"vmcp-stdio-{name}", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name=f"vmcp-stderr-{name}", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+        fd = self.process.stdin.fileno() if self.process.stdin is not None else -1
+        deadline = time.monotonic() + 10.0
+        with self._write_lock:
+            view = memoryview(data)
+            while view:
+                try:
+                    written = os.write(fd, view)
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BackendTimeout(self.bus.backend, f"backend {self.bus.backend!r} reads no input") from None
+                    select.select([], [fd], [], min(left, 1.0))
+                    continue
+                except (BrokenPipeError, OSError, ValueError):
+                    raise BackendUnavailable(self.bus.backend, f"backend {self.bus.backend!r} has exited") from None
+                view = view[written:]
+
+    def close(self) -> None:
+        """SIGTERM to the child's process group, SIGKILL after STOP_GRACE; the reader reaps it."""
+        if self._stopping:
+            return
+        self._stopping = True
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()  # a well-behaved server exits on end of input
+        except OSError:
+            pass
+        _signal_group(self.process, signal.SIGTERM)
+        call_later(STOP_GRACE, lambda: _signal_group(self.process, signal.SIGKILL)
+                   if self.process.poll() is None else None)
+
+    def stop_now(self, grace: float) -> None:
+        """For shutdown: signal, wait up to ``grace``, kill, reap."""
+        self.close()
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.process, signal.SIGKILL)
+            try:
+                self.process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                logger.error("backend %r: process %d did not die", self.bus.backend, self.process.pid)
+
+    def rss_bytes(self) -> int | None:
+        try:
+            with open(f"/proc/{self.process.pid}/statm") as statm:
+                return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def redacted(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "[redacted]")
+        return text
+
+    def _read(self) -> None:
+        stdout = self.process.stdout
+        try:
+            while True:
+                line = stdout.readline(MAX_LINE + 1)
+                if not line:
+                    break
+                if len(line) > MAX_LINE and not line.endswith(b"\n"):
+                    self._skip_rest(stdout)
+                    self._garbage_line("a line longer than the limit")
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    self._garbage_line("a line that is not JSON")
+                    continue
+                if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+                    self._garbage_line("a line that is not a JSON-RPC message")
+                    continue
+                self.bus.received(self, message)
+        except (OSError, ValueError):
+            pass  # the pipe closed under us: the process is ending
+        code = self._reap()
+        why = f"its process exited with code {code}" if code is not None and code >= 0 else \
+            f"its process was killed by signal {-code}" if code is not None else "its output ended"
+        if not self._stopping:
+            self.bus.lost(self, why)
+        self._on_exit(self)
+
+    def _reap(self) -> int | None:
+        try:
+            return self.process.wait(timeout=STOP_GRACE + 2.0)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.process, signal.SIGKILL)  # it closed its output but lives on
+            try:
+                return self.process.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                return None
+
+    def _skip_rest(self, stdout: Any) -> None:
+        while True:
+            chunk = stdout.readline(MAX_LINE)
+            if not chunk or chunk.endswith(b"\n"):
+                return
+
+    def _garbage_line(self, what: str) -> None:
+        self._garbage += 1
+        level = logging.WARNING if self._garbage <= GARBAGE_WARNINGS else logging.DEBUG
+        logger.log(level, "backend %r wrote %s on stdout; skipped", self.bus.backend, what)
+
+    def _read_stderr(self) -> None:
+        stderr = self.process.stderr
+        try:
+            for raw in iter(lambda: stderr.readline(64 * 1024), b""):
+                text = self.redacted(raw.decode("utf-8", "replace").rstrip())
+                if text:
+                    self.last_stderr = text[:LAST_LINE_CHARS]
+                    stderr_logger.info("backend %r: %s", self.bus.backend, text)
+        except (OSError, ValueError):
+            pass
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, sig)  # the child leads its own group (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        try:
+            process.send_signal(sig)
+        except (ProcessLookupError, OSError):
+            pass
+
+
+@dataclass(eq=False)
+class _Child:
+    """A bus, what it was made for, and who uses it."""
+
+    backend: BackendConfig
+    user: str | None  # the person's digest for a perUser backend
+    bus: MessageBus
+    views: set[BusClient] = field(default_factory=set)
+    link: ChildLink | None = None
+    restarts_counted: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessSnapshot:
+    """The admin view of one child."""
+
+    backend: str
+    user: str | None  # a digest, never the subject
+    pid: int | None
+    up_seconds: float | None
+    restarts: int
+    rss_bytes: int | None
+    last_stderr: str | None
+    calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "user": self.user[:8] if self.user else None, "pid": self.pid,
+                "uptimeSeconds": self.up_seconds, "restarts": self.restarts, "rssBytes": self.rss_bytes,
+                "lastStderr": self.last_stderr, "calls": self.calls}
+
+
+class ChildProcesses:
+    """Every child of this gateway process (thread-safe)."""
+
+    def __init__(self, config: VmcpConfig, on_restart: Callable[[str], None] | None = None):
+        self._config = config
+        self._max = config.operational.max_processes
+        self._idle_timeout = config.operational.process_idle_timeout
+        self._on_restart = on_restart
+        self._lock = threading.Lock()  # guards _children and _stopped; never held while starting or stopping one
+        self._children: dict[tuple[str, str | None], _Child] = {}
+        self._stopped = False
+        self._sweeper: TimerHandle | None = None
+
+    def client(self, backend: BackendConfig, owner: tuple[str, str] | None = None,
+               headers_digest: str = "", client_capabilities: Mapping[str, Any] | None = None) -> BusClient:
+        """A channel's view of the backend's child (started on first use). ``owner`` and
+        ``headers_digest``: whose child, for a perUser backend."""
+        user = user_digest(owner, headers_digest) if backend.per_user else None
+        key = (backend.name, user)
+        with self._lock:
+            child = self._children.get(key)
+            if child is None:
+                child = _Child(backend, user, MessageBus(
+                    backend.name, lambda bus, headers, key=key: self._open(key, headers), per_user=backend.per_user,
+                    on_lost=lambda why, name=backend.name: self._lost(name, why),
+                    opening_params=None if backend.per_user else _shared_opening(client_capabilities)))
+                self._children[key] = child
+            view = BusClient(child.bus, lambda released, key=key: self._released(key, released))
+            child.views.add(view)
+            self._sweep_later()
+        return view
+
+    def snapshot(self) -> list[ProcessSnapshot]:
+        with self._lock:
+            children = list(self._children.values())
+        shots = []
+        for child in children:
+            link, stats = child.link, child.bus.stats()
+            if link is None:
+                continue
+            shots.append(ProcessSnapshot(child.backend.name, child.user, link.pid,
+                                         round(time.monotonic() - link.started, 1), child.bus.restarts,
+                                         link.rss_bytes(), link.last_stderr, stats["calls"]))
+        return shots
+
+    def live_count(self) -> int:
+        with self._lock:
+            return sum(1 for child in self._children.values() if child.link is not None)
+
+    def stop_all(self, grace: float = STOP_GRACE) -> None:
+        """At shutdown: every child stopped and reaped (SIGTERM, SIGKILL after ``grace``)."""
+        with self._lock:
+            self._stopped = True
+            children, self._children = list(self._children.values()), {}
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+        links = [child.link for child in children if child.link is not None]
+        for child in children:
+            child.bus.close()
+        stoppers = [threading.Thread(target=link.stop_now, args=(grace,), daemon=True) for link in links]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join(grace + 2.0)
+
+    # -- inside ----------------------------------------------------------------------------
+
+    def _open(self, key: tuple[str, str | None], headers: Mapping[str, str] | None) -> ChildLink:
+        """The bus's opener: make room under the cap, then start the child."""
+        with self._lock:
+            if self._stopped:
+                raise BackendUnavailable(key[0], f"backend {key[0]!r} was stopped")
+            child = self._children.get(key)
+            if child is None:
+                raise BackendUnavailable(key[0], f"backend {key[0]!r} was released")
+            evicted = self._make_room(child)
+        if evicted is not None:
+            logger.info("backend %r: stopping the least recently used per-user process (pid %d) to make room "
+                        "(operational.maxProcesses %d)", evicted.bus.backend, evicted.pid, self._max)
+            evicted.bus.lost(evicted, "stopped to make room for another")
+            evicted.close()
+        backend = child.backend
+        env, secrets = self._environment(backend, child.user, headers)
+        argv = [_resolved_command(backend), *(_with_user(arg, child.user) for arg in backend.args)]
+        cwd = _with_user(backend.cwd, child.user) if backend.cwd else None
+        try:
+            process = _spawn(argv, env, cwd)
+        except (OSError, ValueError) as error:
+            raise BackendUnavailable(backend.name, f"backend {backend.name!r} could not be started: "
+                                                   f"{type(error).__name__}: {getattr(error, 'strerror', '') or ''}"
+                                     .rstrip(": ")) from None
+        link = ChildLink(child.bus, process, secrets, lambda ended, key=key: self._exited(key, ended))
+        with self._lock:
+            child.link = link
+        logger.info("backend %r: started process %d%s", backend.name, process.pid,
+                    " for a user" if child.user else "")
+        return link
+
+    def _make_room(self, wanting: _Child) -> ChildLink | None:
+        """(Under _lock.) The link to stop so one more child fits, if one must go; raises
+        ProcessesBusy when none can."""
+        live = [child for child in self._children.values() if child.link is not None and child is not wanting]
+        if len(live) < self._max:
+            return None
+        idle = [child for child in live if child.backend.per_user and not child.bus.busy()]
+        if not idle:
+            raise ProcessesBusy(wanting.backend.name, f"backend {wanting.backend.name!r} cannot start: all "
+                                                      f"{self._max} processes of this worker are busy; retry soon")
+        oldest = min(idle, key=lambda child: child.bus.last_used)
+        link, oldest.link = oldest.link, None
+        return link
+
+    def _environment(self, backend: BackendConfig, user: str | None,
+                     headers: Mapping[str, str] | None) -> tuple[dict[str, str], tuple[str, ...]]:
+        env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+        env.update({name: _with_user(value, user) for name, value in backend.env.items()})
+        auth = self._config.outgoing_auth.for_backend(backend.name)
+        secrets: tuple[str, ...] = ()
+        if auth.token_env is not None:
+            credential = _credential(auth, headers or {})
+            if credential is None:
+                raise BackendUnavailable(backend.name, f"backend {backend.name!r} cannot start without its "
+                                                       "credential")
+            env[auth.token_env] = credential
+            secrets = (credential,)
+        return env, secrets
+
+    def _released(self, key: tuple[str, str | None], view: BusClient) -> None:
+        """A channel is done: a perUser child whose last channel went is stopped now."""
+        with self._lock:
+            child = self._children.get(key)
+            if child is None:
+                return
+            child.views.discard(view)
+            if child.views or not child.backend.per_user:
+                return
+            del self._children[key]
+        child.bus.close()
+        if child.link is not None:
+            child.link.close()
+
+    def _exited(self, key: tuple[str, str | None], link: ChildLink) -> None:
+        with self._lock:
+            child = self._children.get(key)
+            if child is not None and child.link is link:
+                child.link = None
+
+    def _lost(self, backend: str, why: str) -> None:
+        if self._on_restart is not None and "make room" not in why:
+            self._on_restart(backend)
+
+    def _sweep_later(self) -> None:
+        """(Under _lock.) Look for idle shared children soon, unless already due."""
+        if self._sweeper is None and not self._stopped:
+            self._sweeper = call_later(IDLE_SWEEP, self._sweep)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        stopping: list[tuple[_Child, ChildLink]] = []
+        with self._lock:
+            self._sweeper = None
+            for child in self._children.values():
+                link = child.link
+                if link is not None and not child.backend.per_user and not child.bus.busy() \
+                        and now - child.bus.last_used >= self._idle_timeout:
+                    child.link = None
+                    stopping.append((child, link))
+            if self._children:
+                self._sweep_later()
+        for child, link in stopping:
+            logger.info("backend %r: process %d idle for %.0fs; stopping it", child.backend.name, link.pid,
+                        self._idle_timeout)
+            child.bus.lost(link, "stopped while idle")
+            link.close()
+
+
+def _shared_opening(client_capabilities: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A shared child's initialize: told every capability the gateway relays, since any
+    user may be the one it asks (a request nobody in its call can answer is refused)."""
+    from vmcp_actors.backends._channel import CLIENT_INFO, LATEST_PROTOCOL_VERSION  # noqa: PLC0415 - no cycle at import
+    capabilities = dict(client_capabilities) if client_capabilities else {
+        "sampling": {}, "elicitation": {"form": {}, "url": {}}, "roots": {"listChanged": True}}
+    return {"protocolVersion": LATEST_PROTOCOL_VERSION, "capabilities": capabilities, "clientInfo": CLIENT_INFO}
+
+
+def _credential(auth: BackendAuthConfig, headers: Mapping[str, str]) -> str | None:
+    """The value a process's tokenEnv carries: the injected header's value, or the
+    exchanged token (without its ``Bearer`` scheme)."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    if auth.type == "header_injection" and auth.header_injection is not None:
+        return lowered.get(auth.header_injection.header_name.lower())
+    value = lowered.get("authorization")
+    if value is not None and value[:7].lower() == "bearer ":
+        return value[7:]
+    return value
+
+
+def _with_user(text: str, user: str | None) -> str:
+    return text.replace(USER_PLACEHOLDER, user) if user is not None else text
+
+
+def _resolved_command(backend: BackendConfig) -> str:
+    """The command as given when it is a path, else looked up on the child's PATH."""
+    command = backend.command or ""
+    if os.sep in command:
+        return command
+    found = shutil.which(command, path=os.environ.get("PATH"))
+    if found is None:
+        raise BackendUnavailable(backend.name, f"backend {backend.name!r}: command {command!r} is not on PATH")
+    return found
+
+
+__all__ = ["ChildProcesses", "ProcessesBusy", "ProcessSnapshot", "user_digest", "BackendError"]
