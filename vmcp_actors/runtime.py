@@ -18,6 +18,7 @@ import pykka
 
 from vmcp_actors import tracing
 from vmcp_actors.backends import ExchangedTokenCache, build_outgoing_auth
+from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.core._interface import LayerFactory
 from vmcp_actors.decorators import WorkflowMetrics, stack
@@ -83,6 +84,7 @@ class Runtime:
     metrics: GatewayCollector | None = None  # what GET /metrics returns
     metrics_token: str | None = field(default=None, repr=False)
     totals: ProcessTotals | None = None  # this worker's metric totals, for the other workers
+    processes: ChildProcesses | None = None  # the stdio backends' children of this worker
 
     def drain(self) -> None:
         if not self.service.draining:
@@ -103,6 +105,8 @@ class Runtime:
             self.gateway.actor_ref.stop(block=True, timeout=timeout)
         except (pykka.ActorDeadError, pykka.Timeout):
             pass
+        if self.processes is not None:
+            self.processes.stop_all()  # what the users' release left: shared children, stragglers
 
 
 def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequence[LayerFactory] = ()) -> Runtime:
@@ -132,7 +136,10 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     directory = Directory(store, time.monotonic)
     cache = DiscoveryCache(config.operational.discovery_cache_ttl, shared=shared, aggregation=config.aggregation)
     workflow_metrics = WorkflowMetrics()
+    processes = ChildProcesses(config) \
+        if any(backend.is_process for backend in config.backends) else None
     services = SessionServices.for_config(config, shared, outgoing_auth=outgoing_auth, discovery_cache=cache,
+                                          processes=processes,
                                           store=store, workflow_metrics=workflow_metrics,
                                           decorators=stack(config, layers, workflow_metrics),
                                           fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)
@@ -154,7 +161,8 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     tracing.configure(config.telemetry)
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
-                   GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals)
+                   GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals,
+                   processes)
 
 
 def process_gauges(config: VmcpConfig, directory: Directory, services: SessionServices) -> list[Any]:
@@ -163,7 +171,15 @@ def process_gauges(config: VmcpConfig, directory: Directory, services: SessionSe
     circuit_values = {"closed": 0, "half_open": 1, "open": 2}
     cache = services.discovery_cache.stats()
     workflows = services.workflow_metrics.snapshot()
+    children = services.processes.snapshot() if services.processes is not None else []
+    live: dict[tuple[str, ...], float] = {}
+    for child in children:
+        live[(child.backend,)] = live.get((child.backend,), 0) + 1
+    restarts = services.processes.restarts() if services.processes is not None else {}
     return [
+        ("vmcp_backend_processes", "Live children of stdio backends in this process.", live, ("backend",)),
+        ("vmcp_backend_process_restarts", "Restarts of stdio backends' children since this process started.",
+         {(name,): count for name, count in restarts.items()}, ("backend",)),
         ("vmcp_sessions", "Client sessions this process serves.", {(): directory.session_count()}, ()),
         ("vmcp_live_users", "Users whose actors run in this process.", {(): len(directory.live_users())}, ()),
         ("vmcp_threads", "Threads of this process.", {(): threading.active_count()}, ()),

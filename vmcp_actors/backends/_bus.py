@@ -242,23 +242,30 @@ class MessageBus:
         else:
             logger.debug("backend %r sent %s outside any call; no one takes it", self.backend, message.get("method"))
 
-    def lost(self, link: Link, why: str) -> None:
-        """The link ended (the child exited, the stream dropped)."""
+    def lost(self, link: Link, why: str, *, deliberate: bool = False) -> None:
+        """The link ended (the child exited, the stream dropped), or was ended on purpose
+        (``deliberate``: idle, or making room; it opens again at once when next used)."""
         with self._lock:
             if link is not self._link:
                 return
             self._link = None
             self._generation += 1
-            lasted = self._clock() - (self._opened_at or self._clock())
-            self._failures_in_a_row = 0 if lasted >= HEALTHY_AFTER else self._failures_in_a_row + 1
-            backoff = min(RESTART_BACKOFF * 2 ** max(self._failures_in_a_row - 1, 0), RESTART_BACKOFF_MOST)
-            self._not_before = self._clock() + backoff
+            backoff = 0.0
+            if not deliberate:
+                lasted = self._clock() - (self._opened_at or self._clock())
+                self._failures_in_a_row = 0 if lasted >= HEALTHY_AFTER else self._failures_in_a_row + 1
+                backoff = min(RESTART_BACKOFF * 2 ** max(self._failures_in_a_row - 1, 0), RESTART_BACKOFF_MOST)
+                self._not_before = self._clock() + backoff
             listeners = list(self._listeners)
-        logger.warning("backend %r: %s; it starts again on its next use (not before %.0fs)", self.backend, why, backoff)
+        if deliberate:
+            logger.info("backend %r: %s", self.backend, why)
+        else:
+            logger.warning("backend %r: %s; it starts again on its next use (not before %.0fs)",
+                           self.backend, why, backoff)
         self._fail_all(BackendUnavailable(self.backend, f"backend {self.backend!r} ended: {why}"))
         for inbox in listeners:
             inbox.put((_LOST, None))
-        if self._on_lost is not None:
+        if self._on_lost is not None and not deliberate:
             self._on_lost(why)
 
     # -- inside --------------------------------------------------------------------------
@@ -309,7 +316,10 @@ class MessageBus:
                     return self._link, self._generation
                 wait = self._not_before - self._clock()
             if wait > 0:
-                raise BackendUnavailable(self.backend, f"backend {self.backend!r} is starting again in {wait:.0f}s")
+                if wait >= deadline - self._clock():
+                    raise BackendUnavailable(self.backend, f"backend {self.backend!r} is starting again in "
+                                                           f"{wait:.0f}s")
+                time.sleep(wait)  # the back-off ends within the request's deadline: it waits
             try:
                 link = self._open_link(self, headers)
             except BackendError:

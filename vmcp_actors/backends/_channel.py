@@ -609,7 +609,8 @@ class BackendChannel:
 
         # A call that may be asked for something from outside (see interject) is read by a
         # thread of its own while this one waits on its mailbox; any other is read here.
-        mailbox = self._calls.open() if self.takes_requests and not handshake.is_modern else None
+        mailbox = self._calls.open() if self.takes_requests and not handshake.is_modern \
+            and not getattr(self._client, "routes_requests", False) else None
         yield CallOpened(self.name, cancel)
         exchange = self._client.exchange(
             message,

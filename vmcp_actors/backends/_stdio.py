@@ -323,6 +323,7 @@ class ChildProcesses:
         self._on_restart = on_restart
         self._lock = threading.Lock()  # guards _children and _stopped; never held while starting or stopping one
         self._children: dict[tuple[str, str | None], _Child] = {}
+        self._restarts: dict[str, int] = {backend.name: 0 for backend in config.backends if backend.is_process}
         self._stopped = False
         self._sweeper: TimerHandle | None = None
 
@@ -358,6 +359,11 @@ class ChildProcesses:
                                          link.rss_bytes(), link.last_stderr, stats["calls"]))
         return shots
 
+    def restarts(self) -> dict[str, int]:
+        """Per backend: how often its children ended without being asked to and started again."""
+        with self._lock:
+            return dict(self._restarts)
+
     def live_count(self) -> int:
         with self._lock:
             return sum(1 for child in self._children.values() if child.link is not None)
@@ -392,7 +398,7 @@ class ChildProcesses:
         if evicted is not None:
             logger.info("backend %r: stopping the least recently used per-user process (pid %d) to make room "
                         "(operational.maxProcesses %d)", evicted.bus.backend, evicted.pid, self._max)
-            evicted.bus.lost(evicted, "stopped to make room for another")
+            evicted.bus.lost(evicted, "stopped to make room for another", deliberate=True)
             evicted.close()
         backend = child.backend
         env, secrets = self._environment(backend, child.user, headers)
@@ -461,7 +467,9 @@ class ChildProcesses:
                 child.link = None
 
     def _lost(self, backend: str, why: str) -> None:
-        if self._on_restart is not None and "make room" not in why:
+        with self._lock:
+            self._restarts[backend] = self._restarts.get(backend, 0) + 1
+        if self._on_restart is not None:
             self._on_restart(backend)
 
     def _sweep_later(self) -> None:
@@ -485,7 +493,7 @@ class ChildProcesses:
         for child, link in stopping:
             logger.info("backend %r: process %d idle for %.0fs; stopping it", child.backend.name, link.pid,
                         self._idle_timeout)
-            child.bus.lost(link, "stopped while idle")
+            child.bus.lost(link, "stopped while idle", deliberate=True)
             link.close()
 
 

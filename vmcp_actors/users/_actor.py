@@ -81,6 +81,7 @@ from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.users._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.users._live import LiveSessions
 from vmcp_actors.users._records import UserKey, UserRecord
+from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.users._store import MemoryRecordStore, RecordStore, StoreUnavailable
 from vmcp_actors.users._stream_fanout import StreamFanout
 
@@ -118,12 +119,17 @@ class SessionServices:
     decorators: DecoratorStack | None = None
     # Backend health and circuits (operational.failureHandling); None: neither.
     health: BackendHealth | None = None
+    # The stdio backends' children (None: the config has none).
+    processes: ChildProcesses | None = None
 
     @classmethod
     def for_config(cls, config: VmcpConfig, shared: SharedCache | None = None, **kwargs: Any) -> SessionServices:
         """Services whose backend eras start from the config's pins (and, with ``shared``,
         from what other processes learned), with the config's health board."""
         pinned = {backend.name: backend.protocol for backend in config.backends if backend.protocol != "auto"}
+        # A child, and a 2024-11-05 SSE server, are initialized: one link, one handshake.
+        pinned.update({backend.name: "legacy" for backend in config.backends
+                       if backend.protocol == "auto" and backend.transport != "streamable-http"})
         urls = {backend.name: backend.url for backend in config.backends}
         return cls(eras=BackendEras(pinned, shared, urls), health=BackendHealth(config), **kwargs)
 
@@ -156,7 +162,7 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
     ``write_after`` settles: the ending of the user's previous record)."""
     board = CatalogBoard()
     channels = {backend.name: _channel(backend, config, services, record.client_capabilities,
-                                       record.key.prefers_legacy)
+                                       record.key.prefers_legacy, record.key)
                 for backend in sorted(config.backends, key=lambda b: b.name)}
     writes = _RecordWrites(record.key, write_after)
     if new:
@@ -179,20 +185,34 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
                       composites, aggregated)
 
 
+def backend_client(backend: BackendConfig, breaker: Any, processes: ChildProcesses | None,
+                   key: UserKey | None, client_capabilities: Mapping[str, Any] | None) -> Any:
+    """How a channel reaches its backend: a view of its child (stdio), or HTTP."""
+    if backend.is_process:
+        assert processes is not None, "a config with stdio backends has a ChildProcesses"
+        return processes.client(backend, key.owner if key is not None else None, key.headers if key else "",
+                                client_capabilities)
+    if backend.transport == "sse":
+        from vmcp_actors.backends._sse import LegacySseClient  # noqa: PLC0415 - only configs that use it
+        return LegacySseClient(backend.name, backend.url or "", breaker=breaker)
+    return McpHttpClient(backend.name, backend.url or "", breaker=breaker)
+
+
 def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionServices) -> None:
     """End the backend sessions of a user whose actors are not live (its last session
     ended while it was idle): one pooled DELETE per backend, no actor started. Without a
     caller's token only static credentials go along; the backend reaps the rest itself."""
     for name, handshake in record.backends.items():
         backend = config.backend(name)
-        if backend is not None and handshake.session_id:
+        if backend is not None and handshake.session_id and not backend.is_process:
             run_in_thread(_channel(backend, config, services).close_remote, handshake, None)
 
 
 def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServices,
-             client_capabilities: Mapping[str, Any] | None = None, prefers_legacy: bool = False) -> BackendChannel:
+             client_capabilities: Mapping[str, Any] | None = None, prefers_legacy: bool = False,
+             key: UserKey | None = None) -> BackendChannel:
     breaker = services.health.breaker(backend.name) if services.health is not None else None
-    return BackendChannel(backend.name, McpHttpClient(backend.name, backend.url, breaker=breaker),
+    return BackendChannel(backend.name, backend_client(backend, breaker, services.processes, key, client_capabilities),
                           config.operational.timeouts.for_backend(backend.name),
                           services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
                           services.request_id_base, prefers_legacy)
