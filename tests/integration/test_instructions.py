@@ -57,9 +57,11 @@ def test_a_backend_that_cannot_be_reached_leaves_the_others_instructions(start_g
         assert instructions_seen(gateway.url, "legacy") == "test backend alpha"
 
 
-def test_another_process_with_shared_records_knows_them(start_gateway, redis_server):
+def test_another_process_with_shared_records_knows_them(start_gateway, redis_server, monkeypatch):
+    monkeypatch.setenv("INSTRUCTIONS_SIGNING_KEY", "instructions-signing-key-0123456789abcdef")
     with sdk_backend("alpha", ["echo"]) as alpha:
         config = {"name": "t", "backends": [backend_entry("alpha", alpha)],
+                  "operational": {"signingKeyEnv": "INSTRUCTIONS_SIGNING_KEY"},
                   "sessionStorage": {"provider": "redis", "address": redis_server.address}}
         first, second = start_gateway(config), start_gateway(config)
         instructions_seen(first.url, "legacy", list_tools=True)
