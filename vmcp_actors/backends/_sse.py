@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -68,7 +69,15 @@ class SseLink:
                                                       f"{answer.status_code} to a message", status=answer.status_code)
 
     def close(self) -> None:
+        """Ends the stream at once: its socket is shut down first, so the reader's blocked
+        read returns and closing waits for nothing."""
         self._closed.set()
+        sock = getattr(getattr(self._stream.raw, "connection", None), "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._stream.close()
 
     def _chunks(self) -> Iterator[bytes]:

@@ -74,6 +74,10 @@ def to_jsonrpc_error(error: BaseException) -> JsonRpcError:
         return CallCancelled()
     if isinstance(error, BackendRpcError):
         return JsonRpcError(error.code, error.rpc_message, error.data)
+    retry_after = getattr(error, "retry_after", None)
+    if isinstance(error, BackendError) and retry_after is not None:  # busy for now: HTTP 503, Retry-After
+        return JsonRpcError(INTERNAL_ERROR, str(error), {"backend": error.backend, "retryAfterSeconds": retry_after},
+                            http_status=503)
     if isinstance(error, BackendTimeout):
         return JsonRpcError(REQUEST_TIMEOUT, str(error), {"backend": error.backend})
     if isinstance(error, BackendError):

@@ -141,6 +141,10 @@ def _write(answer: Answer, method: str, started: float) -> Response:
     else:
         response = Response(status=answer.status)
     response.headers.update(answer.headers)
+    if answer.status == 503 and "Retry-After" not in response.headers:
+        retry_after = _retry_after_of(answer.body)
+        if retry_after is not None:
+            response.headers["Retry-After"] = str(retry_after)
     status, streamed = response.status_code, answer.stream is not None
 
     def finished() -> None:
@@ -152,6 +156,14 @@ def _write(answer: Answer, method: str, started: float) -> Response:
     else:
         finished()
     return response
+
+
+def _retry_after_of(body: dict | None) -> int | None:
+    """A busy refusal's ``data.retryAfterSeconds``, for its Retry-After header."""
+    error = body.get("error") if isinstance(body, dict) else None
+    data = error.get("data") if isinstance(error, dict) else None
+    seconds = data.get("retryAfterSeconds") if isinstance(data, dict) else None
+    return seconds if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0 else None
 
 
 def _read_body() -> bytes:

@@ -1,0 +1,246 @@
+"""Backends as processes (issue 23): a stdio server the gateway starts, compared with a
+direct stdio connection of the same client, and what happens when the child misbehaves
+(it crashes, never answers, writes garbage); a 2024-11-05 HTTP+SSE server. Real official
+SDK servers, the official SDK client, the gateway on a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import mcp
+import pytest
+import uvicorn
+
+from vmcp_actors.web._installed import EXTENSION_KEY
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SERVER = textwrap.dedent('''
+    import os, sys
+    from mcp.server.mcpserver import MCPServer
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "mute":  # reads, never answers
+        for _ in sys.stdin:
+            pass
+        sys.exit(0)
+    if mode == "garbage":  # noise on stdout before and between answers
+        print("starting up...", flush=True)
+    srv = MCPServer("stdio-echo", instructions="echo over stdio")
+
+    @srv.tool()
+    def echo(text: str) -> str:
+        """Echo the text."""
+        if mode == "garbage":
+            print("{not json", flush=True)
+        return f"echo:{text}"
+
+    @srv.tool()
+    def env(name: str) -> str:
+        """A variable of this process's environment."""
+        return os.environ.get(name, "<unset>")
+
+    @srv.tool()
+    def crash() -> str:
+        """Exit at once."""
+        os._exit(3)
+
+    @srv.tool()
+    def pid() -> int:
+        return os.getpid()
+
+    srv.run("stdio")
+''')
+
+
+@pytest.fixture
+def server_script(tmp_path: Path) -> Path:
+    path = tmp_path / "echo_server.py"
+    path.write_text(SERVER, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def gateway_with(start_gateway):
+    """Start a gateway for one stdio backend; its children are stopped after the test."""
+    started: list[Any] = []
+
+    def start(backend: dict, **extra: Any) -> Any:
+        gateway = start_gateway({"name": "t", "backends": [backend], **extra})
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        processes = gateway.app.extensions[EXTENSION_KEY].processes
+        if processes is not None:
+            processes.stop_all()
+
+
+def stdio_backend(script: Path, *args: str, **fields: Any) -> dict:
+    return {"name": "echo", "transport": "stdio", "command": sys.executable, "args": [str(script), *args], **fields}
+
+
+def session(url_or_params: Any, mode: str, steps) -> Any:
+    async def main() -> Any:
+        async with mcp.Client(url_or_params, mode=mode) as client:
+            return await steps(client)
+
+    return asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def call(name: str, arguments: dict | None = None):
+    async def steps(client) -> Any:
+        result = (await client.call_tool(name, arguments or {})).model_dump(mode="json", exclude_none=True)
+        meta = result.get("meta") or {}
+        meta.pop("io.modelcontextprotocol/serverInfo", None)  # the server's identity: the gateway's own
+        if not meta:
+            result.pop("meta", None)
+        return result
+
+    return steps
+
+
+async def listed(client) -> list[dict]:
+    return [tool.model_dump(mode="json", exclude_none=True) for tool in (await client.list_tools()).tools]
+
+
+def without_prefix(tools: list[dict]) -> list[dict]:
+    return [{**tool, "name": tool["name"].removeprefix("echo_")} for tool in tools]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_stdio_server_answers_through_the_gateway_as_directly(gateway_with, server_script, mode):
+    gateway = gateway_with(stdio_backend(server_script))
+    direct = mcp.StdioServerParameters(command=sys.executable, args=[str(server_script)])
+    assert without_prefix(session(gateway.url, mode, listed)) == session(direct, mode, listed)
+    assert session(gateway.url, mode, call("echo_echo", {"text": "hi"})) == \
+        session(direct, mode, call("echo", {"text": "hi"}))
+
+
+def test_the_child_gets_only_what_config_names(gateway_with, server_script, monkeypatch):
+    monkeypatch.setenv("VMCP_TEST_GATEWAY_SECRET", "do-not-leak-7f3a")
+    monkeypatch.setenv("VMCP_ADMIN_TOKEN_FOR_TEST", "admin-token-do-not-leak")
+    gateway = gateway_with(stdio_backend(server_script, env={"GREETING": "hello"}),
+                           admin={"tokenEnv": "VMCP_ADMIN_TOKEN_FOR_TEST"})
+
+    def seen(name: str) -> str:
+        return session(gateway.url, "legacy", call("echo_env", {"name": name}))["content"][0]["text"]
+
+    assert seen("GREETING") == "hello"
+    assert seen("PATH") == os.environ["PATH"]
+    assert seen("VMCP_TEST_GATEWAY_SECRET") == "<unset>"
+    assert seen("VMCP_ADMIN_TOKEN_FOR_TEST") == "<unset>"
+    pid = int(session(gateway.url, "legacy", call("echo_pid"))["content"][0]["text"])
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    names = sorted(entry.split(b"=", 1)[0].decode() for entry in environ if entry)
+    assert set(names) <= {"PATH", "HOME", "LANG", "GREETING"}, names
+
+
+def test_a_crashed_child_is_restarted_and_the_next_call_works(gateway_with, server_script):
+    gateway = gateway_with(stdio_backend(server_script))
+
+    async def steps(client) -> tuple[Any, ...]:
+        first = (await client.call_tool("echo_pid", {})).content[0].text
+        with pytest.raises(mcp.MCPError) as crashed:
+            await client.call_tool("echo_crash", {})
+        again = await client.call_tool("echo_echo", {"text": "again"})
+        second = (await client.call_tool("echo_pid", {})).content[0].text
+        return first, crashed.value.error.message, again.content[0].text, second
+
+    first, crashed, again, second = session(gateway.url, "legacy", steps)
+    assert "exited with code 3" in crashed
+    assert again == "echo:again"
+    assert first != second
+    assert not Path(f"/proc/{first}").exists() or "zombie" not in Path(f"/proc/{first}/status").read_text().lower()
+    assert gateway.app.extensions[EXTENSION_KEY].processes.restarts() == {"echo": 1}
+
+
+def test_a_child_that_never_answers_initialize_is_timed_out_and_killed(gateway_with, server_script):
+    gateway = gateway_with(stdio_backend(server_script, "mute"),
+                           operational={"timeouts": {"default": "1s"}})
+    started = time.monotonic()
+    with pytest.raises(BaseException) as failed:  # noqa: PT011 - the SDK wraps the MCPError in a group
+        session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))
+    assert "timed out" in repr(_leaf(failed.value)) or "did not answer" in repr(_leaf(failed.value))
+    assert time.monotonic() - started < 15
+    processes = gateway.app.extensions[EXTENSION_KEY].processes
+    deadline = time.monotonic() + 5
+    while processes.snapshot() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes.snapshot() == [], "the mute child is stopped"
+
+
+def _leaf(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+def test_garbage_on_stdout_is_skipped(gateway_with, server_script, caplog):
+    gateway = gateway_with(stdio_backend(server_script, "garbage"))
+    assert session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))["content"][0]["text"] == "echo:x"
+    assert session(gateway.url, "auto", call("echo_echo", {"text": "y"}))["content"][0]["text"] == "echo:y"
+    assert any("not JSON" in record.getMessage() for record in caplog.records)
+
+
+def test_stderr_lines_are_logged_under_the_backends_name(gateway_with, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="vmcp_actors.backends.stderr")
+    script = tmp_path / "noisy.py"
+    script.write_text("import sys\nsys.stderr.write('hello from the child\\n'); sys.stderr.flush()\n"
+                      + SERVER, encoding="utf-8")
+    gateway = gateway_with(stdio_backend(script))
+    session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any("hello from the child" in r.getMessage() for r in caplog.records):
+        time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if "hello from the child" in r.getMessage()]
+    assert lines == ["backend 'echo': hello from the child"]
+    (child,) = gateway.app.extensions[EXTENSION_KEY].processes.snapshot()
+    assert child.last_stderr is not None and child.pid > 0 and child.restarts == 0
+
+
+# -- 2024-11-05 HTTP+SSE ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def sse_server():
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("sse-echo", instructions="echo over sse")
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo the text."""
+        return f"echo:{text}"
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    running = uvicorn.Server(uvicorn.Config(server.sse_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=running.run, daemon=True)
+    thread.start()
+    while not running.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/sse"
+    running.should_exit = True
+    thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_legacy_sse_server_answers_through_the_gateway(start_gateway, sse_server, mode):
+    gateway = start_gateway({"name": "t", "backends": [{"name": "old", "transport": "sse", "url": sse_server}]})
+
+    async def steps(client) -> tuple[Any, ...]:
+        tools = [tool.name for tool in (await client.list_tools()).tools]
+        return tools, (await client.call_tool("old_echo", {"text": "hi"})).content[0].text
+
+    assert session(gateway.url, mode, steps) == (["old_echo"], "echo:hi")
