@@ -9,12 +9,15 @@ import signal
 import sys
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 from vmcp_actors.config import (
+    BackendConfig,
     VmcpConfig,
     config_from_mapping,
     config_warnings,
     load_config,
+    read_mcp_servers,
 )
 from vmcp_actors.exceptions import ConfigError
 
@@ -30,14 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the gateway under gunicorn")
-    serve.add_argument("--config", required=True, help="YAML config file")
+    _add_config_source(serve)
     serve.add_argument("--host", default=DEFAULT_HOST)
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument("--workers", type=int, default=1,
                        help="gunicorn worker processes; above 1 needs sessionStorage.provider: redis")
 
     validate = commands.add_parser("validate", help="check a config file; exit 0, or 2 with every error")
-    validate.add_argument("--config", required=True, help="YAML config file")
+    _add_config_source(validate)
 
     explain = commands.add_parser("explain", help="say why a caller does or does not see a tool, layer by layer")
     explain.add_argument("--config", required=True, help="YAML config file")
@@ -53,12 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging()
     if args.command == "validate":
-        return _validate(args.config)
+        return _validate(args.mcp_servers or args.config, mcp_servers=args.mcp_servers is not None)
     if args.command == "serve":
-        return _serve(args.config, args.host, args.port, args.workers)
+        return _serve(args.mcp_servers or args.config, args.host, args.port, args.workers,
+                      mcp_servers=args.mcp_servers is not None)
     if args.command == "explain":
         return _explain(args.config, args.tool, args.user, args.claims, args.json)
     return _demo(args.host, args.port)
+
+
+def _add_config_source(command: argparse.ArgumentParser) -> None:
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="YAML config file")
+    source.add_argument("--mcp-servers", metavar="FILE",
+                        help="a desktop client's JSON file (mcpServers: Claude Desktop, Cursor; servers: VS Code) "
+                             "whose servers become the backends")
 
 
 def _configure_logging() -> None:
@@ -67,28 +79,56 @@ def _configure_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _load(path: str) -> VmcpConfig | None:
+def _load(path: str, mcp_servers: bool = False) -> VmcpConfig | None:
+    """The YAML config at ``path``, or the one an mcpServers file makes (what it could not
+    use is printed as warnings, also when the result is invalid: they may say why)."""
     try:
-        return load_config(path)
+        if not mcp_servers:
+            return load_config(path)
+        imported = read_mcp_servers(path)
+        for note in imported.notes:
+            print(f"warning: {note}", file=sys.stderr)
+        return imported.config()
     except ConfigError as error:
         for line in error.errors:
             print(line, file=sys.stderr)
         return None
 
 
-def _validate(path: str) -> int:
-    config = _load(path)
+def _validate(path: str, mcp_servers: bool = False) -> int:
+    config = _load(path, mcp_servers)
     if config is None:
         return EXIT_CONFIG_ERROR
     for warning in config_warnings(config):
         print(f"warning: {warning}", file=sys.stderr)
+    if mcp_servers:
+        for backend in config.backends:
+            print(f"backend {_describe(config, backend)}")
+        print(f"{path}: ok ({len(config.backends)} backends)")
+        return 0
     composites = len(config.composite_tools)
     print(f"{path}: ok ({len(config.backends)} backends, {composites} composite tool{'' if composites == 1 else 's'})")
     return 0
 
 
-def _serve(path: str, host: str, port: int, workers: int = 1) -> int:
-    config = _load(path)
+def _describe(config: VmcpConfig, backend: BackendConfig) -> str:
+    """Name, transport, and the program or the URL's host: args, env, paths and header
+    values may hold credentials."""
+    if backend.is_process:
+        return f"{backend.name}: {backend.transport}, command {backend.command}"
+    parts = urlsplit(backend.url or "")
+    host = parts.hostname or "?"
+    described = f"{backend.name}: {backend.transport}, host {_bracketed(host)}"
+    if parts.port is not None:
+        described += f":{parts.port}"
+    injection = config.outgoing_auth.for_backend(backend.name).header_injection
+    if injection is not None:
+        described += f", header {injection.header_name}"
+    return described
+
+
+def _serve(path: str, host: str, port: int, workers: int = 1, mcp_servers: bool = False) -> int:
+    config = _load(path, mcp_servers)
     if config is None:
         return EXIT_CONFIG_ERROR
     from vmcp_actors.core import build, serve

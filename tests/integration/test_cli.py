@@ -9,6 +9,7 @@ printed on the way out, so pytest shows them when a test fails.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -286,6 +287,74 @@ def test_validate_missing_file_exits_2_with_a_clear_message(tmp_path):
     assert "Traceback" not in cli.stderr
 
 
+SECRET = "Bearer s3cret-for-the-test"
+
+CLAUDE_DESKTOP = {
+    "mcpServers": {
+        "files": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv/shared"],
+                  "env": {"API_TOKEN": "tok-in-env", "OTHER": "${input:other}"}},
+        "remote": {"url": "https://x.example.com:8443/mcp", "headers": {"Authorization": SECRET}},
+        "github": {"type": "sse", "url": "https://gh.example.com/sse",
+                   "headers": {"Authorization": SECRET, "X-Tenant": "acme-tenant"}},
+        "off": {"command": "old-server", "disabled": True},
+    },
+}
+
+
+def test_validate_mcp_servers_lists_the_backends_and_notes_what_it_could_not_use(tmp_path):
+    servers = tmp_path / "claude_desktop_config.json"
+    servers.write_text(json.dumps(CLAUDE_DESKTOP))
+    cli = CliProcess([VMCP, "validate", "--mcp-servers", str(servers)], tmp_path, "validate-mcp-servers")
+    assert cli.run_to_end() == 0
+    assert cli.stdout.splitlines() == [
+        "backend files: stdio, command npx",
+        "backend remote: streamable-http, host x.example.com:8443, header Authorization",
+        "backend github: sse, host gh.example.com",
+        f"{servers}: ok (3 backends)",
+    ]
+    warnings = cli.stderr.splitlines()
+    assert any(line.startswith("warning: mcpServers.files.env.OTHER: uses ${input:other}") for line in warnings)
+    assert any(line.startswith("warning: mcpServers.github.headers: not sent (Authorization, X-Tenant)")
+               for line in warnings)
+    assert "warning: mcpServers.off: disabled: true, so not served" in warnings
+    for secret in ("s3cret", "tok-in-env", "acme-tenant", "/srv/shared"):
+        assert secret not in cli.stdout + cli.stderr
+
+
+def test_validate_mcp_servers_exits_2_with_the_files_paths_when_the_result_is_invalid(tmp_path):
+    servers = tmp_path / "mcp.json"
+    servers.write_text(json.dumps({"servers": {
+        "a": {"type": "http", "url": "ftp://files.example.com"},
+        "b": {"type": "stdio", "command": "srv", "autoApprove": ["x"]},
+    }}))
+    cli = CliProcess([VMCP, "validate", "--mcp-servers", str(servers)], tmp_path, "validate-mcp-servers-bad")
+    assert cli.run_to_end() == CONFIG_ERROR
+    lines = cli.stderr.splitlines()
+    assert "servers.a.url: must be an http(s) URL with a host" in lines
+    assert "warning: servers.b.autoApprove: not used: the gateway has no such setting" in lines
+    assert "ok" not in cli.stdout
+    assert "Traceback" not in cli.stderr
+
+
+def test_validate_mcp_servers_exits_2_for_a_file_that_is_not_one(tmp_path):
+    servers = tmp_path / "settings.json"
+    servers.write_text('{"editor.fontSize": 14}')
+    cli = CliProcess([VMCP, "validate", "--mcp-servers", str(servers)], tmp_path, "validate-not-mcp-servers")
+    assert cli.run_to_end() == CONFIG_ERROR
+    assert f"{servers}: has neither mcpServers" in cli.stderr
+    assert "Traceback" not in cli.stderr
+
+
+def test_validate_takes_exactly_one_of_config_and_mcp_servers(tmp_path):
+    both = CliProcess([VMCP, "validate", "--config", str(EXAMPLE_CONFIG), "--mcp-servers", str(EXAMPLE_CONFIG)],
+                      tmp_path, "validate-both")
+    assert both.run_to_end() == CONFIG_ERROR
+    assert "not allowed with argument" in both.stderr
+    neither = CliProcess([VMCP, "validate"], tmp_path, "validate-neither")
+    assert neither.run_to_end() == CONFIG_ERROR
+    assert "one of the arguments --config --mcp-servers is required" in neither.stderr
+
+
 # ----------------------------------------------------------------------------------
 # serve
 # ----------------------------------------------------------------------------------
@@ -321,6 +390,34 @@ def test_serve_runs_gunicorn_gthread_and_stops_promptly_on_sigterm(tmp_path):
             assert cli.proc.returncode == 0
             assert not cli.group_alive(), "a gunicorn process outlived the master"
             gunicorn_log_checks(cli.stderr)
+
+
+def test_serve_mcp_servers_serves_the_files_url_servers(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with sdk_backend("alpha") as alpha, sdk_backend("beta") as beta:
+        servers = tmp_path / "mcp.json"
+        servers.write_text(json.dumps({"servers": {
+            "alpha": {"type": "http", "url": alpha.url + "/mcp"},
+            "beta": {"url": beta.url + "/mcp", "timeout": 30},
+        }}))
+        with CliProcess(
+            [VMCP, "serve", "--mcp-servers", str(servers), "--host", "127.0.0.1", "--port", str(port)],
+            tmp_path, "serve-mcp-servers",
+        ) as cli:
+            cli.wait_ready(base)
+
+            async def work(client):
+                tools = await client.list_tools()
+                result = await client.call_tool("beta_echo", {"text": "from an mcpServers file"})
+                return {t.name for t in tools.tools}, result
+
+            names, result = run_client(base + "/mcp", work, mode="legacy")
+            assert {"alpha_echo", "beta_echo"} <= names
+            assert result.content[0].text == "beta:from an mcpServers file"
+            assert "warning: servers.beta.timeout: not used" in cli.stderr
+            cli.sigterm_and_measure()
+            assert cli.proc.returncode == 0
 
 
 def test_serve_with_invalid_config_exits_2_before_gunicorn(tmp_path):

@@ -3,6 +3,7 @@
 from ._durations import parse_duration
 from ._env import required_env_vars
 from ._load import config_from_mapping, load_config
+from ._mcp_servers import McpServersImport, import_mcp_servers, read_mcp_servers
 from ._model import (
     AdminConfig,
     AggregationConfig,
@@ -53,6 +54,9 @@ __all__ = [
     "config_from_mapping",
     "config_warnings",
     "load_config",
+    "McpServersImport",
+    "import_mcp_servers",
+    "read_mcp_servers",
     "parse_duration",
     "required_env_vars",
 ]

@@ -23,9 +23,17 @@ PathPart = str | int
 def load_config(path: str | os.PathLike[str]) -> VmcpConfig:
     """Load and validate the YAML config at ``path``; raise ``ConfigError`` listing every problem."""
     where = os.fspath(path)
+    data = _parse_yaml(read_text_file(where), where)
+    if data is None:
+        raise ConfigError([f"{where}: the file is empty (expected a mapping with name and backends)"])
+    return config_from_mapping(data)
+
+
+def read_text_file(where: str) -> str:
+    """The UTF-8 text of a config file; ``ConfigError`` saying why it cannot be read."""
     try:
         with open(where, encoding="utf-8") as file:
-            text = file.read()
+            return file.read()
     except FileNotFoundError:
         raise ConfigError([f"{where}: no such file"]) from None
     except IsADirectoryError:
@@ -34,11 +42,6 @@ def load_config(path: str | os.PathLike[str]) -> VmcpConfig:
         raise ConfigError([f"{where}: is not UTF-8 text"]) from None
     except OSError as exc:
         raise ConfigError([f"{where}: cannot be read ({exc.strerror or exc})"]) from None
-
-    data = _parse_yaml(text, where)
-    if data is None:
-        raise ConfigError([f"{where}: the file is empty (expected a mapping with name and backends)"])
-    return config_from_mapping(data)
 
 
 def config_from_mapping(data: Any) -> VmcpConfig:
