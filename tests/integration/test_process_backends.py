@@ -244,3 +244,62 @@ def test_a_legacy_sse_server_answers_through_the_gateway(start_gateway, sse_serv
         return tools, (await client.call_tool("old_echo", {"text": "hi"})).content[0].text
 
     assert session(gateway.url, mode, steps) == (["old_echo"], "echo:hi")
+
+
+def test_operators_see_the_children(gateway_with, server_script, monkeypatch):
+    import requests
+
+    monkeypatch.setenv("VMCP_PROCESS_ADMIN_TOKEN", "process-admin-token-4d1b")
+    gateway = gateway_with(stdio_backend(server_script), admin={"tokenEnv": "VMCP_PROCESS_ADMIN_TOKEN"})
+    pid = int(session(gateway.url, "legacy", call("echo_pid"))["content"][0]["text"])
+    state = requests.get(gateway.base + "/admin/state", timeout=10,
+                         headers={"Authorization": "Bearer process-admin-token-4d1b"}).json()
+    (child,) = state["processes"]
+    assert (child["backend"], child["pid"], child["user"], child["restarts"]) == ("echo", pid, None, 0)
+    assert child["rssBytes"] > 1_000_000 and child["uptimeSeconds"] >= 0
+    assert state["processRestarts"] == {"echo": 0}
+    metrics = requests.get(gateway.base + "/metrics", timeout=10).text
+    assert 'vmcp_backend_processes{backend="echo"' in metrics
+
+
+RUN_GATEWAY = textwrap.dedent('''
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from tests.gateway import GatewayServer
+    gateway = GatewayServer({{"name": "t", "backends": [{{"name": "echo", "transport": "stdio",
+        "command": sys.executable, "args": [{script!r}]}}]}}).start()
+    print(gateway.url, flush=True)
+    time.sleep(600)
+''')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in status
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_no_child_outlives_its_gateway(server_script, tmp_path, how):
+    import signal
+    import subprocess
+
+    runner = tmp_path / "run_gateway.py"
+    runner.write_text(RUN_GATEWAY.format(root=str(Path(__file__).parents[2]), script=str(server_script)))
+    gateway = subprocess.Popen([sys.executable, str(runner)], stdout=subprocess.PIPE, text=True)
+    try:
+        url = gateway.stdout.readline().strip()
+        pid = int(session(url, "legacy", call("echo_pid"))["content"][0]["text"])
+        assert _alive(pid)
+        gateway.send_signal(getattr(signal, how))
+        gateway.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), f"the child {pid} outlived its gateway ({how})"
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()

@@ -11,8 +11,9 @@ from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 EXPLAIN_TIMEOUT = 30.0  # discovery may run for a revived user
 
 
-def collect_admin_state(gateway: Any, parked_calls: int = 0) -> dict[str, Any]:
-    """``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's)."""
+def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = None) -> dict[str, Any]:
+    """``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's);
+    ``processes``: the stdio backends' children of this worker (None: none configured)."""
     overview = gateway.overview().get(timeout=ASK_TIMEOUT)
     asked = [(user, user.proxy.snapshot(), idle, in_flight) for user, idle, in_flight in overview["users"]]
     users: dict[Any, dict[str, Any]] = {}
@@ -64,6 +65,8 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0) -> dict[str, Any]:
         "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}
                   for user in users.values()],
         "sessions": sessions,
+        "processes": [child.to_dict() for child in processes.snapshot()] if processes is not None else [],
+        "processRestarts": processes.restarts() if processes is not None else {},
     }
 
 

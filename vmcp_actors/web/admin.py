@@ -25,7 +25,8 @@ def require_admin_token() -> Response | None:
 
 @bp.get("/state")
 def state() -> Response:
-    return json_response(collect_admin_state(current_runtime().gateway, current_runtime().service.parked.count()))
+    runtime = current_runtime()
+    return json_response(collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes))
 
 
 @bp.get("/explain")
