@@ -465,6 +465,7 @@ def test_demo_serves_the_bundled_backends_and_stops_on_sigterm(tmp_path):
         assert {"weather_search", "notes_search"} <= names
         assert "search" not in names
         assert {"weather_get_forecast", "notes_add_note"} <= names
+        assert {"clock_now", "clock_convert"} <= names  # the stdio backend, a child of the gateway
 
         uris = {str(r.uri) for r in resources.resources}
         assert {"weather://cities", "notes://index"} <= uris, uris

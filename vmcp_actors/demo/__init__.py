@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,9 @@ def demo_config_mapping(backends: Sequence[tuple[str, ServedApp]]) -> dict[str, 
     return {
         "name": DEMO_GATEWAY_NAME,
         "backends": [
-            {"name": name, "url": served.url + "/mcp", "transport": "streamable-http"} for name, served in backends
+            *({"name": name, "url": served.url + "/mcp", "transport": "streamable-http"} for name, served in backends),
+            # A program the gateway starts and speaks to over stdio.
+            {"name": "clock", "transport": "stdio", "command": sys.executable, "args": ["-m", "vmcp_actors.demo.clock"]},
         ],
         "aggregation": {
             "conflictResolution": "prefix",
