@@ -156,7 +156,8 @@ def test_discover_lists_every_revision_and_lists_carry_cache_hints(start_gateway
         discovered = answer(modern_post(gateway.url, "server/discover"))["result"]
         assert discovered["supportedVersions"] == [MODERN, "2025-11-25", "2025-06-18"]
         assert discovered["resultType"] == "complete" and discovered["cacheScope"] == "public"
-        assert "tools" in discovered["capabilities"] and "logging" not in discovered["capabilities"]
+        # logging is deprecated in 2026-07-28 but served (per-request levels): declared, as backends do
+        assert "tools" in discovered["capabilities"] and discovered["capabilities"]["logging"] == {}
         assert discovered["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "gw"
         firsts = []
         for method, key in (("tools/list", "tools"), ("prompts/list", "prompts"), ("resources/list", "resources"),
