@@ -303,3 +303,10 @@ def test_no_child_outlives_its_gateway(server_script, tmp_path, how):
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait()
+
+
+def test_failure_handling_leaves_a_stdio_backend_usable(gateway_with, server_script):
+    gateway = gateway_with(stdio_backend(server_script), operational={"failureHandling": {
+        "healthCheckInterval": "1s", "circuitBreaker": {"enabled": True, "failureThreshold": 1, "timeout": "30s"}}})
+    time.sleep(1.5)
+    assert session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))["content"][0]["text"] == "echo:x"

@@ -227,7 +227,9 @@ class HealthMonitor(PooledActor):
             backend.name: BackendChannel(backend.name, McpHttpClient(backend.name, backend.url, pool_size=1),
                                          settings.health_check_timeout,
                                          static_auth(outgoing_auth.get(backend.name)), None, eras)
-            for backend in config.backends}
+            # stdio and sse backends are not checked here yet: a child's crash and a dropped
+            # stream are seen (and restarted) by their bus.
+            for backend in config.backends if backend.transport == "streamable-http"}
         self._handshakes: dict[str, Handshake | None] = {name: None for name in self._channels}
         self._timers: dict[str, TimerHandle] = {}
         self._stopped = False
