@@ -43,7 +43,7 @@ def per_user_backend() -> dict[str, Any]:
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "ChildProcesses._make_room counts only children whose link is set; a child between the room check "
     "and `child.link = link` (waiting for the spawner thread, forking) is not counted, so users starting "
-    "at once all pass the check: bench.stdio_echo crowd saw 48 children with maxProcesses 20"))
+    "at once all pass the check: bench.stdio_echo crowd saw 45-49 children with maxProcesses 20"))
 def test_children_started_at_once_stay_within_max_processes(monkeypatch):
     config = config_from_mapping({"name": "t", "operational": {"maxProcesses": 2}, "backends": [per_user_backend()]})
     spawn = _stdio._spawn
