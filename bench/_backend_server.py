@@ -1,12 +1,14 @@
 """Serve one test backend in its own process (for benchmarks that want the backend off the
 client's GIL): prints its MCP URL on stdout, then serves until stdin closes or SIGTERM.
 
-    python -m bench._backend_server [--delay S] [--count] {sdk,legacy,raw} NAME [TOOL ...]
+    python -m bench._backend_server [--delay S] [--count] {sdk,legacy,raw,stdio} NAME [TOOL ...]
 
 * ``sdk``: tests.backends' official-SDK backend (both MCP eras on one endpoint);
   ``legacy``: the same app as a 2025-11-25 server that never heard of 2026-07-28
   (tests/eras.py ``LegacyOnly``: it refuses ``server/discover``); ``raw``:
-  ``tests.backends.delayed_backend`` (raw MCP, JSON answers).
+  ``tests.backends.delayed_backend`` (raw MCP, JSON answers); ``stdio``: the ``sdk``
+  backend's server speaking MCP on this process's stdin and stdout (a stdio backend's
+  command: nothing is printed, no option applies; it ends with its input).
 * ``--delay S``: every POST waits S seconds before it is handled (without blocking other
   requests); GET and DELETE are not delayed.
 * ``--count`` (``sdk`` and ``legacy``): count what reaches the backend. ``GET /bench/counts``
@@ -121,10 +123,17 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--delay", type=float, default=0.0, help="seconds every POST waits first")
     parser.add_argument("--count", action="store_true", help=f"count requests, served at {COUNTS_PATH}")
-    parser.add_argument("kind", choices=("sdk", "legacy", "raw"))
+    parser.add_argument("kind", choices=("sdk", "legacy", "raw", "stdio"))
     parser.add_argument("name")
     parser.add_argument("tools", nargs="*")
     args = parser.parse_args(argv)
+    if args.kind == "stdio":
+        if args.delay or args.count:
+            raise SystemExit("--delay and --count: not for a stdio backend")
+        from tests.backends import build_sdk_server
+
+        build_sdk_server(args.name, tools=args.tools or None).run("stdio")
+        return
     url, backend = serve(args.kind, args.name, args.tools, args.delay, args.count)
     stop = threading.Event()
     # The SIGTERM handler takes no lock: Event.set() in a handler can deadlock the main

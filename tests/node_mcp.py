@@ -25,12 +25,18 @@ NODE = "node_modules/.bin/node"
 STARTUP_TIMEOUT = 15.0
 
 
-def node_mcp_home() -> Path:
-    explicit = os.environ.get("VMCP_NODE_MCP_HOME")
+def install_home(variable: str, name: str) -> Path:
+    """Where an install script puts its packages: ``$variable``, else
+    ``${XDG_CACHE_HOME:-$HOME/.cache}/vmcp-actors/<name>``."""
+    explicit = os.environ.get(variable)
     if explicit:
         return Path(explicit)
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "vmcp-actors" / "node-mcp"
+    return Path(cache) / "vmcp-actors" / name
+
+
+def node_mcp_home() -> Path:
+    return install_home("VMCP_NODE_MCP_HOME", "node-mcp")
 
 
 def missing() -> str | None:

@@ -1,0 +1,58 @@
+"""Real stdio MCP servers for the stdio backend tests: ``mcp-server-time`` (Python, in a venv
+of its own) and ``@modelcontextprotocol/server-memory`` (Node, run on the Node 22 of
+``tests/node_mcp.py``).
+
+``scripts/install-stdio-servers`` installs both into :func:`stdio_servers_home`; this module
+looks in the same place (``$VMCP_STDIO_SERVERS_HOME``, else
+``${XDG_CACHE_HOME:-$HOME/.cache}/vmcp-actors/stdio-servers``). :func:`need_stdio_servers`
+skips a test without them, and fails it under CI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests import node_mcp
+from tests.conformance.test_conformance import in_ci
+
+INSTALL_SCRIPT = "scripts/install-stdio-servers"
+TIME_SERVER = "venv/bin/mcp-server-time"
+MEMORY_ENTRY = "node_modules/@modelcontextprotocol/server-memory/dist/index.js"
+
+
+def stdio_servers_home() -> Path:
+    return node_mcp.install_home("VMCP_STDIO_SERVERS_HOME", "stdio-servers")
+
+
+def time_server() -> str:
+    """The ``mcp-server-time`` executable."""
+    return str(stdio_servers_home() / TIME_SERVER)
+
+
+def memory_server() -> tuple[str, list[str]]:
+    """How to start server-memory: (the Node 22 executable, its arguments)."""
+    return str(node_mcp.node_mcp_home() / node_mcp.NODE), [str(stdio_servers_home() / MEMORY_ENTRY)]
+
+
+def missing() -> str | None:
+    """Why the stdio servers cannot run (a message naming the install script), or None."""
+    home = stdio_servers_home()
+    node, _ = memory_server()
+    if not (home / ".installed").is_file() or not os.access(home / TIME_SERVER, os.X_OK) \
+            or not (home / MEMORY_ENTRY).is_file() or not os.access(node, os.X_OK):
+        return (f"the stdio MCP servers are not installed in {home}: run {INSTALL_SCRIPT} "
+                "(it installs mcp-server-time, @modelcontextprotocol/server-memory and, through "
+                "scripts/install-node-mcp, Node 22)")
+    return None
+
+
+def need_stdio_servers() -> None:
+    """Skip the calling test without the servers; fail it under CI."""
+    why = missing()
+    if why is not None:
+        if in_ci():
+            pytest.fail(why)
+        pytest.skip(why)
