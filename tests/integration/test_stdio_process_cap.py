@@ -96,11 +96,6 @@ class Caller:
                                   "params": {"name": tool, "arguments": arguments}}, self.session, headers=self.headers)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "ProcessesBusy.retry_after is read nowhere: a call refused because every process is busy is answered "
-    "HTTP 200 with a JSON-RPC error (-32603, data.backend) and no Retry-After, not the 503 + Retry-After "
-    "the _stdio module docstring promises (during discovery it is a 503 'No backend is available', also "
-    "without Retry-After)"))
 def test_a_call_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp):
     gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1}, "backends": [per_user_backend()],
                              "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}})
