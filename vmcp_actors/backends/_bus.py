@@ -66,7 +66,6 @@ LinkOpener = Callable[["MessageBus", Mapping[str, str]], Link]
 class _Call:
     """A request of the gateway's in flight on the link."""
 
-    view: BusClient
     own_id: Any  # the id the channel gave it
     progress_token: Any
     inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
@@ -111,17 +110,17 @@ class MessageBus:
 
     # -- what views ask --------------------------------------------------------------
 
-    def request(self, view: BusClient, message: dict[str, Any], timeout: float, abort: Abort | None = None,
+    def request(self, message: dict[str, Any], timeout: float, abort: Abort | None = None,
                 headers: Mapping[str, str] | None = None) -> Generator[dict[str, Any], None, dict[str, Any]]:
         """Send a request; yield the messages routed to it; return its answer (with the
         channel's own id). ``abort`` ends it from another thread (BackendCancelled)."""
         deadline = self._clock() + timeout
         if message.get("method") == "initialize":
-            return (yield from self._initialize(view, message, deadline, headers or {}))
+            return (yield from self._initialize(message, deadline, headers or {}))
         link, generation = self._ready(deadline, headers or {})
         params = message.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
-        call = _Call(view, message.get("id"), meta.get("progressToken") if isinstance(meta, dict) else None)
+        call = _Call(message.get("id"), meta.get("progressToken") if isinstance(meta, dict) else None)
         with self._lock:
             wire_id = next(self._wire_ids)
             self._calls[wire_id] = call
@@ -154,7 +153,7 @@ class MessageBus:
             if abort is not None:
                 abort.on_abort(None)
 
-    def notify(self, view: BusClient, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+    def notify(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
         """A notification, or a response to the backend's own request (its id is the
         backend's: sent as it is). ``notifications/initialized`` goes out once per link."""
         method = message.get("method")
@@ -208,12 +207,10 @@ class MessageBus:
             link.close()
         self._fail_all(BackendUnavailable(self.backend, f"backend {self.backend!r} was stopped"))
 
-    def stats(self) -> dict[str, Any]:
+    def calls(self) -> int:
+        """Requests in flight on the link."""
         with self._lock:
-            return {"calls": len(self._calls), "listeners": len(self._listeners), "restarts": self.restarts,
-                    "up": self._link is not None,
-                    "upSeconds": round(self._clock() - self._opened_at, 1) if self._opened_at is not None
-                    and self._link is not None else None}
+            return len(self._calls)
 
     # -- what the link reports ---------------------------------------------------------
 
@@ -282,19 +279,18 @@ class MessageBus:
                 if call.progress_token is not None and call.progress_token == token:
                     return call
             return None
-        if message.get("method") in _NEVER_A_CALLS:
+        if _for_everyone(message):  # about the server as a whole: never one call's
             return None
         return next(iter(self._calls.values())) if len(self._calls) == 1 else None
 
-    def _initialize(self, view: BusClient, message: dict[str, Any], deadline: float,
+    def _initialize(self, message: dict[str, Any], deadline: float,
                     headers: Mapping[str, str]) -> Generator[dict[str, Any], None, dict[str, Any]]:
+        """The first channel's params become the link's initialize (unless given at
+        construction); every channel gets the first answer."""
+        params = message.get("params")
         with self._lock:
-            opening = self._opening
-        if opening is None:
-            params = message.get("params") if isinstance(message.get("params"), dict) else {}
-            with self._lock:
-                if self._opening is None:
-                    self._opening = _Opening(dict(params))
+            if self._opening is None:
+                self._opening = _Opening(dict(params) if isinstance(params, dict) else {})
         self._ready(deadline, headers)  # opening a link initializes it
         with self._lock:
             opening = self._opening
@@ -350,7 +346,7 @@ class MessageBus:
     def _initialize_link(self, link: Link, generation: int, opening: _Opening, deadline: float) -> None:
         """Send the first initialize on a new link and wait for its answer (the first answer
         is kept for every later initialize); then ``notifications/initialized``."""
-        call = _Call(_NO_VIEW, None, None)
+        call = _Call(None, None)
         with self._lock:
             wire_id = next(self._wire_ids)
             self._calls[wire_id] = call
@@ -431,11 +427,10 @@ class MessageBus:
             call.inbox.put((_LOST, error))
 
 
-# Notifications about the server as a whole: every listener of a shared link may have them.
+# Notifications about the server as a whole: never part of a call, even the only one in
+# flight, and every listener of a shared link may have them.
 _FOR_EVERYONE = frozenset({"notifications/tools/list_changed", "notifications/prompts/list_changed",
                            "notifications/resources/list_changed", "notifications/resources/updated"})
-# Never part of a call, even the only one in flight.
-_NEVER_A_CALLS = _FOR_EVERYONE
 
 
 def _for_everyone(message: Mapping[str, Any]) -> bool:
@@ -468,9 +463,9 @@ class BusClient:
              on_notification: Callable[[dict], None] | None = None,
              extra_headers: Mapping[str, str] | None = None) -> PostResult:
         if not ("method" in message and "id" in message):
-            self._bus.notify(self, message, extra_headers)
+            self._bus.notify(message, extra_headers)
             return PostResult(202, None, None)
-        exchange = self._bus.request(self, message, timeout, None, extra_headers)
+        exchange = self._bus.request(message, timeout, None, extra_headers)
         while True:
             try:
                 streamed = next(exchange)
@@ -482,7 +477,7 @@ class BusClient:
     def exchange(self, request: dict, *, session_id: str | None, protocol_version: str | None, timeout: float,
                  extra_headers: Mapping[str, str] | None = None,
                  abort: Abort | None = None) -> Generator[dict, None, dict]:
-        return self._bus.request(self, request, timeout, abort, extra_headers)
+        return self._bus.request(request, timeout, abort, extra_headers)
 
     def listen(self, *, session_id: str | None, protocol_version: str | None,
                extra_headers: Mapping[str, str] | None = None, abort: Abort, connect_timeout: float,
@@ -500,9 +495,3 @@ class BusClient:
         if self._release is not None:
             self._release(self)
 
-
-class _NoView:
-    """The view of the bus's own initialize."""
-
-
-_NO_VIEW: Any = _NoView()

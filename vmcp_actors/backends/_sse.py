@@ -130,10 +130,9 @@ class SseLink:
 class LegacySseClient(BusClient):
     """A channel's client for a 2024-11-05 HTTP+SSE backend: its own stream and session."""
 
-    def __init__(self, backend: str, url: str, *, breaker: Any = None):
+    def __init__(self, backend: str, url: str):
         http = requests.Session()
         http.trust_env = False  # no netrc credentials for backends (as the HTTP client)
-        self._http = http
         bus = MessageBus(backend, lambda bus, headers: SseLink(bus, http, url, headers), per_user=True)
         super().__init__(bus, lambda _view: (bus.close(), http.close()))
 

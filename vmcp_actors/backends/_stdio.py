@@ -38,11 +38,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmcp_actors.backends._bus import BusClient, MessageBus
+from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus
 from vmcp_actors.concurrency import TimerHandle, call_later
 from vmcp_actors.config import BackendConfig, BackendAuthConfig, VmcpConfig
 from vmcp_actors.config._model import USER_PLACEHOLDER
-from vmcp_actors.exceptions import BackendError, BackendTimeout, BackendUnavailable
+from vmcp_actors.exceptions import BackendTimeout, BackendUnavailable
 
 logger = logging.getLogger(__name__)
 stderr_logger = logging.getLogger("vmcp_actors.backends.stderr")
@@ -152,7 +152,7 @@ class ChildLink:
     def send(self, message: dict[str, Any]) -> None:
         data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
         fd = self.process.stdin.fileno() if self.process.stdin is not None else -1
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + SEND_TIMEOUT
         with self._write_lock:
             view = memoryview(data)
             while view:
@@ -291,7 +291,6 @@ class _Child:
     bus: MessageBus
     views: set[BusClient] = field(default_factory=set)
     link: ChildLink | None = None
-    restarts_counted: int = 0
 
 
 @dataclass(frozen=True)
@@ -316,11 +315,10 @@ class ProcessSnapshot:
 class ChildProcesses:
     """Every child of this gateway process (thread-safe)."""
 
-    def __init__(self, config: VmcpConfig, on_restart: Callable[[str], None] | None = None):
+    def __init__(self, config: VmcpConfig):
         self._config = config
         self._max = config.operational.max_processes
         self._idle_timeout = config.operational.process_idle_timeout
-        self._on_restart = on_restart
         self._lock = threading.Lock()  # guards _children and _stopped; never held while starting or stopping one
         self._children: dict[tuple[str, str | None], _Child] = {}
         self._restarts: dict[str, int] = {backend.name: 0 for backend in config.backends if backend.is_process}
@@ -351,12 +349,12 @@ class ChildProcesses:
             children = list(self._children.values())
         shots = []
         for child in children:
-            link, stats = child.link, child.bus.stats()
+            link = child.link
             if link is None:
                 continue
             shots.append(ProcessSnapshot(child.backend.name, child.user, link.pid,
                                          round(time.monotonic() - link.started, 1), child.bus.restarts,
-                                         link.rss_bytes(), link.last_stderr, stats["calls"]))
+                                         link.rss_bytes(), link.last_stderr, child.bus.calls()))
         return shots
 
     def restarts(self) -> dict[str, int]:
@@ -469,8 +467,6 @@ class ChildProcesses:
     def _lost(self, backend: str, why: str) -> None:
         with self._lock:
             self._restarts[backend] = self._restarts.get(backend, 0) + 1
-        if self._on_restart is not None:
-            self._on_restart(backend)
 
     def _sweep_later(self) -> None:
         """(Under _lock.) Look for idle shared children soon, unless already due."""
@@ -532,5 +528,3 @@ def _resolved_command(backend: BackendConfig) -> str:
         raise BackendUnavailable(backend.name, f"backend {backend.name!r}: command {command!r} is not on PATH")
     return found
 
-
-__all__ = ["ChildProcesses", "ProcessesBusy", "ProcessSnapshot", "user_digest", "BackendError"]

@@ -194,7 +194,7 @@ def backend_client(backend: BackendConfig, breaker: Any, processes: ChildProcess
                                 client_capabilities)
     if backend.transport == "sse":
         from vmcp_actors.backends._sse import LegacySseClient  # noqa: PLC0415 - only configs that use it
-        return LegacySseClient(backend.name, backend.url or "", breaker=breaker)
+        return LegacySseClient(backend.name, backend.url or "")  # no circuit: its bus reopens a dropped stream
     return McpHttpClient(backend.name, backend.url or "", breaker=breaker)
 
 
