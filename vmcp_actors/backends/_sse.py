@@ -21,7 +21,12 @@ import requests
 
 from vmcp_actors.backends._bus import BusClient, MessageBus
 from vmcp_actors.backends._http import McpHttpClient, _split_lines
-from vmcp_actors.exceptions import BackendError, BackendHTTPError, BackendProtocolError, BackendUnavailable
+from vmcp_actors.exceptions import (
+    BackendError,
+    BackendHTTPError,
+    BackendProtocolError,
+    BackendUnavailable,
+)
 from vmcp_actors.protocol.sse import iter_sse_events
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from typing import Any
 
 from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus
 from vmcp_actors.concurrency import TimerHandle, call_later
-from vmcp_actors.config import BackendConfig, BackendAuthConfig, VmcpConfig
+from vmcp_actors.config import BackendAuthConfig, BackendConfig, VmcpConfig
 from vmcp_actors.config._model import USER_PLACEHOLDER
 from vmcp_actors.exceptions import BackendTimeout, BackendUnavailable
 

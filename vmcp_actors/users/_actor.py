@@ -53,6 +53,7 @@ from vmcp_actors.backends import (
     OutgoingAuth,
     describe_failure,
 )
+from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.concurrency import (
     ASK_TIMEOUT,
     Deadline,
@@ -81,7 +82,6 @@ from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.users._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.users._live import LiveSessions
 from vmcp_actors.users._records import UserKey, UserRecord
-from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.users._store import MemoryRecordStore, RecordStore, StoreUnavailable
 from vmcp_actors.users._stream_fanout import StreamFanout
 
