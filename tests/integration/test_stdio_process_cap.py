@@ -2,8 +2,8 @@
 crowd part found, as tests. The backend is the official-SDK test server
 (``tests.backends.build_sdk_server``) speaking MCP over stdio, one process per user.
 
-Each is a known bug of ``vmcp_actors/backends/_stdio.py``, marked xfail (strict): when one
-is fixed, its test passes and its mark must go.
+Each was a bug the benchmark found: children started at once passed the cap, a child still
+initializing was stopped to make room, and a send to a stopped child was an internal error.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from vmcp_actors.backends import _stdio
 from vmcp_actors.backends._bus import MessageBus
 from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.config import config_from_mapping
+from vmcp_actors.core._aggregated import NO_BACKENDS_RETRY_AFTER
 from vmcp_actors.exceptions import BackendError
 from vmcp_actors.web._installed import EXTENSION_KEY
 
@@ -40,10 +41,6 @@ def per_user_backend() -> dict[str, Any]:
             "args": ["-c", SERVER], "cwd": str(ROOT)}
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "ChildProcesses._make_room counts only children whose link is set; a child between the room check "
-    "and `child.link = link` (waiting for the spawner thread, forking) is not counted, so users starting "
-    "at once all pass the check: bench.stdio_echo crowd saw 45-49 children with maxProcesses 20"))
 def test_children_started_at_once_stay_within_max_processes(monkeypatch):
     config = config_from_mapping({"name": "t", "operational": {"maxProcesses": 2}, "backends": [per_user_backend()]})
     spawn = _stdio._spawn
@@ -122,11 +119,6 @@ def _started(processes: ChildProcesses, owner: tuple[str, str]) -> tuple[Any, An
     return view, view.post(INITIALIZE, session_id=None, protocol_version=None, timeout=20).message
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "ChildLink.send takes process.stdin.fileno() outside its try: on a link whose close() already "
-    "closed stdin (stopped to make room, idle, released) it raises ValueError, not BackendUnavailable; "
-    "the client gets -32603 'Internal error' (bench.stdio_echo crowd), and MessageBus._ready logs it as "
-    "'it did not answer initialize'"))
 def test_sending_to_a_stopped_child_is_a_backend_error():
     config = config_from_mapping({"name": "t", "backends": [per_user_backend()]})
     processes = ChildProcesses(config)
@@ -146,12 +138,6 @@ def test_sending_to_a_stopped_child_is_a_backend_error():
         processes.stop_all()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "ChildProcesses._make_room takes a child for idle when its link is set and its bus has no call; a child "
-    "whose link was just set but whose bus has not sent initialize yet (or whose bus is about to take a "
-    "call) passes as idle and is stopped under the call: the call fails ('stopped to make room for "
-    "another', or ValueError from ChildLink.send). The idle check is under ChildProcesses._lock, the calls "
-    "are registered under MessageBus._lock"))
 def test_a_child_still_initializing_is_not_stopped_to_make_room(monkeypatch):
     config = config_from_mapping({"name": "t", "operational": {"maxProcesses": 1}, "backends": [per_user_backend()]})
     initialize_link = MessageBus._initialize_link
@@ -181,3 +167,24 @@ def test_a_child_still_initializing_is_not_stopped_to_make_room(monkeypatch):
         assert isinstance(outcomes["alice"], dict) and "result" in outcomes["alice"], outcomes
     finally:
         processes.stop_all()
+
+
+def test_discovery_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp):
+    gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1}, "backends": [per_user_backend()],
+                             "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}})
+    processes = gateway.app.extensions[EXTENSION_KEY].processes
+    alice = Caller(gateway, idp.issue_token("alice", AUDIENCE))
+    sleeping = threading.Thread(target=alice.call, args=("echo_sleep", {"seconds": 3}))
+    sleeping.start()
+    try:
+        assert wait_until(lambda: any(child.calls for child in processes.snapshot()), timeout=10)
+        time.sleep(1.0)  # alice's sleep is in flight on the only process there may be
+        bob = Caller(gateway, idp.issue_token("bob", AUDIENCE))  # opening a session contacts no backend
+        refused = gateway.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, bob.session, headers=bob.headers)
+        assert refused.status_code == 503, refused.text
+        assert refused.headers.get("Retry-After") == str(NO_BACKENDS_RETRY_AFTER)
+        assert answer_of(refused)["error"]["data"]["retryAfterSeconds"] == NO_BACKENDS_RETRY_AFTER
+    finally:
+        sleeping.join(10)
+    listed = gateway.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, bob.session, headers=bob.headers)
+    assert [tool["name"] for tool in answer_of(listed)["result"]["tools"]] == ["echo_echo", "echo_sleep"]

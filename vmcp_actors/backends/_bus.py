@@ -117,14 +117,17 @@ class MessageBus:
         deadline = self._clock() + timeout
         if message.get("method") == "initialize":
             return (yield from self._initialize(message, deadline, headers or {}))
-        link, generation = self._ready(deadline, headers or {})
         params = message.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
         call = _Call(message.get("id"), meta.get("progressToken") if isinstance(meta, dict) else None)
-        with self._lock:
-            wire_id = next(self._wire_ids)
-            self._calls[wire_id] = call
-            self.last_used = self._clock()
+        while True:
+            link, generation = self._ready(deadline, headers or {})
+            with self._lock:  # the call is registered on the link it found, or that link was retired meanwhile
+                if self._link is link and self._generation == generation:
+                    wire_id = next(self._wire_ids)
+                    self._calls[wire_id] = call
+                    self.last_used = self._clock()
+                    break
         cancelled = threading.Event()
         if abort is not None and not abort.on_abort(lambda: self._cancel(wire_id, call, cancelled)):
             self._forget(wire_id)
@@ -194,8 +197,25 @@ class MessageBus:
             self._unlisten(inbox)
 
     def busy(self) -> bool:
+        """A call in flight, or a link being opened and initialized."""
         with self._lock:
-            return bool(self._calls)
+            return bool(self._calls) or self._opening_lock.locked()
+
+    def retire_if_idle(self, why: str) -> Link | None:
+        """End the link on purpose (idle, or making room) when nothing uses it: no call in
+        flight and none opening it. Returns the link, for the caller to close; the next use
+        opens a new one at once. A call registers only on the link it found still current,
+        so one about to start simply opens the next link."""
+        with self._lock:
+            if self._link is None or self._calls or self._opening_lock.locked():
+                return None
+            link, self._link = self._link, None
+            self._generation += 1
+            listeners = list(self._listeners)
+        logger.info("backend %r: %s", self.backend, why)
+        for inbox in listeners:
+            inbox.put((_LOST, None))
+        return link
 
     def close(self) -> None:
         """End the link for good; calls in flight fail."""
@@ -239,30 +259,24 @@ class MessageBus:
         else:
             logger.debug("backend %r sent %s outside any call; no one takes it", self.backend, message.get("method"))
 
-    def lost(self, link: Link, why: str, *, deliberate: bool = False) -> None:
-        """The link ended (the child exited, the stream dropped), or was ended on purpose
-        (``deliberate``: idle, or making room; it opens again at once when next used)."""
+    def lost(self, link: Link, why: str) -> None:
+        """The link ended (the child exited, the stream dropped): calls on it fail, and the
+        next use opens a new one after a back-off."""
         with self._lock:
             if link is not self._link:
                 return
             self._link = None
             self._generation += 1
-            backoff = 0.0
-            if not deliberate:
-                lasted = self._clock() - (self._opened_at or self._clock())
-                self._failures_in_a_row = 0 if lasted >= HEALTHY_AFTER else self._failures_in_a_row + 1
-                backoff = min(RESTART_BACKOFF * 2 ** max(self._failures_in_a_row - 1, 0), RESTART_BACKOFF_MOST)
-                self._not_before = self._clock() + backoff
+            lasted = self._clock() - (self._opened_at or self._clock())
+            self._failures_in_a_row = 0 if lasted >= HEALTHY_AFTER else self._failures_in_a_row + 1
+            backoff = min(RESTART_BACKOFF * 2 ** max(self._failures_in_a_row - 1, 0), RESTART_BACKOFF_MOST)
+            self._not_before = self._clock() + backoff
             listeners = list(self._listeners)
-        if deliberate:
-            logger.info("backend %r: %s", self.backend, why)
-        else:
-            logger.warning("backend %r: %s; it starts again on its next use (not before %.0fs)",
-                           self.backend, why, backoff)
+        logger.warning("backend %r: %s; it starts again on its next use (not before %.0fs)", self.backend, why, backoff)
         self._fail_all(BackendUnavailable(self.backend, f"backend {self.backend!r} ended: {why}"))
         for inbox in listeners:
             inbox.put((_LOST, None))
-        if self._on_lost is not None and not deliberate:
+        if self._on_lost is not None:
             self._on_lost(why)
 
     # -- inside --------------------------------------------------------------------------

@@ -151,18 +151,19 @@ class ChildLink:
 
     def send(self, message: dict[str, Any]) -> None:
         data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
-        fd = self.process.stdin.fileno() if self.process.stdin is not None else -1
         deadline = time.monotonic() + SEND_TIMEOUT
         with self._write_lock:
             view = memoryview(data)
             while view:
                 try:
-                    written = os.write(fd, view)
+                    if self._stopping or self.process.stdin is None:
+                        raise ValueError("stopped")
+                    written = os.write(self.process.stdin.fileno(), view)
                 except BlockingIOError:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise BackendTimeout(self.bus.backend, f"backend {self.bus.backend!r} reads no input") from None
-                    select.select([], [fd], [], min(left, 1.0))
+                    select.select([], [self.process.stdin], [], min(left, 1.0))
                     continue
                 except (BrokenPipeError, OSError, ValueError):
                     raise BackendUnavailable(self.bus.backend, f"backend {self.bus.backend!r} has exited") from None
@@ -291,6 +292,7 @@ class _Child:
     bus: MessageBus
     views: set[BusClient] = field(default_factory=set)
     link: ChildLink | None = None
+    starting: bool = False  # past the room check, its process not yet linked: counted under the cap
 
 
 @dataclass(frozen=True)
@@ -393,11 +395,23 @@ class ChildProcesses:
             if child is None:
                 raise BackendUnavailable(key[0], f"backend {key[0]!r} was released")
             evicted = self._make_room(child)
-        if evicted is not None:
-            logger.info("backend %r: stopping the least recently used per-user process (pid %d) to make room "
-                        "(operational.maxProcesses %d)", evicted.bus.backend, evicted.pid, self._max)
-            evicted.bus.lost(evicted, "stopped to make room for another", deliberate=True)
-            evicted.close()
+            child.starting = True
+        link = None
+        try:
+            if evicted is not None:
+                logger.info("backend %r: stopped the least recently used per-user process (pid %d) to make room "
+                            "(operational.maxProcesses %d)", evicted.bus.backend, evicted.pid, self._max)
+                evicted.close()
+            link = self._start(key, child, headers)
+        finally:
+            with self._lock:
+                child.starting = False
+                child.link = link
+        backend = child.backend
+        logger.info("backend %r: started process %d%s", backend.name, link.pid, " for a user" if child.user else "")
+        return link
+
+    def _start(self, key: tuple[str, str | None], child: _Child, headers: Mapping[str, str] | None) -> ChildLink:
         backend = child.backend
         env, secrets = self._environment(backend, child.user, headers)
         argv = [_resolved_command(backend), *(_with_user(arg, child.user) for arg in backend.args)]
@@ -408,26 +422,23 @@ class ChildProcesses:
             raise BackendUnavailable(backend.name, f"backend {backend.name!r} could not be started: "
                                                    f"{type(error).__name__}: {getattr(error, 'strerror', '') or ''}"
                                      .rstrip(": ")) from None
-        link = ChildLink(child.bus, process, secrets, lambda ended, key=key: self._exited(key, ended))
-        with self._lock:
-            child.link = link
-        logger.info("backend %r: started process %d%s", backend.name, process.pid,
-                    " for a user" if child.user else "")
-        return link
+        return ChildLink(child.bus, process, secrets, lambda ended: self._exited(key, ended))
 
     def _make_room(self, wanting: _Child) -> ChildLink | None:
         """(Under _lock.) The link to stop so one more child fits, if one must go; raises
         ProcessesBusy when none can."""
-        live = [child for child in self._children.values() if child.link is not None and child is not wanting]
+        live = [child for child in self._children.values()
+                if (child.link is not None or child.starting) and child is not wanting]
         if len(live) < self._max:
             return None
-        idle = [child for child in live if child.backend.per_user and not child.bus.busy()]
-        if not idle:
-            raise ProcessesBusy(wanting.backend.name, f"backend {wanting.backend.name!r} cannot start: all "
-                                                      f"{self._max} processes of this worker are busy; retry soon")
-        oldest = min(idle, key=lambda child: child.bus.last_used)
-        link, oldest.link = oldest.link, None
-        return link
+        linked = sorted((child for child in live if child.backend.per_user and child.link is not None),
+                        key=lambda child: child.bus.last_used)
+        for child in linked:  # least recently used first; a child in use (or being initialized) is kept
+            if child.bus.retire_if_idle("stopped to make room for another user's process") is not None:
+                link, child.link = child.link, None
+                return link
+        raise ProcessesBusy(wanting.backend.name, f"backend {wanting.backend.name!r} cannot start: all "
+                                                  f"{self._max} processes of this worker are busy; retry soon")
 
     def _environment(self, backend: BackendConfig, user: str | None,
                      headers: Mapping[str, str] | None) -> tuple[dict[str, str], tuple[str, ...]]:
@@ -475,21 +486,20 @@ class ChildProcesses:
 
     def _sweep(self) -> None:
         now = time.monotonic()
-        stopping: list[tuple[_Child, ChildLink]] = []
+        stopping: list[ChildLink] = []
         with self._lock:
             self._sweeper = None
             for child in self._children.values():
                 link = child.link
-                if link is not None and not child.backend.per_user and not child.bus.busy() \
-                        and now - child.bus.last_used >= self._idle_timeout:
+                if link is not None and not child.backend.per_user \
+                        and now - child.bus.last_used >= self._idle_timeout \
+                        and child.bus.retire_if_idle(f"process {link.pid} idle for {self._idle_timeout:.0f}s; "
+                                                     "stopping it") is not None:
                     child.link = None
-                    stopping.append((child, link))
+                    stopping.append(link)
             if self._children:
                 self._sweep_later()
-        for child, link in stopping:
-            logger.info("backend %r: process %d idle for %.0fs; stopping it", child.backend.name, link.pid,
-                        self._idle_timeout)
-            child.bus.lost(link, "stopped while idle", deliberate=True)
+        for link in stopping:
             link.close()
 
 

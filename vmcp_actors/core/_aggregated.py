@@ -43,6 +43,8 @@ ANSWER_MARGIN = 0.1
 # decides whether their retry is due (users' RETRY_FAILED_AFTER, or RETRY_WHEN_HEALTHY once
 # health checks see one of them answer again: neither is shorter than this).
 REMIND_RETRY_EVERY = 1.0
+# Retry-After (seconds) when no backend could be discovered (every one down, or busy).
+NO_BACKENDS_RETRY_AFTER = 2
 
 
 class ConflictingNames(JsonRpcError):
@@ -53,8 +55,12 @@ class ConflictingNames(JsonRpcError):
 
 
 class NoBackendsAvailable(JsonRpcError):
+    """HTTP 503 with Retry-After: a catalog without backends is not kept, so the next
+    request discovers again."""
+
     def __init__(self) -> None:
-        super().__init__(INTERNAL_ERROR, "No backend is available for this session; try again later", http_status=503)
+        super().__init__(INTERNAL_ERROR, "No backend is available for this session; try again later",
+                         {"retryAfterSeconds": NO_BACKENDS_RETRY_AFTER}, http_status=503)
 
 
 class BackendsMissing(JsonRpcError):
