@@ -48,6 +48,10 @@ SEND_TIMEOUT = 10.0
 _LOST, _MESSAGE = "lost", "message"
 
 
+class NotRunning(BackendUnavailable):
+    """A probe found no live link: nothing to check, nothing started."""
+
+
 class Link(Protocol):
     """One live connection: ``send`` writes a message (raising BackendError when it cannot);
     the link reports what it reads with ``bus.received`` and its end with ``bus.lost``."""
@@ -105,15 +109,19 @@ class MessageBus:
         self._closed = False
         self._failures_in_a_row = 0
         self._not_before = 0.0  # no new link before this (the back-off)
+        self._last_loss: str | None = None  # why the last link ended or could not be opened
         self.restarts = 0
         self.last_used = clock()
 
     # -- what views ask --------------------------------------------------------------
 
     def request(self, message: dict[str, Any], timeout: float, abort: Abort | None = None,
-                headers: Mapping[str, str] | None = None) -> Generator[dict[str, Any], None, dict[str, Any]]:
+                headers: Mapping[str, str] | None = None, *,
+                probe: bool = False) -> Generator[dict[str, Any], None, dict[str, Any]]:
         """Send a request; yield the messages routed to it; return its answer (with the
-        channel's own id). ``abort`` ends it from another thread (BackendCancelled)."""
+        channel's own id). ``abort`` ends it from another thread (BackendCancelled).
+        ``probe``: a health check's, on the live link only (NotRunning when there is none)
+        and not counted as use, so checks keep no link open."""
         deadline = self._clock() + timeout
         if message.get("method") == "initialize":
             return (yield from self._initialize(message, deadline, headers or {}))
@@ -121,16 +129,17 @@ class MessageBus:
         meta = params.get("_meta") if isinstance(params, dict) else None
         call = _Call(message.get("id"), meta.get("progressToken") if isinstance(meta, dict) else None)
         while True:
-            link, generation = self._ready(deadline, headers or {})
+            link, generation = self._live() if probe else self._ready(deadline, headers or {})
             with self._lock:  # the call is registered on the link it found, or that link was retired meanwhile
                 if self._link is link and self._generation == generation:
                     wire_id = next(self._wire_ids)
                     self._calls[wire_id] = call
-                    self.last_used = self._clock()
+                    if not probe:
+                        self.last_used = self._clock()
                     break
         cancelled = threading.Event()
         if abort is not None and not abort.on_abort(lambda: self._cancel(wire_id, call, cancelled)):
-            self._forget(wire_id)
+            self._forget(wire_id, used=not probe)
             raise BackendCancelled(self.backend, f"the call to backend {self.backend!r} was cancelled")
         try:
             self._send(link, generation, {**message, "id": wire_id})
@@ -152,7 +161,7 @@ class MessageBus:
                     continue
                 return {**value, "id": call.own_id}
         finally:
-            self._forget(wire_id)
+            self._forget(wire_id, used=not probe)
             if abort is not None:
                 abort.on_abort(None)
 
@@ -227,6 +236,12 @@ class MessageBus:
             link.close()
         self._fail_all(BackendUnavailable(self.backend, f"backend {self.backend!r} was stopped"))
 
+    def restarting(self) -> str | None:
+        """Why the last link ended, or could not be opened, while the back-off after it
+        lasts: a crash loop shows in health checks, and heals with the back-off."""
+        with self._lock:
+            return self._last_loss if self._link is None and self._clock() < self._not_before else None
+
     def calls(self) -> int:
         """Requests in flight on the link."""
         with self._lock:
@@ -271,6 +286,7 @@ class MessageBus:
             self._failures_in_a_row = 0 if lasted >= HEALTHY_AFTER else self._failures_in_a_row + 1
             backoff = min(RESTART_BACKOFF * 2 ** max(self._failures_in_a_row - 1, 0), RESTART_BACKOFF_MOST)
             self._not_before = self._clock() + backoff
+            self._last_loss = why
             listeners = list(self._listeners)
         logger.warning("backend %r: %s; it starts again on its next use (not before %.0fs)", self.backend, why, backoff)
         self._fail_all(BackendUnavailable(self.backend, f"backend {self.backend!r} ended: {why}"))
@@ -313,6 +329,13 @@ class MessageBus:
         return {**opening.answer, "id": message.get("id")}
         yield  # a generator, like every request
 
+    def _live(self) -> tuple[Link, int]:
+        """The live link, initialized; NotRunning when there is none."""
+        with self._lock:
+            if self._link is None or self._opening_lock.locked():
+                raise NotRunning(self.backend, f"backend {self.backend!r} is not running")
+            return self._link, self._generation
+
     def _ready(self, deadline: float, headers: Mapping[str, str]) -> tuple[Link, int]:
         """The live link, opened (and initialized) when there is none."""
         with self._lock:
@@ -332,8 +355,9 @@ class MessageBus:
                 time.sleep(wait)  # the back-off ends within the request's deadline: it waits
             try:
                 link = self._open_link(self, headers)
-            except BackendError:
+            except BackendError as error:
                 with self._lock:
+                    self._last_loss = str(error)
                     self._failures_in_a_row += 1
                     self._not_before = self._clock() + min(
                         RESTART_BACKOFF * 2 ** (self._failures_in_a_row - 1), RESTART_BACKOFF_MOST)
@@ -424,10 +448,11 @@ class MessageBus:
         except BackendError:
             pass
 
-    def _forget(self, wire_id: int) -> None:
+    def _forget(self, wire_id: int, used: bool = True) -> None:
         with self._lock:
             self._calls.pop(wire_id, None)
-            self.last_used = self._clock()
+            if used:
+                self.last_used = self._clock()
 
     def _unlisten(self, inbox: queue.SimpleQueue) -> None:
         with self._lock:

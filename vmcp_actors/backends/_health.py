@@ -9,7 +9,10 @@
   the admin state shows it), written by the HealthMonitor.
 * ``HealthMonitor``: a PooledActor that checks each backend every
   ``healthCheckInterval``, as nobody (static credentials only, never a user's token):
-  a handshake once, then ``ping`` on that backend session (a 404 starts a new one). The
+  a handshake once, then ``ping`` on that backend session (a 404 starts a new one; a
+  2024-11-05 SSE backend's dropped stream is opened again). A process backend is
+  checked without starting anything (``ChildProcesses.check``): its command is found,
+  its live children answer ``ping``, none waits out a back-off after a crash. The
   check runs as pooled I/O and reports back with a message; the actor never waits.
   A check's outcome feeds the backend's circuit too, so a recovered backend closes it.
 """
@@ -21,14 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmcp_actors.backends._auth import HeaderInjection, OutgoingAuth, Unauthenticated
 from vmcp_actors.backends._channel import BackendChannel, BackendEras, drain
 from vmcp_actors.backends._http import McpHttpClient
 from vmcp_actors.backends._models import Handshake
 from vmcp_actors.concurrency import TimerHandle, call_later, run_in_thread, tell_quietly
-from vmcp_actors.config import CircuitBreakerConfig, FailureHandlingConfig, VmcpConfig
+from vmcp_actors.config import BackendConfig, CircuitBreakerConfig, FailureHandlingConfig, VmcpConfig
 from vmcp_actors.exceptions import (
     BackendError,
     BackendHTTPError,
@@ -37,6 +40,9 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.pooled import PooledActor
+
+if TYPE_CHECKING:
+    from vmcp_actors.backends._stdio import ChildProcesses
 
 logger = logging.getLogger(__name__)
 
@@ -217,25 +223,25 @@ class HealthMonitor(PooledActor):
     """Checks every backend on its own schedule; one check per backend at a time."""
 
     def __init__(self, config: VmcpConfig, health: BackendHealth, outgoing_auth: Mapping[str, OutgoingAuth],
-                 eras: BackendEras):
+                 eras: BackendEras, processes: ChildProcesses | None = None):
         super().__init__()
         settings = config.operational.failure_handling
         assert settings is not None
         self._settings = settings
         self._health = health
         self._channels = {
-            backend.name: BackendChannel(backend.name, McpHttpClient(backend.name, backend.url, pool_size=1),
-                                         settings.health_check_timeout,
+            backend.name: BackendChannel(backend.name, _health_client(backend), settings.health_check_timeout,
                                          static_auth(outgoing_auth.get(backend.name)), None, eras)
-            # stdio and sse backends are not checked here yet: a child's crash and a dropped
-            # stream are seen (and restarted) by their bus.
-            for backend in config.backends if backend.transport == "streamable-http"}
+            for backend in config.backends if not backend.is_process}
+        self._processes = processes
+        self._process_backends = {backend.name: backend for backend in config.backends
+                                  if backend.is_process and processes is not None}
         self._handshakes: dict[str, Handshake | None] = {name: None for name in self._channels}
         self._timers: dict[str, TimerHandle] = {}
         self._stopped = False
 
     def on_start(self) -> None:
-        for name in self._channels:
+        for name in [*self._channels, *self._process_backends]:
             self._check(name)  # at once: a backend that is down at start is known soon
 
     def on_stop(self) -> None:
@@ -261,9 +267,31 @@ class HealthMonitor(PooledActor):
             self._check(message.backend)
 
     def _check(self, name: str) -> None:
-        channel, handshake, ref = self._channels[name], self._handshakes[name], self.actor_ref
-        done = run_in_thread(check_backend, channel, handshake)
+        ref = self.actor_ref
+        if name in self._process_backends:
+            assert self._processes is not None
+            done = run_in_thread(check_processes, self._processes, self._process_backends[name],
+                                 self._settings.health_check_timeout)
+        else:
+            done = run_in_thread(check_backend, self._channels[name], self._handshakes[name])
         done.add_done_callback(lambda future: tell_quietly(ref, future.result()))
+
+
+def _health_client(backend: BackendConfig) -> Any:
+    if backend.transport == "sse":
+        from vmcp_actors.backends._sse import LegacySseClient  # noqa: PLC0415 - only configs that use it
+        return LegacySseClient(backend.name, backend.url or "")
+    return McpHttpClient(backend.name, backend.url or "", pool_size=1)
+
+
+def check_processes(processes: ChildProcesses, backend: BackendConfig, timeout: float) -> _Checked:
+    """One health check of a process backend (pooled I/O). Never raises."""
+    try:
+        passed, latency, error = processes.check(backend, timeout)
+    except Exception as error:  # noqa: BLE001 - a check never dies silently
+        logger.exception("health check of backend %r failed unexpectedly", backend.name)
+        return _Checked(backend.name, "failed", None, type(error).__name__, None)
+    return _Checked(backend.name, "ok" if passed else "failed", latency, error, None)
 
 
 def check_backend(channel: BackendChannel, handshake: Handshake | None) -> _Checked:

@@ -38,11 +38,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus
+from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus, NotRunning
 from vmcp_actors.concurrency import TimerHandle, call_later
 from vmcp_actors.config import BackendAuthConfig, BackendConfig, VmcpConfig
 from vmcp_actors.config._model import USER_PLACEHOLDER
-from vmcp_actors.exceptions import BackendTimeout, BackendUnavailable
+from vmcp_actors.exceptions import BackendError, BackendTimeout, BackendUnavailable
 
 logger = logging.getLogger(__name__)
 stderr_logger = logging.getLogger("vmcp_actors.backends.stderr")
@@ -363,6 +363,46 @@ class ChildProcesses:
         """Per backend: how often its children ended without being asked to and started again."""
         with self._lock:
             return dict(self._restarts)
+
+    def check(self, backend: BackendConfig, timeout: float) -> tuple[bool, float | None, str | None]:
+        """A health check of a process backend, starting nothing: its command is found, no
+        child of it waits out a back-off after a crash, and its live children answer
+        ``ping`` (not counted as use: checks keep no child alive). A perUser backend fails
+        only when none of its children answers (one user's child is not everyone's backend).
+        (passed, slowest answer in seconds or None when none runs, what failed)."""
+        try:
+            command = _resolved_command(backend)
+        except BackendUnavailable as error:
+            return False, None, str(error)
+        if not os.access(command, os.X_OK) or os.path.isdir(command):
+            return False, None, f"backend {backend.name!r}: its command cannot be run"
+        with self._lock:
+            buses = [child.bus for (name, _), child in self._children.items() if name == backend.name]
+        deadline = time.monotonic() + timeout
+        slowest: float | None = None
+        failed: list[str] = []
+        for bus in buses:
+            why = bus.restarting()
+            if why is not None:
+                failed.append(f"backend {backend.name!r} ended: {why}")
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            started = time.monotonic()
+            try:
+                for _streamed in bus.request({"jsonrpc": "2.0", "id": "health", "method": "ping"}, left, probe=True):
+                    pass  # nothing a ping's backend sends along matters; its answer (or error) does
+            except NotRunning:
+                continue
+            except BackendError as error:
+                failed.append(str(error))
+                continue
+            slowest = max(slowest or 0.0, time.monotonic() - started)
+        if failed and (not backend.per_user or slowest is None):
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            return False, None, failed[0] + more
+        return True, slowest, None
 
     def live_count(self) -> int:
         with self._lock:

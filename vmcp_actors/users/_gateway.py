@@ -110,7 +110,7 @@ class Gateway(pykka.ThreadingActor):
         health = self._services.health
         if health is not None and health.monitored:
             self._monitor = HealthMonitor.start(self._config, health, self._services.outgoing_auth,
-                                                self._services.eras)
+                                                self._services.eras, self._services.processes)
 
     def on_stop(self) -> None:
         if self._reaper is not None:
