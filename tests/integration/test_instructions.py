@@ -66,3 +66,38 @@ def test_another_process_with_shared_records_knows_them(start_gateway, redis_ser
         first, second = start_gateway(config), start_gateway(config)
         instructions_seen(first.url, "legacy", list_tools=True)
         assert instructions_seen(second.url, "auto") == "test backend alpha"
+
+
+def test_the_shared_level_is_read_at_most_once_per_backend_while_fresh(redis_server):
+    from vmcp_actors.backends._channel import SHARED_INSTRUCTIONS_FRESH, BackendEras
+    from vmcp_actors.shared_cache import SharedCache
+    from vmcp_actors.signing import Signer
+    from vmcp_actors.users._redis_store import RedisRecordStore
+
+    class CountingRedis:
+        """The real client, counting the reads an initialize costs."""
+
+        def __init__(self, client):
+            self.client, self.gets = client, 0
+
+        def get(self, name):
+            self.gets += 1
+            return self.client.get(name)
+
+        def __getattr__(self, name):
+            return getattr(self.client, name)
+
+    now = [100.0]
+    key = Signer(b"instructions-signing-key-0123456789abcdef")
+    client = CountingRedis(RedisRecordStore.connect(redis_server.address, 0, None, key, key_prefix="t:",
+                                                    session_ttl=60).client)
+    shared = SharedCache(client, key, "t:")
+    writer, reader = BackendEras(shared=shared), BackendEras(shared=shared, clock=lambda: now[0])
+    writer.said("alpha", "from alpha")
+    for _ in range(50):  # "beta" said nothing anywhere: that is remembered for a while too
+        assert reader.instructions(["alpha", "beta"]) == "from alpha"
+    assert client.gets == 2
+    writer.said("beta", "from beta")
+    now[0] += SHARED_INSTRUCTIONS_FRESH
+    assert reader.instructions(["alpha", "beta"]) == "## alpha\n\nfrom alpha\n\n## beta\n\nfrom beta"
+    assert client.gets == 4

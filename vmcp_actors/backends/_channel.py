@@ -129,6 +129,9 @@ class _NotThisEra(Exception):
 ERA_REMEMBERED_FOR = 3600.0
 ERA_NAMESPACE = "backend-eras"
 INSTRUCTIONS_NAMESPACE = "backend-instructions"
+# What another process's handshake said (or that none is recorded) is read from the shared
+# level at most this often per backend: every initialize asks, Redis need not answer each.
+SHARED_INSTRUCTIONS_FRESH = 10.0
 # How a backend of the other revision refuses our first message: a JSON-RPC error with one
 # of these codes (-32022: unsupported protocol version), or one of these HTTP statuses.
 REFUSAL_CODES = frozenset({-32022, -32600, -32601, -32602})
@@ -151,6 +154,8 @@ class BackendEras:
         self._clock = clock
         self._known: dict[str, tuple[dict[str, bool], float]] = {}  # backend -> (era -> speaks, learned at)
         self._instructions: dict[str, str | None] = {}  # backend -> what its last handshake said
+        # backend -> (what the shared level held: an entry, or None for none, read at)
+        self._read_shared: dict[str, tuple[dict[str, Any] | None, float]] = {}
 
     def said(self, backend: str, instructions: str | None) -> None:
         """A handshake's ``instructions`` (None: it gave none), kept for the next clients."""
@@ -170,10 +175,26 @@ class BackendEras:
         if self._shared is not None:
             for name in backends:
                 if name not in known:
-                    entry = self._shared.get(INSTRUCTIONS_NAMESPACE, self._shared_key(name))
-                    if isinstance(entry, dict) and isinstance(entry.get("text"), (str, type(None))):
+                    entry = self._shared_instructions(name)
+                    if entry is not None:
                         known[name] = entry["text"]
         return compose_instructions(known)
+
+    def _shared_instructions(self, backend: str) -> dict[str, Any] | None:
+        """The shared level's entry for ``backend`` (None: none), read again once
+        SHARED_INSTRUCTIONS_FRESH has passed."""
+        now = self._clock()
+        with self._lock:
+            read = self._read_shared.get(backend)
+        if read is not None and now - read[1] < SHARED_INSTRUCTIONS_FRESH:
+            return read[0]
+        assert self._shared is not None
+        entry = self._shared.get(INSTRUCTIONS_NAMESPACE, self._shared_key(backend))
+        if not (isinstance(entry, dict) and isinstance(entry.get("text"), (str, type(None)))):
+            entry = None
+        with self._lock:
+            self._read_shared[backend] = (entry, now)
+        return entry
 
     def pinned(self, backend: str) -> str | None:
         return self._pinned.get(backend)
