@@ -60,7 +60,12 @@ class SseLink:
         McpHttpClient._set_read_timeout(self._stream, None)  # events come when they come
         threading.Thread(target=self._read, name=f"vmcp-sse-{bus.backend}", daemon=True).start()
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+        """POST ``message`` with the call's ``headers``: a credential renewed since the stream
+        opened (an exchanged token expires) goes along at once, and on the link's own
+        messages after it; without them, the latest this link was given."""
+        if headers is not None:
+            self._headers = dict(headers)
         body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         try:
             answer = self._http.post(self.endpoint, data=body, timeout=(CONNECT_TIMEOUT, POST_TIMEOUT),

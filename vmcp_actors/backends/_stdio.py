@@ -149,7 +149,8 @@ class ChildLink:
     def pid(self) -> int:
         return self.process.pid
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+        """``headers`` are not a child's: its credential went into its environment."""
         data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
         fd = self.process.stdin.fileno() if self.process.stdin is not None else -1
         deadline = time.monotonic() + SEND_TIMEOUT
