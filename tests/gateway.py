@@ -93,6 +93,26 @@ class GatewayServer:
         return answer_of(response)
 
 
+class BearerSession:
+    """One user's MCP session on a gateway, opened the raw way with the user's bearer token
+    (``INITIALIZE`` then ``notifications/initialized``); every request carries the token."""
+
+    def __init__(self, gateway: GatewayServer, token: str):
+        self.gateway = gateway
+        self.headers = {"Authorization": f"Bearer {token}"}
+        response = gateway.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}},
+            headers=self.headers)
+        assert response.status_code == 200, response.text
+        self.session = response.headers["Mcp-Session-Id"]
+        gateway.post({"jsonrpc": "2.0", "method": "notifications/initialized"}, self.session, headers=self.headers)
+
+    def call(self, tool: str, arguments: dict | None = None) -> requests.Response:
+        return self.gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                  "params": {"name": tool, "arguments": arguments or {}}},
+                                 self.session, headers=self.headers)
+
+
 def answer_of(response: requests.Response) -> dict:
     if response.headers.get("Content-Type", "").startswith("text/event-stream"):
         return sse_messages(response)[-1]

@@ -1,6 +1,7 @@
 """The Node side of the never-worse matrix: the TypeScript reference server
-``@modelcontextprotocol/server-everything`` (streamable HTTP, 2025 revisions only) on a
-loopback port, and the TypeScript SDK's client driven by ``tests/node/ts_client.mjs``.
+``@modelcontextprotocol/server-everything`` (streamable HTTP, or the 2024-11-05 HTTP+SSE
+transport; 2025 revisions only) on a loopback port, and the TypeScript SDK's client driven
+by ``tests/node/ts_client.mjs``.
 
 ``scripts/install-node-mcp`` installs both, with a Node 22, into :func:`node_mcp_home`;
 this module looks in the same place (``$VMCP_NODE_MCP_HOME``, else
@@ -55,18 +56,19 @@ def _free_port() -> int:
 
 
 class EverythingServer:
-    """server-everything in streamable HTTP mode, as a child process on a loopback port
+    """server-everything in streamable HTTP mode (or ``transport="sse"``: the 2024-11-05
+    HTTP+SSE transport, its stream at ``.sse_url``), as a child process on a loopback port
     (``.url``, ``.mcp_url``, ``.name``, ``.stop()``: like the Python test backends, so
     ``backend_entry`` takes it)."""
 
-    def __init__(self, name: str = "everything") -> None:
+    def __init__(self, name: str = "everything", transport: str = "streamableHttp") -> None:
         self.name = name
         self.port = _free_port()
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until stop()
         home = node_mcp_home()
         # The server listens on every interface of PORT; it is only ever reached on loopback.
         self._process = subprocess.Popen(
-            [str(home / NODE), str(home / EVERYTHING_ENTRY), "streamableHttp"],
+            [str(home / NODE), str(home / EVERYTHING_ENTRY), transport],
             env={**os.environ, "PORT": str(self.port)}, cwd=home,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
         try:
@@ -98,6 +100,11 @@ class EverythingServer:
     @property
     def mcp_url(self) -> str:
         return self.url + "/mcp"
+
+    @property
+    def sse_url(self) -> str:
+        """Where the ``sse`` mode's event stream is (its messages go to ``/message``)."""
+        return self.url + "/sse"
 
     def stop(self) -> None:
         if self._process.poll() is None:

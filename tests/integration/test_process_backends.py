@@ -1,24 +1,21 @@
 """Backends as processes (issue 23): a stdio server the gateway starts, compared with a
 direct stdio connection of the same client, and what happens when the child misbehaves
-(it crashes, never answers, writes garbage); a 2024-11-05 HTTP+SSE server. Real official
-SDK servers, the official SDK client, the gateway on a real HTTP server."""
+(it crashes, never answers, writes garbage). Real official SDK servers, the official SDK
+client, the gateway on a real HTTP server. (2024-11-05 HTTP+SSE servers: test_sse_backends.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import socket
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import mcp
 import pytest
-import uvicorn
 
 from vmcp_actors.web._installed import EXTENSION_KEY
 
@@ -206,44 +203,6 @@ def test_stderr_lines_are_logged_under_the_backends_name(gateway_with, tmp_path,
     assert lines == ["backend 'echo': hello from the child"]
     (child,) = gateway.app.extensions[EXTENSION_KEY].processes.snapshot()
     assert child.last_stderr is not None and child.pid > 0 and child.restarts == 0
-
-
-# -- 2024-11-05 HTTP+SSE ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def sse_server():
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer("sse-echo", instructions="echo over sse")
-
-    @server.tool()
-    def echo(text: str) -> str:
-        """Echo the text."""
-        return f"echo:{text}"
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    running = uvicorn.Server(uvicorn.Config(server.sse_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=running.run, daemon=True)
-    thread.start()
-    while not running.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/sse"
-    running.should_exit = True
-    thread.join(timeout=5)
-
-
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-def test_a_legacy_sse_server_answers_through_the_gateway(start_gateway, sse_server, mode):
-    gateway = start_gateway({"name": "t", "backends": [{"name": "old", "transport": "sse", "url": sse_server}]})
-
-    async def steps(client) -> tuple[Any, ...]:
-        tools = [tool.name for tool in (await client.list_tools()).tools]
-        return tools, (await client.call_tool("old_echo", {"text": "hi"})).content[0].text
-
-    assert session(gateway.url, mode, steps) == (["old_echo"], "echo:hi")
 
 
 def test_operators_see_the_children(gateway_with, server_script, monkeypatch):

@@ -53,10 +53,12 @@ class NotRunning(BackendUnavailable):
 
 
 class Link(Protocol):
-    """One live connection: ``send`` writes a message (raising BackendError when it cannot);
-    the link reports what it reads with ``bus.received`` and its end with ``bus.lost``."""
+    """One live connection: ``send`` writes a message (raising BackendError when it cannot),
+    with the headers of the call it is for when there is one (a credential renewed since
+    the link opened); the link reports what it reads with ``bus.received`` and its end with
+    ``bus.lost``."""
 
-    def send(self, message: dict[str, Any]) -> None: ...
+    def send(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -142,7 +144,7 @@ class MessageBus:
             self._forget(wire_id, used=not probe)
             raise BackendCancelled(self.backend, f"the call to backend {self.backend!r} was cancelled")
         try:
-            self._send(link, generation, {**message, "id": wire_id})
+            self._send(link, generation, {**message, "id": wire_id}, headers)
             while True:
                 left = deadline - self._clock()
                 if left <= 0:
@@ -179,12 +181,12 @@ class MessageBus:
                 if self._initialized_sent:
                     return
                 self._initialized_sent = True
-            self._send(link, generation, message)
+            self._send(link, generation, message, headers)
             return
         if method == "notifications/cancelled":
             return  # a call's cancellation goes through its Abort (which knows its wire id)
         link, generation = self._ready(deadline, headers or {})
-        self._send(link, generation, message)
+        self._send(link, generation, message, headers)
 
     def listen(self, abort: Abort) -> Iterator[dict[str, Any]]:
         """What the backend sends that no call takes, until ``abort``."""
@@ -418,12 +420,13 @@ class MessageBus:
         if not already:
             self._send(link, generation, {"jsonrpc": "2.0", "method": "notifications/initialized"})
 
-    def _send(self, link: Link, generation: int, message: dict[str, Any]) -> None:
+    def _send(self, link: Link, generation: int, message: dict[str, Any],
+              headers: Mapping[str, str] | None = None) -> None:
         with self._lock:
             current = self._generation == generation and self._link is link
         if not current:
             raise BackendUnavailable(self.backend, f"backend {self.backend!r} restarted during the call")
-        link.send(message)
+        link.send(message, headers)
 
     def _cancel(self, wire_id: int, call: _Call, cancelled: threading.Event) -> None:
         """The call's Abort: the backend is told (by wire id) and the call ends now."""

@@ -25,6 +25,7 @@ from vmcp_actors.exceptions import (
     BackendError,
     BackendHTTPError,
     BackendProtocolError,
+    BackendSessionExpired,
     BackendUnavailable,
 )
 from vmcp_actors.protocol.sse import iter_sse_events
@@ -60,7 +61,12 @@ class SseLink:
         McpHttpClient._set_read_timeout(self._stream, None)  # events come when they come
         threading.Thread(target=self._read, name=f"vmcp-sse-{bus.backend}", daemon=True).start()
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+        """POST ``message`` with the call's ``headers``: a credential renewed since the stream
+        opened (an exchanged token expires) goes along at once, and on the link's own
+        messages after it; without them, the latest this link was given."""
+        if headers is not None:
+            self._headers = dict(headers)
         body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         try:
             answer = self._http.post(self.endpoint, data=body, timeout=(CONNECT_TIMEOUT, POST_TIMEOUT),
@@ -69,6 +75,14 @@ class SseLink:
             raise BackendUnavailable(self._bus.backend, f"backend {self._bus.backend!r} could not be reached: "
                                                         f"{type(error).__name__}") from None
         answer.close()
+        if answer.status_code == 404:
+            # The server no longer knows this stream's session (it restarted; the stream was
+            # cut off without the gateway hearing of it): the link is dead however open it
+            # looks. The channel re-initializes on a new one and sends the message again.
+            self._bus.lost(self, "its session is gone (HTTP 404 to a message)")
+            self.close()
+            raise BackendSessionExpired(self._bus.backend, f"backend {self._bus.backend!r} no longer knows our "
+                                                           "session (HTTP 404)", status=404)
         if not 200 <= answer.status_code < 300:
             raise BackendHTTPError(self._bus.backend, f"backend {self._bus.backend!r} answered HTTP "
                                                       f"{answer.status_code} to a message", status=answer.status_code)

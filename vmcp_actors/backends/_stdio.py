@@ -149,7 +149,8 @@ class ChildLink:
     def pid(self) -> int:
         return self.process.pid
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+        """``headers`` are not a child's: its credential went into its environment."""
         data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
         deadline = time.monotonic() + SEND_TIMEOUT
         with self._write_lock:
