@@ -5,9 +5,9 @@ stdout (newline-delimited JSON-RPC), one ``MessageBus`` per child.
 child, serving every user, stopped after ``operational.processIdleTimeout`` without use;
 a ``perUser`` backend's child per person, stopped when that person's user is released.
 At most ``operational.maxProcesses`` children run at once: at the cap, the least recently
-used per-user child with no call in flight is stopped (it starts again when its user next
-calls), and when every child is busy the call is refused with ``ProcessesBusy`` (503,
-``Retry-After``).
+used per-user child with no call in flight is stopped, and the new one starts once it has
+exited (it starts again when its user next calls); when every child is busy the call is
+refused with ``ProcessesBusy`` (503, ``Retry-After``).
 
 A child gets only the environment its config names, plus ``PATH``, ``HOME`` and ``LANG``,
 and the credential of ``outgoingAuth.backends.<name>.tokenEnv``: never the gateway's
@@ -139,6 +139,7 @@ class ChildLink:
         self._write_lock = threading.Lock()  # one message at a time on stdin
         self._stopping = False
         self._garbage = 0
+        self.ended = threading.Event()  # set once the process is reaped and its exit reported
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None
         os.set_blocking(process.stdin.fileno(), False)
         name = bus.backend
@@ -234,9 +235,12 @@ class ChildLink:
         code = self._reap()
         why = f"its process exited with code {code}" if code is not None and code >= 0 else \
             f"its process was killed by signal {-code}" if code is not None else "its output ended"
-        if not self._stopping:
-            self.bus.lost(self, why)
-        self._on_exit(self)
+        try:
+            if not self._stopping:
+                self.bus.lost(self, why)
+            self._on_exit(self)
+        finally:
+            self.ended.set()
 
     def _reap(self) -> int | None:
         try:
@@ -402,6 +406,9 @@ class ChildProcesses:
                 logger.info("backend %r: stopped the least recently used per-user process (pid %d) to make room "
                             "(operational.maxProcesses %d)", evicted.bus.backend, evicted.pid, self._max)
                 evicted.close()
+                if not evicted.ended.wait(STOP_GRACE + 2.0):  # its exit first: never one over the cap
+                    logger.warning("backend %r: process %d has not exited yet; starting another anyway",
+                                   evicted.bus.backend, evicted.pid)
             link = self._start(key, child, headers)
         finally:
             with self._lock:
