@@ -330,6 +330,21 @@ class McpClient:
             raise RpcFailure(f"{method}: {answer['error']}")
         return answer["result"]
 
+    def exchange(self, method: str, params: dict[str, Any] | None = None,
+                 timeout: float | None = None) -> tuple[requests.Response, dict[str, Any] | None]:
+        """One request, nothing raised for an HTTP or JSON-RPC error: the HTTP response and
+        the JSON-RPC answer in it (None when its body holds none)."""
+        request_id = next(self._ids)
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        response = self.post(message, timeout)
+        try:
+            answer = _answer(response, request_id)
+        except (ValueError, RpcFailure):
+            return response, None
+        return response, answer if isinstance(answer, dict) else None
+
     def call_tool(self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None) -> dict:
         result = self.request("tools/call", {"name": name, "arguments": arguments or {}}, timeout)
         if result.get("isError"):

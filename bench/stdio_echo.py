@@ -13,13 +13,19 @@ over streamable HTTP in its own process; the gateway under gunicorn, as in produ
   the first stdio call starts the user's process (spawn, initialize, the lists, the call),
   the first http call makes the user's backend session. The same ``mcp.Client`` over stdio
   directly (spawn, initialize, call) is the floor. With every user's session still open,
-  the RSS of each user's process (/proc). ``@modelcontextprotocol/server-memory`` (Node,
-  ``read_graph``) is measured the same way when scripts/install-stdio-servers installed it.
+  the RSS of each user's process (/proc), and the gateway worker's threads per child: its
+  threads with the children, minus its threads once they are killed (SIGKILL from outside,
+  the sessions still open), over their number. ``@modelcontextprotocol/server-memory``
+  (Node, ``read_graph``) is measured the same way when scripts/install-stdio-servers
+  installed it.
 * ``crowd``: 100 users on a perUser backend with ``operational.maxProcesses`` 20, from 32
   client threads: each opens a session and calls twice, then each calls once more on its
-  session. Refusals (503, or a JSON-RPC error saying every process is busy) and any other
-  error counted; the gateway worker's threads and RSS, its children and their RSS; the
-  most children seen at once (sampled every 50 ms).
+  session. Per phase: ok, HTTP 503 (and whether each carried ``Retry-After``), JSON-RPC
+  errors by message, other errors; the worker's children and threads sampled every 50 ms
+  (the most at once, per phase); the worker's threads and RSS, its children and their RSS
+  after each phase; at the end its threads per child, as in ``cold``. Targets: the most
+  children at once <= maxProcesses, every refusal (503, or an error saying busy or retry)
+  with ``Retry-After``, no other failure.
 
     .venv/bin/python -m bench.stdio_echo [--part echo,cold,crowd] [--threads 16] [--calls 200] [--pin-http legacy]
                                          [--cold-users 10] [--users 100] [--max-processes 20] [--pool 32]
@@ -30,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import signal
 import sys
 import tempfile
 import threading
@@ -37,6 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +111,70 @@ def children_by_kind(pid: int) -> dict[str, list[int]]:
         kind = "echo" if "bench._backend_server" in line else "memory" if "server-memory" in line else "other"
         kinds.setdefault(kind, []).append(child)
     return kinds
+
+
+PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is in exit
+ENDING_SIGNALS = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGKILL - 1))
+
+
+def stopping(pid: int) -> bool:
+    """A child on its way out: SIGTERM or SIGKILL pending, exiting, or exited and not yet
+    reaped (a zombie); or gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING:
+        return True
+    pending = re.findall(r"^(?:SigPnd|ShdPnd):\s+([0-9a-f]+)$", status, re.MULTILINE)
+    return any(int(mask, 16) & ENDING_SIGNALS for mask in pending)
+
+
+def kill_children(pid: int) -> int:
+    """SIGKILL to each child's process group (each leads its own); how many there were."""
+    children = children_of(pid)
+    for child in children:
+        try:
+            os.killpg(child, signal.SIGKILL)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+    return len(children)
+
+
+def settled(pid: int, timeout: float = 15.0) -> Footprint:
+    """The worker's footprint once it has no children left and its thread count held for 0.5 s."""
+    deadline = time.monotonic() + timeout
+    last: Footprint | None = None
+    while time.monotonic() < deadline:
+        seen = Footprint.of(pid)
+        if not children_of(pid) and last is not None and seen.threads == last.threads:
+            return seen
+        last = seen
+        time.sleep(0.5)
+    return Footprint.of(pid)
+
+
+@dataclass(frozen=True)
+class ThreadCost:
+    """The gateway's threads with ``children`` live children, and with none (the same users
+    and sessions: the children killed from outside)."""
+
+    children: int
+    with_children: int
+    without: int
+
+    @property
+    def per_child(self) -> float:
+        return (self.with_children - self.without) / self.children if self.children else float("nan")
+
+    @classmethod
+    def measure(cls, pid: int, seen: Footprint) -> ThreadCost:
+        """``seen`` read with the children live; they are killed, and the threads read again."""
+        children = kill_children(pid)
+        return cls(children, seen.threads, settled(pid).threads)
 
 
 def rss_mib(pids: Sequence[int]) -> list[float]:
@@ -257,10 +330,12 @@ def timed(work: Callable[[], Any]) -> float:
 
 
 def cold_users(gw: Any, idp: Any, users: int, tool: str, arguments: dict[str, Any],
-               steps: dict[str, list[float]], label: str) -> tuple[dict[str, list[float]], Footprint]:
+               steps: dict[str, list[float]], label: str
+               ) -> tuple[dict[str, list[float]], Footprint, ThreadCost | None]:
     """New users one after another, each a session calling ``tool`` twice (timed into
-    ``steps``); their sessions stay open until the RSS of the worker's children is read.
-    (RSS in MiB by kind of child, the worker's footprint)"""
+    ``steps``); their sessions stay open while the RSS of the worker's children is read, and
+    while the children are killed to count the worker's threads without them. (RSS in MiB
+    by kind of child, the worker's footprint, its threads with and without the children)"""
     pid = worker_pid(gw)
     with contextlib.ExitStack() as sessions:
         for i in range(users):
@@ -270,7 +345,9 @@ def cold_users(gw: Any, idp: Any, users: int, tool: str, arguments: dict[str, An
             for step in ("first call (cold)", "second call"):
                 steps.setdefault(f"{label}: {step}", []).append(timed(lambda client=client: client.call_tool(tool, arguments)))
         sizes = {kind: rss_mib(pids) for kind, pids in children_by_kind(pid).items()}
-        return sizes, Footprint.of(pid)
+        seen = Footprint.of(pid)
+        cost = ThreadCost.measure(pid, seen) if sizes else None
+        return sizes, seen, cost
 
 
 def part_cold(users: int) -> list[Check]:
@@ -282,6 +359,7 @@ def part_cold(users: int) -> list[Check]:
     steps: dict[str, list[float]] = {}
     sizes: dict[str, list[float]] = {}
     workers: dict[str, Footprint] = {}
+    costs: dict[str, ThreadCost] = {}
     with contextlib.ExitStack() as stack:
         idp = stack.enter_context(LocalIdP("bench-idp"))
         http = stack.enter_context(backend_process("sdk", "echo", "echo"))
@@ -295,7 +373,9 @@ def part_cold(users: int) -> list[Check]:
                           "memory_read_graph", {}))
         for label, entry, tool, arguments in kinds:
             with gateway({}, extra={**oidc(idp), "backends": [entry]}) as gw:
-                found, workers[label] = cold_users(gw, idp, users, tool, arguments, steps, label)
+                found, workers[label], cost = cold_users(gw, idp, users, tool, arguments, steps, label)
+            if cost is not None:
+                costs[label] = cost
             for kind, mib in found.items():
                 sizes.setdefault(kind, []).extend(mib)
     floor = [direct_cold(STDIO_ECHO, {}, "echo", {"text": "x"}) for _ in range(min(users, 5))]
@@ -327,6 +407,15 @@ def part_cold(users: int) -> list[Check]:
     if memory_why is not None:
         print(f"(server-memory not measured: {memory_why})")
     print()
+    print("the gateway worker's threads per live child: its threads with every user's child live, minus its "
+          "threads once the children are killed (SIGKILL from outside; the same users, their sessions still open), "
+          "divided by the children")
+    print(table(["backend", "children", "threads with them", "threads without", "threads per child"], [
+        (label, cost.children, cost.with_children, cost.without, f"{cost.per_child:.2f}")
+        for label, cost in costs.items()]))
+    print()
+    for label, cost in costs.items():
+        record(f"cold: {label}: gateway threads per child", round(cost.per_child, 2))
     record("cold: stdio first call ms", round(median(steps["stdio: first call (cold)"]) * 1000, 1))
     record("cold: direct spawn to answer ms", round(median(floor) * 1000, 1))
     if sizes.get("echo"):
@@ -344,38 +433,93 @@ def part_cold(users: int) -> list[Check]:
 # ----------------------------------------------------------------------------------
 
 
+REFUSAL_WORDS = ("busy", "try again", "retry")
+
+
+def is_refusal(kind: str, message: str) -> bool:
+    """A call refused for now (to be retried): an HTTP 503, or an error saying so."""
+    return kind == "HTTP 503" or any(word in message.lower() for word in REFUSAL_WORDS)
+
+
 class Outcomes:
-    """What the calls got, by kind (thread-safe)."""
+    """What the calls got (thread-safe): by kind (ok, HTTP 503, JSON-RPC error, other), and
+    by kind, message and the Retry-After header (None: none)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
-        self.examples: dict[str, str] = {}
+        self.details: Counter[tuple[str, str, str | None]] = Counter()
 
-    def add(self, kind: str, example: str = "") -> None:
+    def add(self, kind: str, message: str = "", retry_after: str | None = None) -> None:
+        message = re.sub(r"\d{3,}", "N", message)[:160]  # pids and ports: one line per message
         with self._lock:
             self.counts[kind] += 1
-            self.examples.setdefault(kind, example[:200])
+            if kind != "ok":
+                self.details[kind, message, retry_after] += 1
+
+    def refusals(self) -> int:
+        return sum(n for (kind, message, _), n in self.details.items() if is_refusal(kind, message))
+
+    def refusals_without_retry_after(self) -> int:
+        return sum(n for (kind, message, retry), n in self.details.items()
+                   if is_refusal(kind, message) and retry is None)
+
+    def failures(self) -> int:
+        """Calls failing other than by a refusal."""
+        return sum(n for (kind, message, _), n in self.details.items() if not is_refusal(kind, message))
+
+    def with_retry_after(self, kind: str) -> int:
+        return sum(n for (seen, _, retry), n in self.details.items() if seen == kind and retry is not None)
 
 
-def classify(failure: BaseException) -> str:
-    text = str(failure)
-    if "HTTP 503" in text:
-        return "HTTP 503"
-    if "are busy" in text:
-        return "JSON-RPC error: every process busy"
-    return f"other: {type(failure).__name__}"
+def crowd_call(client: McpClient, text: str) -> tuple[str, str, str | None]:
+    """One echo call, raw: (kind, the error's message, the Retry-After header)."""
+    try:
+        response, answer = client.exchange("tools/call", {"name": "stdio_echo", "arguments": {"text": text}})
+    except OSError as failure:  # requests' errors included
+        return "other", f"{type(failure).__name__}: {failure}", None
+    retry_after = response.headers.get("Retry-After")
+    error = answer.get("error") if answer is not None else None
+    message = str(error.get("message")) if isinstance(error, dict) else response.text[:160]
+    if response.status_code == 503:
+        return "HTTP 503", message, retry_after
+    if response.status_code != 200 or answer is None:
+        return "other", f"HTTP {response.status_code}: {message}", retry_after
+    if error is not None:
+        return "JSON-RPC error", f"{error.get('code')} {message}", retry_after
+    result = answer.get("result") or {}
+    content = result.get("content") or [{}]
+    if result.get("isError") or content[0].get("text") != f"echo:{text}":
+        return "other", f"unexpected result: {str(result)[:120]}", retry_after
+    return "ok", "", None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The worker, once: its children (and how many of them are stopping: see ``stopping``), its threads."""
+
+    at: float
+    children: int
+    stopping: int
+    threads: int
+
+    @property
+    def running(self) -> int:
+        return self.children - self.stopping
 
 
 @contextlib.contextmanager
-def sampling_children(pid: int) -> Iterator[list[int]]:
-    """The number of the worker's children, every SAMPLE_EVERY seconds, while inside."""
-    samples: list[int] = []
+def sampling(pid: int) -> Iterator[list[Sample]]:
+    """The worker's children and threads, every SAMPLE_EVERY seconds, while inside."""
+    samples: list[Sample] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(SAMPLE_EVERY):
-            samples.append(len(children_of(pid)))
+            children = children_of(pid)
+            with contextlib.suppress(OSError):
+                samples.append(Sample(time.monotonic(), len(children), sum(map(stopping, children)),
+                                      len(os.listdir(f"/proc/{pid}/task"))))
 
     sampler = threading.Thread(target=sample, name="bench-children", daemon=True)
     sampler.start()
@@ -401,18 +545,14 @@ def part_crowd(users: int, max_processes: int, pool: int) -> list[Check]:
         sessions: list[McpClient | None] = [None] * users
 
         def call(outcomes: Outcomes, client: McpClient, text: str) -> None:
-            try:
-                echo(client, "stdio_echo", text)
-                outcomes.add("ok")
-            except (RpcFailure, RuntimeError, OSError) as failure:
-                outcomes.add(classify(failure), str(failure))
+            outcomes.add(*crowd_call(client, text))
 
         def open_and_call(index: int) -> None:
             client = McpClient(gw.url, headers={"Authorization": f"Bearer {tokens[index]}"}, http=http())
             try:
                 client.initialize()
             except (RpcFailure, OSError) as failure:
-                first.add(f"initialize: {classify(failure)}", str(failure))
+                first.add("other", f"initialize: {failure}")
                 return
             sessions[index] = client
             call(first, client, f"a{index}")
@@ -425,48 +565,71 @@ def part_crowd(users: int, max_processes: int, pool: int) -> list[Check]:
                 call(again, client, f"c{index}")
 
         phases = (("each user: a session + 2 calls", open_and_call, first), ("each user: 1 more call", call_again, again))
-        took, after = {}, {}  # per phase: seconds; (the worker's footprint, its children's RSS) after it
-        with sampling_children(pid) as counts:
+        took, spans, after = {}, {}, {}  # per phase: seconds; (start, end); (the worker, its children's RSS) after it
+        with sampling(pid) as samples:
             for label, work, _ in phases:
-                begun = time.perf_counter()
+                begun = time.monotonic()
                 with ThreadPoolExecutor(pool, thread_name_prefix="bench-crowd") as executor:
                     list(executor.map(work, range(users)))
-                took[label] = time.perf_counter() - begun
+                spans[label] = begun, time.monotonic()
+                took[label] = spans[label][1] - begun
                 after[label] = Footprint.of(pid), rss_mib(children_of(pid))
+            time.sleep(1.0)  # the last exits reaped
+        live = children_of(pid)
+        before_kill = Footprint.of(pid)
+        cost = ThreadCost.measure(pid, before_kill)
+        killed = Footprint.of(pid)
         for connection in connections:
             connection.close()
 
-    peak = max(counts, default=0)
+    def during(span: tuple[float, float]) -> list[Sample]:
+        return [s for s in samples if span[0] <= s.at <= span[1]] or [Sample(0, 0, 0, 0)]
+
+    peak = max((s.children for s in samples), default=0)
+    peak_running = max((s.running for s in samples), default=0)
+    over = [s for s in samples if s.children > max_processes]
     print(f"crowd: {users} OIDC users, a perUser stdio backend, operational.maxProcesses {max_processes}, "
-          f"{pool} client threads")
-    print(table(["phase", "calls", "ok", "refused: HTTP 503", "refused: every process busy", "other errors", "took"], [
+          f"{pool} client threads; the worker's children and threads sampled every {SAMPLE_EVERY * 1000:.0f} ms")
+    print(table(["phase", "calls", "ok", "HTTP 503", "503 with Retry-After", "JSON-RPC errors", "other errors",
+                 "most children at once", "most not stopping", "most threads", "took"], [
         (label, sum(outcomes.counts.values()), outcomes.counts["ok"], outcomes.counts["HTTP 503"],
-         outcomes.counts["JSON-RPC error: every process busy"],
-         sum(n for kind, n in outcomes.counts.items() if kind.startswith(("other", "initialize"))),
+         outcomes.with_retry_after("HTTP 503"), outcomes.counts["JSON-RPC error"], outcomes.counts["other"],
+         max(s.children for s in during(spans[label])), max(s.running for s in during(spans[label])),
+         max(s.threads for s in during(spans[label])),
          f"{took[label]:.1f} s")
         for label, _, outcomes in phases]))
-    for outcomes in (first, again):
-        for kind, example in outcomes.examples.items():
-            if kind != "ok":
-                print(f"  {kind}: e.g. {example}")
+    for label, _, outcomes in phases:
+        for (kind, message, retry), n in sorted(outcomes.details.items(), key=lambda item: -item[1]):
+            header = f"Retry-After: {retry}" if retry is not None else "no Retry-After"
+            print(f"  {label}: {n} x {kind} ({header}): {message}")
     print()
     print(table(["point", "gateway threads", "gateway RSS", "children", "children RSS (total)"], [
         ("after start", started.threads, f"{started.rss_mib:.1f} MiB", 0, ""),
         *((f"after: {label}", seen.threads, f"{seen.rss_mib:.1f} MiB", len(sizes), f"{sum(sizes):.1f} MiB")
           for label, (seen, sizes) in after.items()),
+        ("1 s later", before_kill.threads, f"{before_kill.rss_mib:.1f} MiB", len(live), ""),
+        (f"its children killed ({users} sessions open)", killed.threads, f"{killed.rss_mib:.1f} MiB", 0, ""),
     ]))
-    print(f"most children at once (sampled every {SAMPLE_EVERY * 1000:.0f} ms): {peak}")
+    print(f"samples over maxProcesses: {len(over)} of {len(samples)}"
+          + (f" (children - stopping in them: {sorted(Counter((s.children, s.stopping) for s in over).items())})"
+             if over else ""))
+    print(f"most children at once: {peak} ({peak_running} not stopping); most gateway threads: "
+          f"{max((s.threads for s in samples), default=0)}; threads per live child: ({cost.with_children} - "
+          f"{cost.without}) / {cost.children} = {cost.per_child:.2f}")
     print()
-    refused = sum(outcomes.counts[kind] for outcomes in (first, again)
-                  for kind in ("HTTP 503", "JSON-RPC error: every process busy"))
-    other = sum(n for outcomes in (first, again) for kind, n in outcomes.counts.items()
-                if kind.startswith(("other", "initialize")))
+    refused = first.refusals() + again.refusals()
+    bare = first.refusals_without_retry_after() + again.refusals_without_retry_after()
+    other = first.failures() + again.failures()
+    record("crowd: most children at once", peak)
     record("crowd: refused calls", refused)
+    record("crowd: refusals without Retry-After", bare)
     record("crowd: other errors", other)
     record("crowd: gateway threads after", after[phases[-1][0]][0].threads)
+    record("crowd: gateway threads per child", round(cost.per_child, 2))
     return [Check(f"crowd: children at once <= operational.maxProcesses ({max_processes})", str(peak),
                   f"<= {max_processes}", peak <= max_processes),
-            Check("crowd: calls failing other than by a busy refusal", str(other), "0", other == 0)]
+            Check("crowd: refusals without Retry-After", f"{bare} of {refused}", "0", bare == 0),
+            Check("crowd: calls failing other than by a refusal", str(other), "0", other == 0)]
 
 
 # ----------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def test_a_per_user_child_stops_when_its_users_last_channel_is_done():
         first.close()
         assert processes.live_count() == 1  # another channel of the same user still uses it
         second.close()
-        assert processes.live_count() == 0 and wait_until(lambda: gone(pid), timeout=5)
+        assert wait_until(lambda: processes.live_count() == 0, timeout=5) and wait_until(lambda: gone(pid), timeout=5)
         again = started(processes, owner)
         assert call(again, "echo", {"text": "x"})["result"]["content"][0]["text"] == "echo:x"
         assert pid_of(processes) != pid

@@ -3,7 +3,8 @@ crowd part found, as tests. The backend is the official-SDK test server
 (``tests.backends.build_sdk_server``) speaking MCP over stdio, one process per user.
 
 Each was a bug the benchmark found: children started at once passed the cap, a child still
-initializing was stopped to make room, and a send to a stopped child was an internal error.
+initializing was stopped to make room, a send to a stopped child was an internal error, and
+a child stopped to make room was still exiting when the next one started.
 """
 
 from __future__ import annotations
@@ -188,3 +189,72 @@ def test_discovery_refused_because_every_process_is_busy_is_a_503_with_retry_aft
         sleeping.join(10)
     listed = gateway.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, bob.session, headers=bob.headers)
     assert [tool["name"] for tool in answer_of(listed)["result"]["tools"]] == ["echo_echo", "echo_sleep"]
+
+
+# Ignores SIGTERM and takes half a second to exit once its input ends: a child slow to go.
+SLOW_EXIT = "import atexit, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); atexit.register(time.sleep, 0.5); "
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def test_a_child_stopped_to_make_room_has_exited_before_the_next_starts(monkeypatch):
+    # bench.stdio_echo's crowd saw 21 children with maxProcesses 20: a child stopped to make
+    # room was still exiting when the next one started.
+    backend = {**per_user_backend(), "args": ["-c", SLOW_EXIT + SERVER]}
+    config = config_from_mapping({"name": "t", "operational": {"maxProcesses": 1}, "backends": [backend]})
+    processes = ChildProcesses(config)
+    try:
+        _, answer = _started(processes, ("https://idp.example", "alice"))
+        assert "result" in answer
+        (alice,) = processes._children.values()
+        alice_pid = alice.link.pid
+        running_at_spawn: list[bool] = []
+        spawn = _stdio._spawn
+
+        def spawn_and_look(*args: Any) -> Any:
+            running_at_spawn.append(_running(alice_pid))
+            return spawn(*args)
+
+        monkeypatch.setattr(_stdio, "_spawn", spawn_and_look)
+        _, answer = _started(processes, ("https://idp.example", "bob"))  # alice's idle child makes room
+        assert "result" in answer
+        assert running_at_spawn == [False], "alice's child was still running when bob's started"
+        assert processes.live_count() == 1
+    finally:
+        processes.stop_all()
+
+
+def test_a_child_stopping_because_its_user_left_counts_until_it_has_exited(monkeypatch):
+    # A released user's child is taken out of the table at once but exits later: a start
+    # meanwhile waits for it (within the call's deadline) rather than run one over the cap.
+    backend = {**per_user_backend(), "args": ["-c", SLOW_EXIT + SERVER]}
+    config = config_from_mapping({"name": "t", "operational": {"maxProcesses": 1}, "backends": [backend]})
+    processes = ChildProcesses(config)
+    try:
+        alice_view, answer = _started(processes, ("https://idp.example", "alice"))
+        assert "result" in answer
+        (alice,) = processes._children.values()
+        alice_pid = alice.link.pid
+        running_at_spawn: list[bool] = []
+        spawn = _stdio._spawn
+
+        def spawn_and_look(*args: Any) -> Any:
+            running_at_spawn.append(_running(alice_pid))
+            return spawn(*args)
+
+        monkeypatch.setattr(_stdio, "_spawn", spawn_and_look)
+        alice_view.close()  # alice is released: her child is stopping (it takes SLOW_EXIT's time)
+        assert processes.live_count() == 1
+        _, answer = _started(processes, ("https://idp.example", "bob"))
+        assert "result" in answer
+        assert running_at_spawn == [False], "alice's child was still running when bob's started"
+        assert processes.live_count() == 1
+    finally:
+        processes.stop_all()

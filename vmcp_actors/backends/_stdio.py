@@ -5,9 +5,9 @@ stdout (newline-delimited JSON-RPC), one ``MessageBus`` per child.
 child, serving every user, stopped after ``operational.processIdleTimeout`` without use;
 a ``perUser`` backend's child per person, stopped when that person's user is released.
 At most ``operational.maxProcesses`` children run at once: at the cap, the least recently
-used per-user child with no call in flight is stopped (it starts again when its user next
-calls), and when every child is busy the call is refused with ``ProcessesBusy`` (503,
-``Retry-After``).
+used per-user child with no call in flight is stopped, and the new one starts once it has
+exited (it starts again when its user next calls); when every child is busy the call is
+refused with ``ProcessesBusy`` (503, ``Retry-After``).
 
 A child gets only the environment its config names, plus ``PATH``, ``HOME`` and ``LANG``,
 and the credential of ``outgoingAuth.backends.<name>.tokenEnv``: never the gateway's
@@ -139,6 +139,7 @@ class ChildLink:
         self._write_lock = threading.Lock()  # one message at a time on stdin
         self._stopping = False
         self._garbage = 0
+        self.ended = threading.Event()  # set once the process is reaped and its exit reported
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None
         os.set_blocking(process.stdin.fileno(), False)
         name = bus.backend
@@ -148,6 +149,11 @@ class ChildLink:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def stopping(self) -> bool:
+        """Asked to stop (it may still be exiting)."""
+        return self._stopping
 
     def send(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
         """``headers`` are not a child's: its credential went into its environment."""
@@ -235,9 +241,12 @@ class ChildLink:
         code = self._reap()
         why = f"its process exited with code {code}" if code is not None and code >= 0 else \
             f"its process was killed by signal {-code}" if code is not None else "its output ended"
-        if not self._stopping:
-            self.bus.lost(self, why)
-        self._on_exit(self)
+        try:
+            if not self._stopping:
+                self.bus.lost(self, why)
+            self._on_exit(self)
+        finally:
+            self.ended.set()
 
     def _reap(self) -> int | None:
         try:
@@ -294,6 +303,7 @@ class _Child:
     views: set[BusClient] = field(default_factory=set)
     link: ChildLink | None = None
     starting: bool = False  # past the room check, its process not yet linked: counted under the cap
+    waits_for: ChildLink | None = None  # while starting: the stopped process whose place it takes
 
 
 @dataclass(frozen=True)
@@ -324,6 +334,9 @@ class ChildProcesses:
         self._idle_timeout = config.operational.process_idle_timeout
         self._lock = threading.Lock()  # guards _children and _stopped; never held while starting or stopping one
         self._children: dict[tuple[str, str | None], _Child] = {}
+        # Every child process not yet reaped, whoever it belonged to: what the cap counts,
+        # so one stopped (idle, released, making room) counts until it has exited.
+        self._running: set[ChildLink] = set()
         self._restarts: dict[str, int] = {backend.name: 0 for backend in config.backends if backend.is_process}
         self._stopped = False
         self._sweeper: TimerHandle | None = None
@@ -406,17 +419,18 @@ class ChildProcesses:
         return True, slowest, None
 
     def live_count(self) -> int:
+        """Child processes not yet reaped (those stopping included)."""
         with self._lock:
-            return sum(1 for child in self._children.values() if child.link is not None)
+            return len(self._running)
 
     def stop_all(self, grace: float = STOP_GRACE) -> None:
         """At shutdown: every child stopped and reaped (SIGTERM, SIGKILL after ``grace``)."""
         with self._lock:
             self._stopped = True
             children, self._children = list(self._children.values()), {}
+            links = {child.link for child in children if child.link is not None} | self._running
             if self._sweeper is not None:
                 self._sweeper.cancel()
-        links = [child.link for child in children if child.link is not None]
         for child in children:
             child.bus.close()
         stoppers = [threading.Thread(target=link.stop_now, args=(grace,), daemon=True) for link in links]
@@ -435,19 +449,25 @@ class ChildProcesses:
             child = self._children.get(key)
             if child is None:
                 raise BackendUnavailable(key[0], f"backend {key[0]!r} was released")
-            evicted = self._make_room(child)
-            child.starting = True
+            place, evicted = self._make_room(child)
+            child.starting, child.waits_for = True, place
         link = None
         try:
-            if evicted is not None:
+            if evicted:
                 logger.info("backend %r: stopped the least recently used per-user process (pid %d) to make room "
-                            "(operational.maxProcesses %d)", evicted.bus.backend, evicted.pid, self._max)
-                evicted.close()
+                            "(operational.maxProcesses %d)", place.bus.backend, place.pid, self._max)
+            if place is not None:
+                place.close()  # (a no-op when it is stopping already)
+                if not place.ended.wait(STOP_GRACE + 2.0):  # its exit first: never one over the cap
+                    logger.warning("backend %r: process %d has not exited yet; starting another anyway",
+                                   place.bus.backend, place.pid)
             link = self._start(key, child, headers)
         finally:
             with self._lock:
-                child.starting = False
+                child.starting, child.waits_for = False, None
                 child.link = link
+                if link is not None and link.process.returncode is None:  # else its exit was already reported
+                    self._running.add(link)
         backend = child.backend
         logger.info("backend %r: started process %d%s", backend.name, link.pid, " for a user" if child.user else "")
         return link
@@ -465,19 +485,25 @@ class ChildProcesses:
                                      .rstrip(": ")) from None
         return ChildLink(child.bus, process, secrets, lambda ended: self._exited(key, ended))
 
-    def _make_room(self, wanting: _Child) -> ChildLink | None:
-        """(Under _lock.) The link to stop so one more child fits, if one must go; raises
-        ProcessesBusy when none can."""
-        live = [child for child in self._children.values()
-                if (child.link is not None or child.starting) and child is not wanting]
-        if len(live) < self._max:
-            return None
-        linked = sorted((child for child in live if child.backend.per_user and child.link is not None),
+    def _make_room(self, wanting: _Child) -> tuple[ChildLink | None, bool]:
+        """(Under _lock.) Room for one more child: (None, False) when there is some; else
+        the process whose place it takes, once that has exited: one already stopping that
+        no other start waits for, or else (True) the least recently used per-user child
+        with nothing in flight, retired now. Raises ProcessesBusy when none can go."""
+        waited = {child.waits_for for child in self._children.values() if child.starting} - {None}
+        starting = sum(1 for child in self._children.values()
+                       if child.starting and child is not wanting and child.waits_for not in self._running)
+        if len(self._running) + starting < self._max:
+            return None, False
+        for link in self._running:
+            if link.stopping and link not in waited:
+                return link, False
+        linked = sorted((child for child in self._children.values() if child.backend.per_user and child.link is not None),
                         key=lambda child: child.bus.last_used)
         for child in linked:  # least recently used first; a child in use (or being initialized) is kept
             if child.bus.retire_if_idle("stopped to make room for another user's process") is not None:
                 link, child.link = child.link, None
-                return link
+                return link, True
         raise ProcessesBusy(wanting.backend.name, f"backend {wanting.backend.name!r} cannot start: all "
                                                   f"{self._max} processes of this worker are busy; retry soon")
 
@@ -512,6 +538,7 @@ class ChildProcesses:
 
     def _exited(self, key: tuple[str, str | None], link: ChildLink) -> None:
         with self._lock:
+            self._running.discard(link)
             child = self._children.get(key)
             if child is not None and child.link is link:
                 child.link = None
