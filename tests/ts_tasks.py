@@ -1,0 +1,79 @@
+"""The TypeScript SDK client's experimental task API (``client.experimental.tasks``) against
+one MCP URL, by ``tests/node/ts_tasks.mjs``: a direct connection to server-everything and
+one through the gateway must give the same outcome (2025 tasks with real software).
+
+A scenario is ``{"steps": [...], "elicit": {...}?}``; each step is one of
+
+* ``{"op": "tools/list"}``: the tools' names and ``execution.taskSupport`` (a
+  ``callToolStream`` lists the tools itself first if no step has: the client only
+  task-augments a call to a tool it has seen listed as a task tool);
+* ``{"op": "callToolStream", "name", "arguments", "task"?, "until"?, "timeout"?, "raw"?}``:
+  ``client.experimental.tasks.callToolStream``; ``until`` (a message type, e.g.
+  ``"taskCreated"``) stops reading the stream there, leaving the task running; ``task``
+  passes task creation parameters explicitly;
+* ``{"op": "tasks/get" | "tasks/result" | "tasks/cancel", "task": "T1"}`` and
+  ``{"op": "tasks/list"}``: the client's helpers for those methods;
+* ``{"op": "waitTaskStatus", "task": "T1", "status": "completed", "timeout"?}``: until a
+  ``notifications/tasks/status`` with that status has come for the task;
+* ``{"op": "sleep", "seconds"}``.
+
+The outcome: ``protocolVersion``, ``tasksCapability`` (the server's ``tasks`` capability),
+``steps`` (each ``{"op", ...}`` with ``result`` or ``error`` ``{code, message}``; a
+``callToolStream`` step has ``taskSupport``, ``stream`` and the ``elicitations`` that came
+during it), ``elicitations`` (all, in order: ``method``, ``message``, ``requestedSchema``,
+``relatedTask``: the task named by ``params._meta["io.modelcontextprotocol/related-task"]``
+or None, ``after``: the status of the last streamed message before it, ``answered``),
+``taskNotifications`` (every ``notifications/tasks/status``, in order) and
+``otherNotifications`` (the methods of any other notifications).
+
+Task ids are labels ``T1``, ``T2``, ... in the order the client first saw each id (in every
+string of the outcome, error messages too), so a gateway that rewrites ids consistently gives
+the same outcome; times are ``"<time>"``. The streamed ``taskStatus`` messages come one per
+poll of ``tasks/get``, so ``stream`` collapses consecutive ones of the same status into one
+(the first's ``statusMessage``); a taskCreated's ``statusMessage`` is left out (the server
+sets it or not by a race).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests import node_mcp
+
+TS_TASKS = Path(__file__).resolve().parent / "node" / "ts_tasks.mjs"
+RESEARCH_TOOL = "simulate-research-query"  # server-everything's task tool (taskSupport "required")
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+
+
+def research_scenario(tool: str = RESEARCH_TOOL, topic: str = "python") -> dict[str, Any]:
+    """server-everything's research task, ambiguous so that it asks (an elicitation, the task
+    ``input_required``) before it completes; then tasks/get, tasks/result and tasks/list of it;
+    then a second task cancelled right after it is created. ``tool`` is the name the URL
+    advertises it under (through the gateway: prefixed)."""
+    return {"steps": [
+        {"op": "callToolStream", "name": tool, "arguments": {"topic": topic, "ambiguous": True}},
+        {"op": "waitTaskStatus", "task": "T1", "status": "completed"},
+        {"op": "tasks/get", "task": "T1"},
+        {"op": "tasks/result", "task": "T1"},
+        {"op": "tasks/list"},
+        {"op": "callToolStream", "name": tool, "arguments": {"topic": topic}, "until": "taskCreated"},
+        {"op": "tasks/cancel", "task": "T2"},
+        {"op": "tasks/get", "task": "T2"},
+        {"op": "tasks/result", "task": "T2"},
+        {"op": "tasks/cancel", "task": "T2"},
+        {"op": "tasks/list"},
+    ]}
+
+
+def run_ts_tasks(url: str, scenario: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """Run ``scenario`` with the TypeScript SDK client's task API against ``url``; its outcome
+    (the shape above)."""
+    home = node_mcp.node_mcp_home()
+    done = subprocess.run([str(home / node_mcp.NODE), str(TS_TASKS), str(home), url], input=json.dumps(scenario),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"ts_tasks.mjs exited with {done.returncode}: {done.stderr[-3000:]}")
+    return json.loads(done.stdout)
