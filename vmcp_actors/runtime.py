@@ -139,7 +139,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     processes = ChildProcesses(config) \
         if any(backend.is_process for backend in config.backends) else None
     services = SessionServices.for_config(config, shared, outgoing_auth=outgoing_auth, discovery_cache=cache,
-                                          processes=processes,
+                                          processes=processes, signer=signer,
                                           store=store, workflow_metrics=workflow_metrics,
                                           decorators=stack(config, layers, workflow_metrics),
                                           fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)

@@ -9,6 +9,11 @@ A ``requestState`` (MCP 2026-07-28 multi round-trip requests) is sealed: AES-256
 a key derived from the same one (HKDF, its own purpose), so a client can neither read nor
 alter it and another process with the key can open it. The sealed payload carries its
 purpose and expiry; ``unseal`` refuses anything else before its contents are looked at.
+
+A handle (a task id the gateway gives for a backend's task) must be the same text every
+time the same task is named, in an answer or a notification alike: ``seal_handle`` is
+deterministic (AES-256-GCM-SIV under a nonce derived from the payload), so it reveals
+only that two handles name the same thing.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, AESGCMSIV
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -51,6 +56,9 @@ class Signer:
         self._key = key
         sealing_key = HKDF(SHA256(), 32, salt=None, info=b"vmcp-actors sealed values").derive(key)
         self._aead = AESGCM(sealing_key)
+        handle_key = HKDF(SHA256(), 32, salt=None, info=b"vmcp-actors handles").derive(key)
+        self._handles = AESGCMSIV(handle_key)
+        self._handle_nonce_key = HKDF(SHA256(), 32, salt=None, info=b"vmcp-actors handle nonces").derive(key)
 
     @classmethod
     def generated(cls) -> Signer:
@@ -107,6 +115,27 @@ class Signer:
             raise Unsealable("sealed for another purpose")
         if not isinstance(data.get("exp"), (int, float)) or data["exp"] < time.time():
             raise Unsealable("expired")
+        return data["v"]
+
+    def seal_handle(self, purpose: str, payload: dict[str, Any]) -> str:
+        """``payload`` sealed for ``purpose``, the same text for the same payload (URL-safe)."""
+        plain = json.dumps({"p": purpose, "v": payload}, separators=(",", ":"), sort_keys=True).encode()
+        nonce = hmac.digest(self._handle_nonce_key, plain, "sha256")[:_SEAL_NONCE_BYTES]
+        sealed = self._handles.encrypt(nonce, plain, purpose.encode())
+        return base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
+
+    def open_handle(self, purpose: str, token: object) -> dict[str, Any]:
+        """What ``seal_handle`` sealed for ``purpose``; Unsealable otherwise."""
+        if not isinstance(token, str) or not token or len(token) > MAX_SEALED_CHARS:
+            raise Unsealable("not a handle")
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            data = json.loads(self._handles.decrypt(raw[:_SEAL_NONCE_BYTES], raw[_SEAL_NONCE_BYTES:],
+                                                    purpose.encode()))
+        except (binascii.Error, ValueError, InvalidTag):
+            raise Unsealable("altered, or sealed with another key or for another purpose") from None
+        if not isinstance(data, dict) or data.get("p") != purpose or not isinstance(data.get("v"), dict):
+            raise Unsealable("sealed for another purpose")
         return data["v"]
 
     def _tag(self, purpose: str, text: str) -> str:

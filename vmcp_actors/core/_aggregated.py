@@ -24,6 +24,8 @@ from vmcp_actors.core._catalog import Catalog, InternalTool, Route
 from vmcp_actors.core._exchange import Exchange, from_backend, to_jsonrpc_error
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
 from vmcp_actors.core._interface import Continuation
+from vmcp_actors.core._task_relay import TaskRelay
+from vmcp_actors.core._tasks import TaskHandles, requested_task
 from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
@@ -35,6 +37,7 @@ from vmcp_actors.protocol import (
     JsonRpcError,
 )
 from vmcp_actors.protocol.mcp import param_headers_for
+from vmcp_actors.signing import Signer
 
 # When a request's deadline ends before discovery does, it stops waiting this much
 # earlier, to answer with what discovery found so far.
@@ -108,10 +111,13 @@ class AggregatedBackends:
 
     def __init__(self, user: Any, channels: Mapping[str, BackendChannel], board: CatalogBoard,
                  fail_on_partial: bool = False,
-                 record_subscription: Callable[[str, str, bool], None] | None = None):
+                 record_subscription: Callable[[str, str, bool], None] | None = None,
+                 task_handles: TaskHandles | None = None, page_size: int = 100):
         self._user = user  # ActorProxy[UserActor]
         self._channels = channels
         self._board = board
+        self._tasks = TaskRelay(channels, self.catalog, task_handles or TaskHandles(Signer.generated(), ""),
+                                page_size)
         # (subscriber, uri, subscribed): written to the subscriber's session record on the
         # request's thread (a store round trip; never on the user actor's loop).
         self._record_subscription = record_subscription
@@ -220,8 +226,16 @@ class AggregatedBackends:
         """Call the backend tool ``route`` leads to, on this thread."""
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
         headers = self._param_headers(identity, route, arguments, deadline)
-        return from_backend(self._channels[route.backend].request(identity, "tools/call", params, deadline, headers),
-                            route.backend)
+        task = requested_task.get()
+        if task is not None:
+            params = self._tasks.call_params(route.backend, self._backend_tool(identity, route, deadline), params, task)
+        exchange = from_backend(self._channels[route.backend].request(identity, "tools/call", params, deadline, headers),
+                                route.backend)
+        return exchange if task is None else self._tasks.call(route.backend, exchange, task)
+
+    def task_request(self, identity: Identity | None, method: str, params: dict[str, Any], modern: bool,
+                     deadline: Deadline) -> Exchange | dict[str, Any]:
+        return self._tasks.request(identity, method, params, modern, deadline)
 
     def submit_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
                      deadline: Deadline) -> cf.Future[dict[str, Any]]:
@@ -344,9 +358,13 @@ class AggregatedBackends:
         """The ``Mcp-Param-*`` headers a 2026-07-28 backend's tool asks its arguments mirrored in."""
         if not self._channels[route.backend].speaks_modern():
             return None
-        found = self.catalog(identity, deadline).backends.get(route.backend)
-        tool = next((t for t in found.tools if t.get("name") == route.original_name), None) if found else None
+        tool = self._backend_tool(identity, route, deadline)
         return param_headers_for(tool.get("inputSchema"), arguments or {}) if tool else None
+
+    def _backend_tool(self, identity: Identity | None, route: Route, deadline: Deadline) -> dict[str, Any] | None:
+        """The tool as its backend lists it."""
+        found = self.catalog(identity, deadline).backends.get(route.backend)
+        return next((t for t in found.tools if t.get("name") == route.original_name), None) if found else None
 
     def _subscribable(self, identity: Identity | None, uri: str, deadline: Deadline) -> str:
         catalog = self.catalog(identity, deadline)

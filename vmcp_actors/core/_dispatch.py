@@ -14,6 +14,7 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._interface import UserCore
 from vmcp_actors.core._pagination import paginate
+from vmcp_actors.core._tasks import TaskRequest, requested_task
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
 from vmcp_actors.protocol.mcp import LOGGING_LEVELS
@@ -37,17 +38,29 @@ class McpDispatcher:
         }
 
     def handle(self, identity: Identity | None, request: Message, deadline: Deadline,
-               session_id: str = "") -> dict[str, Any] | Exchange:
-        """``session_id``: the client session asking (subscriptions are a session's own)."""
-        handler = self._methods.get(request.method or "")
-        if request.method in ("resources/subscribe", "resources/unsubscribe") and session_id:
-            handler = self._subscription(request.method, session_id)
+               session_id: str = "", *, modern: bool = False, takes_tasks: bool = False) -> dict[str, Any] | Exchange:
+        """``session_id``: the client session asking (subscriptions are a session's own).
+        ``modern``: a 2026-07-28 client; ``takes_tasks``: one that declared the tasks
+        extension (a 2025 client asks for a task with ``params.task``)."""
+        method = request.method or ""
+        handler = self._methods.get(method)
+        if method in ("resources/subscribe", "resources/unsubscribe") and session_id:
+            handler = self._subscription(method, session_id)
+        if method.startswith("tasks/"):
+            handler = self._task_method(method, modern)
         if handler is None:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         params = request.params if request.params is not None else {}
         if not isinstance(params, dict):
             raise JsonRpcError(INVALID_PARAMS, "params must be an object")
-        return handler(identity, params, deadline)
+        task = _task_requested(params, modern, takes_tasks) if method == "tools/call" else None
+        if task is None:
+            return handler(identity, params, deadline)
+        token = requested_task.set(task)
+        try:
+            return handler(identity, {key: value for key, value in params.items() if key != "task"}, deadline)
+        finally:
+            requested_task.reset(token)
 
     # -- handlers: return a result dict, or an exchange that yields notifications ------
 
@@ -63,6 +76,12 @@ class McpDispatcher:
 
         def handler(identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
             return change(identity, session_id, _required_string(params, "uri"), deadline)
+
+        return handler
+
+    def _task_method(self, method: str, modern: bool):
+        def handler(identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> Any:
+            return self._capabilities.task_request(identity, method, params, modern, deadline)
 
         return handler
 
@@ -97,6 +116,19 @@ class McpDispatcher:
         if level not in LOGGING_LEVELS:
             raise JsonRpcError(INVALID_PARAMS, f"level must be one of {', '.join(LOGGING_LEVELS)}")
         return self._capabilities.set_logging_level(identity, level, deadline)
+
+
+def _task_requested(params: dict[str, Any], modern: bool, takes_tasks: bool) -> TaskRequest | None:
+    """The task a tools/call's client accepts: a 2025 client's ``params.task``, or any
+    call of a 2026-07-28 client that declared the extension."""
+    if modern:
+        return TaskRequest(True, {}) if takes_tasks else None
+    task = params.get("task")
+    if task is None:
+        return None
+    if not isinstance(task, dict):
+        raise JsonRpcError(INVALID_PARAMS, "task must be an object")
+    return TaskRequest(False, task)
 
 
 def _required_string(params: dict[str, Any], key: str, where: str = "") -> str:

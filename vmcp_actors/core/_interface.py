@@ -94,6 +94,8 @@ class UserCore(Protocol):
     def unsubscribe_resource(self, identity: Identity | None, subscriber: str, uri: str,
                              deadline: Deadline) -> dict[str, Any]: ...
     def resume(self, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> Exchange: ...
+    def task_request(self, identity: Identity | None, method: str, params: dict[str, Any], modern: bool,
+                     deadline: Deadline) -> Exchange | dict[str, Any]: ...
     def explain_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Explanation: ...
     def close(self) -> None: ...
 
@@ -199,6 +201,10 @@ class CoreLayer:
         if not reachable(self, identity, continuation, deadline):
             raise continuation.unknown()
         return self._inner.resume(identity, continuation, deadline)
+
+    def task_request(self, identity, method, params, modern, deadline):
+        """``tasks/*`` (``modern``: the client speaks 2026-07-28): the task's owner answers."""
+        return self._inner.task_request(identity, method, params, modern, deadline)
 
     def explain_tool(self, identity, name, deadline) -> Explanation:
         below = self._inner.explain_tool(identity, name, deadline)

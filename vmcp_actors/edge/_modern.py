@@ -34,6 +34,7 @@ from typing import Any
 
 from vmcp_actors import __version__
 from vmcp_actors.backends import InputRequired
+from vmcp_actors.core._tasks import RELATED_TASK
 from vmcp_actors.concurrency import TimerHandle, call_later
 from vmcp_actors.core._exchange import Notification, ServerRequest
 from vmcp_actors.edge._driver import (
@@ -106,6 +107,7 @@ MODERN_SERVER_CAPABILITIES = {
     "prompts": {"listChanged": True},
     "completions": {},
     "logging": {},  # deprecated in 2026-07-28, still served: log messages at the level a request asks for
+    "extensions": {"io.modelcontextprotocol/tasks": {}},  # backends' tasks relayed (core._task_relay)
 }
 
 
@@ -257,13 +259,13 @@ def complete(result: Mapping[str, Any], method: str, name: str, hints: CacheHint
 def legacy_result(result: Mapping[str, Any]) -> Mapping[str, Any]:
     """A 2026-07-28 backend's result as a 2025 client gets it: without the fields of the
     newer revision (``resultType``, cache hints, the backend's ``io.modelcontextprotocol/``
-    metadata such as its identity)."""
+    metadata such as its identity; the related task, which 2025-11-25 has too, stays)."""
     if not any(key in result for key in ("resultType", "ttlMs", "cacheScope", "_meta")):
         return result
     shaped = {key: value for key, value in result.items() if key not in ("resultType", "ttlMs", "cacheScope")}
     meta = shaped.get("_meta")
-    if isinstance(meta, dict) and any(key.startswith(META_PREFIX) for key in meta):
-        kept = {key: value for key, value in meta.items() if not key.startswith(META_PREFIX)}
+    if isinstance(meta, dict) and any(key.startswith(META_PREFIX) and key != RELATED_TASK for key in meta):
+        kept = {key: value for key, value in meta.items() if not key.startswith(META_PREFIX) or key == RELATED_TASK}
         if kept:
             shaped["_meta"] = kept
         else:

@@ -23,6 +23,7 @@ from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.core._exchange import SESSION_ENDED, Notification
 from vmcp_actors.core._interface import Continuation, reachable
+from vmcp_actors.core._tasks import TASKS_EXTENSION
 from vmcp_actors.edge._audit import AuditLog, timer
 from vmcp_actors.edge._driver import CallRun, drive, response_for, started
 from vmcp_actors.edge._legacy import RequestDeadlines, SessionSide, check_header_version
@@ -442,7 +443,10 @@ class McpService:
             run = CallRun(started(lambda: user.core.resume(identity, continuation, deadline)), deadline)
         else:
             dispatched = replace(message, params=request.params_for_dispatch(message.params))
-            run = CallRun(started(lambda: user.dispatcher.handle(identity, dispatched, deadline)), deadline)
+            extensions = request.client_capabilities.get("extensions")
+            takes_tasks = isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
+            run = CallRun(started(lambda: user.dispatcher.handle(identity, dispatched, deadline, modern=True,
+                                                                 takes_tasks=takes_tasks)), deadline)
         lifetime.run = run
         side.attend(run)
         return answer_call(drive(run, side), lifetime, message.id)

@@ -21,6 +21,9 @@ SERVER_CAPABILITIES = MappingProxyType({
     "completions": {},
 })
 
+# The first revision with (experimental) tasks: its sessions are told the gateway relays them.
+TASKS_SINCE = "2025-11-25"
+
 
 @dataclass(frozen=True)
 class InitializeOutcome:
@@ -31,9 +34,12 @@ class InitializeOutcome:
     client_info: Mapping[str, Any] = field(default_factory=dict)
 
     def result(self, server_name: str) -> dict[str, Any]:
+        capabilities = {name: dict(value) for name, value in SERVER_CAPABILITIES.items()}
+        if self.protocol_version >= TASKS_SINCE:
+            capabilities["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": {name: dict(value) for name, value in SERVER_CAPABILITIES.items()},
+            "capabilities": capabilities,
             "serverInfo": {"name": server_name, "version": __version__},
         }
 

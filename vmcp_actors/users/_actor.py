@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -72,6 +73,7 @@ from vmcp_actors.core._catalog import Catalog, build_catalog
 from vmcp_actors.core._dispatch import McpDispatcher
 from vmcp_actors.core._exchange import ServerRequest
 from vmcp_actors.core._interface import UserCore
+from vmcp_actors.core._tasks import TASK_STATUS_NOTIFICATIONS, TaskHandles
 from vmcp_actors.decorators import DecoratorStack, stack
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.exceptions import BackendError, BackendUnavailable
@@ -79,6 +81,7 @@ from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
 from vmcp_actors.protocol.mcp import is_logged_at
 from vmcp_actors.shared_cache import SharedCache
+from vmcp_actors.signing import Signer
 from vmcp_actors.users._discovery_cache import DiscoveryCache, discovery_key
 from vmcp_actors.users._live import LiveSessions
 from vmcp_actors.users._records import UserKey, UserRecord
@@ -121,6 +124,8 @@ class SessionServices:
     health: BackendHealth | None = None
     # The stdio backends' children (None: the config has none).
     processes: ChildProcesses | None = None
+    # Seals what clients hand back (task handles); the process's signing key.
+    signer: Signer = field(default_factory=Signer.generated)
 
     @classmethod
     def for_config(cls, config: VmcpConfig, shared: SharedCache | None = None, **kwargs: Any) -> SessionServices:
@@ -175,9 +180,11 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
     def record_subscription(subscriber: str, uri: str, subscribed: bool) -> None:
         store.update_session(subscriber, lambda session: session.with_subscription(uri, subscribed))
 
+    handles = task_handles_of(services, record.key)
     aggregated = AggregatedBackends(proxy, channels, board,
                                     fail_on_partial=handling is not None and handling.partial_failure_mode == "fail",
-                                    record_subscription=record_subscription)
+                                    record_subscription=record_subscription, task_handles=handles,
+                                    page_size=config.operational.page_size)
     decorators = services.decorators if services.decorators is not None else \
         stack(config, workflow_metrics=services.workflow_metrics)
     outermost, composites = decorators.build(aggregated, record.client_capabilities)
@@ -196,6 +203,11 @@ def backend_client(backend: BackendConfig, breaker: Any, processes: ChildProcess
         from vmcp_actors.backends._sse import LegacySseClient  # noqa: PLC0415 - only configs that use it
         return LegacySseClient(backend.name, backend.url or "")  # no circuit: its bus reopens a dropped stream
     return McpHttpClient(backend.name, backend.url or "", breaker=breaker)
+
+
+def task_handles_of(services: SessionServices, key: UserKey) -> TaskHandles:
+    """The handles of ``key``'s backend tasks: sealed to that user (its backend sessions own them)."""
+    return TaskHandles(services.signer, services.signer.digest("task owner", json.dumps(key.to_json())))
 
 
 def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionServices) -> None:
@@ -310,6 +322,7 @@ class UserActor(pykka.ThreadingActor):
         self._connections: dict[str, Any] = {}
         self._channels = dict(channels)
         self._live = services.live
+        self._task_handles = task_handles_of(services, record.key)
         # Who hears what arrives outside a call: sessions with a stream open (latest
         # last) and, per resource URI, the sessions subscribed to it (also from their
         # records, read once the actor runs, so a revived user goes on delivering).
@@ -601,7 +614,9 @@ class UserActor(pykka.ThreadingActor):
             run_in_thread(self._push_logged, tuple(self._streams), message)
         elif method == "notifications/progress":
             logger.debug("backend %r sent progress outside a call; not relayed", backend)
-        else:  # elicitation completions and the like: every session of the user with a stream
+        else:  # task status, elicitation completions and the like: every session of the user with a stream
+            if method in TASK_STATUS_NOTIFICATIONS:
+                message = self._task_handles.notification(backend, message, modern=False)
             for session_id in self._streams:
                 self._live.push(session_id, message)
 

@@ -1,0 +1,229 @@
+"""A user's backends' tasks, relayed (``AggregatedBackends`` delegates here).
+
+A call the client asked a task of (``requested_task``) goes to its backend as that
+backend's revision asks: ``params.task`` for a 2025-11-25 backend whose tool takes tasks,
+the extension in the request's capabilities for a 2026-07-28 one. A task in the answer
+reaches the client under a handle, in the client's revision. ``tasks/*`` requests open the
+handle (refused before any backend is asked when it is not this user's), go to the
+backend that owns the task under its own id, and come back with handles again.
+
+Translation: a 2025 client's ``tasks/result`` on a 2026-07-28 backend's task polls
+``tasks/get`` (at the task's ``pollIntervalMs``, within the request's deadline) and asks
+the client for the task's ``inputRequests`` on the result's stream (answered with
+``tasks/update``); ``tasks/cancel`` answers the task as it then is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from vmcp_actors.backends import BackendChannel, InputRequired, drain
+from vmcp_actors.concurrency import Deadline
+from vmcp_actors.core._catalog import Catalog
+from vmcp_actors.core._exchange import Exchange, from_backend, to_jsonrpc_error
+from vmcp_actors.core._pagination import paginate
+from vmcp_actors.core._tasks import (
+    LEGACY_TASK_METHODS,
+    MODERN_TASK_METHODS,
+    RELATED_TASK,
+    TASKS_EXTENSION,
+    TaskHandles,
+    TaskRequest,
+    task_id_param,
+)
+from vmcp_actors.exceptions import BackendError
+from vmcp_actors.identity import Identity
+from vmcp_actors.protocol import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    JsonRpcError,
+)
+from vmcp_actors.protocol.mcp import META_CLIENT_CAPABILITIES
+
+# How often a 2026-07-28 task is polled for a 2025 client's tasks/result when the backend
+# suggests nothing (and never more often than this).
+POLL_EVERY = 0.5
+POLL_AT_MOST_EVERY = 0.05
+
+
+class TaskRelay:
+    def __init__(self, channels: Mapping[str, BackendChannel], catalog: Callable[[Identity | None, Deadline], Catalog],
+                 handles: TaskHandles, page_size: int = 100):
+        self._channels = channels
+        self._catalog = catalog
+        self._handles = handles
+        self._page_size = page_size
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def call_params(self, backend: str, tool: Mapping[str, Any] | None, params: dict[str, Any],
+                    task: TaskRequest) -> dict[str, Any]:
+        """A tools/call's params for ``backend`` when the client accepts a task."""
+        if self._channels[backend].speaks_modern():
+            meta = dict(params.get("_meta") or {})
+            meta[META_CLIENT_CAPABILITIES] = {"extensions": {TASKS_EXTENSION: {}}}
+            return {**params, "_meta": meta}
+        support = ((tool or {}).get("execution") or {}).get("taskSupport")
+        if not task.modern or support in ("optional", "required"):
+            return {**params, "task": dict(task.params)}
+        return params
+
+    def call(self, backend: str, exchange: Exchange, task: TaskRequest) -> Exchange:
+        """A call the client accepts a task of: a task in its answer under a handle."""
+        result = yield from self._handles.events(backend, exchange, task.modern)
+        created = self._handles.created(backend, result, task.modern)
+        return created if created is not None else result
+
+    # -- tasks/* -------------------------------------------------------------------------
+
+    def request(self, identity: Identity | None, method: str, params: dict[str, Any], modern: bool,
+                deadline: Deadline) -> Exchange | dict[str, Any]:
+        if method not in (MODERN_TASK_METHODS if modern else LEGACY_TASK_METHODS):
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+        if method == "tasks/list":
+            return self._list(identity, params, deadline)
+        handle = task_id_param(params)
+        backend, task_id = self._handles.open(handle)
+        if backend not in self._channels:
+            raise JsonRpcError(INVALID_PARAMS, "Unknown task: its backend is not configured here")
+        sent = {**params, "taskId": task_id}
+        try:
+            if self._channels[backend].speaks_modern():
+                answer = self._modern_backend(identity, backend, method, sent, modern, deadline)
+            elif modern:
+                answer = self._legacy_backend_for_modern(identity, backend, method, sent, deadline)
+            elif method == "tasks/result":
+                answer = self._result(backend, self._request(identity, backend, method, sent, deadline))
+            else:
+                answer = self._answered(backend, self._request(identity, backend, method, sent, deadline), modern)
+        except JsonRpcError as error:
+            raise _naming(error, task_id, handle) from None
+        return answer if isinstance(answer, dict) else _naming_failures(answer, task_id, handle)
+
+    def _result(self, backend: str, exchange: Exchange) -> Exchange:
+        result = yield from self._handles.events(backend, exchange, False)
+        return self._handles.related(backend, result)
+
+    def _answered(self, backend: str, exchange: Exchange, modern: bool) -> Exchange:
+        result = yield from self._handles.events(backend, exchange, modern)
+        return self._handles.task(backend, result, modern) if "taskId" in result else dict(result)
+
+    def _modern_backend(self, identity, backend, method, sent, modern, deadline) -> Exchange | dict[str, Any]:
+        if modern:  # the same revision: as it is, under handles
+            return self._answered(backend, self._request(identity, backend, method, sent, deadline), True)
+        if method == "tasks/get":
+            return self._handles.task(backend, self._get(identity, backend, sent["taskId"], deadline), False)
+        if method == "tasks/cancel":
+            self._call(identity, backend, "tasks/cancel", {"taskId": sent["taskId"]}, deadline)
+            return self._handles.task(backend, self._get(identity, backend, sent["taskId"], deadline), False)
+        return self._await_result(identity, backend, sent["taskId"], deadline)
+
+    def _legacy_backend_for_modern(self, identity, backend, method, sent, deadline) -> dict[str, Any]:
+        """A 2026-07-28 client's request about a 2025-11-25 backend's task."""
+        task_id = sent["taskId"]
+        if method == "tasks/update":
+            return {"resultType": "complete"}  # the backend asks its input on tasks/result, not here
+        if method == "tasks/cancel":
+            self._call(identity, backend, "tasks/cancel", {"taskId": task_id}, deadline)
+            return {"resultType": "complete"}
+        task = self._handles.task(backend, self._call(identity, backend, "tasks/get", {"taskId": task_id}, deadline),
+                                  True)
+        if task.get("status") == "completed":
+            task["result"] = self._handles.related(backend, self._call(identity, backend, "tasks/result",
+                                                                       {"taskId": task_id}, deadline))
+        return {**task, "resultType": "complete"}
+
+    def _await_result(self, identity: Identity | None, backend: str, task_id: Any, deadline: Deadline,
+                      asked: frozenset[str] = frozenset()) -> Exchange:
+        """A 2025 client's tasks/result of a 2026-07-28 task: poll until it ends; its input
+        requests go to the client on this stream (each key once) and back with tasks/update."""
+        while True:
+            task = self._get(identity, backend, task_id, deadline)
+            status = task.get("status")
+            if status == "completed":
+                return self._handles.related(backend, dict(task.get("result") or {}))
+            if status == "failed":
+                error = task.get("error") if isinstance(task.get("error"), Mapping) else {}
+                raise JsonRpcError(error.get("code", INTERNAL_ERROR), str(error.get("message", "the task failed")),
+                                   error.get("data"))
+            if status == "cancelled":
+                raise JsonRpcError(INTERNAL_ERROR, "The task was cancelled")
+            requests = task.get("inputRequests") if status == "input_required" else None
+            fresh = {key: self._related(backend, task_id, value) for key, value in (requests or {}).items()
+                     if key not in asked and isinstance(value, Mapping)} if isinstance(requests, Mapping) else {}
+            if fresh:
+                yield InputRequired(backend, "tasks/update", MappingProxyType({"taskId": task_id}),
+                                    MappingProxyType(fresh), None,
+                                    self._updater(identity, backend, task_id, deadline, asked | set(fresh)), deadline)
+                return {}  # not reached: the client's side drives the retry
+            interval = task.get("pollIntervalMs")
+            wait = max(interval / 1000, POLL_AT_MOST_EVERY) if isinstance(interval, (int, float)) else POLL_EVERY
+            if deadline.remaining() <= wait:
+                raise JsonRpcError(-32001, "Request timed out: the task did not end within the request's deadline")
+            time.sleep(wait)
+
+    def _related(self, backend: str, task_id: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+        """An input request of a task as 2025-11-25 asks it: tied to the task by its handle."""
+        params = dict(request.get("params") or {})
+        params["_meta"] = {**(params.get("_meta") or {}), RELATED_TASK: {"taskId": self._handles.handle(backend, task_id)}}
+        return {**request, "params": params}
+
+    def _updater(self, identity, backend, task_id, deadline, asked):
+        def update(responses: Mapping[str, Any]) -> Exchange:
+            self._call(identity, backend, "tasks/update", {"taskId": task_id, "inputResponses": dict(responses)},
+                       deadline)
+            return (yield from self._await_result(identity, backend, task_id, deadline, frozenset(asked)))
+
+        return update
+
+    def _list(self, identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
+        """Every task of this user's 2025 backends that list tasks (all their pages), under handles."""
+        catalog = self._catalog(identity, deadline)
+        tasks: list[dict[str, Any]] = []
+        for backend, found in sorted(catalog.backends.items()):
+            capability = found.capabilities.get("tasks")
+            if not isinstance(capability, Mapping) or "list" not in capability \
+                    or self._channels[backend].speaks_modern():
+                continue
+            cursor = None
+            for _ in range(100):  # pages
+                page = self._call(identity, backend, "tasks/list", {"cursor": cursor} if cursor else {}, deadline)
+                tasks.extend(self._handles.task(backend, task, False) for task in page.get("tasks") or ()
+                             if isinstance(task, Mapping))
+                cursor = page.get("nextCursor")
+                if not isinstance(cursor, str) or not cursor:
+                    break
+        return paginate(tuple(tasks), "tasks", params, self._page_size)
+
+    # -- backend requests ------------------------------------------------------------------
+
+    def _get(self, identity: Identity | None, backend: str, task_id: Any, deadline: Deadline) -> dict[str, Any]:
+        return self._call(identity, backend, "tasks/get", {"taskId": task_id}, deadline)
+
+    def _call(self, identity, backend, method, params, deadline) -> dict[str, Any]:
+        try:
+            return drain(self._channels[backend].request(identity, method, params, deadline))
+        except BackendError as error:
+            raise to_jsonrpc_error(error) from None
+
+    def _request(self, identity, backend, method, params, deadline) -> Exchange:
+        return from_backend(self._channels[backend].request(identity, method, params, deadline), backend)
+
+
+def _naming(error: JsonRpcError, task_id: Any, handle: str) -> JsonRpcError:
+    """A backend's error about its task, naming the task as the client knows it."""
+    if isinstance(task_id, str) and task_id and task_id in error.message:
+        return JsonRpcError(error.code, error.message.replace(task_id, handle), error.data, http_status=error.http_status)
+    return error
+
+
+def _naming_failures(exchange: Exchange, task_id: Any, handle: str) -> Exchange:
+    try:
+        return (yield from exchange)
+    except JsonRpcError as error:
+        raise _naming(error, task_id, handle) from None
+
