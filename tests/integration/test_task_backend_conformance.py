@@ -128,6 +128,45 @@ def test_the_wire_scenarios_pass_directly(requirement_run: SuiteRun, scenario: s
     assert requirement_run.scenarios().get(scenario) == "passed", requirement_run.report()
 
 
+# -- the conformance suite, through the gateway ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway_run(modern_suite: Suite, tmp_path_factory) -> SuiteRun:
+    """The same run through the gateway in front of the backend (relaying its tasks under
+    handles). The gateway is stopped before the tests read the run: actors do not outlive a test."""
+    import pykka
+
+    from tests.gateway import GatewayServer
+
+    with task_backend("tasks") as backend:
+        gateway = GatewayServer({"name": "vmcp-tasks", "backends": [{"name": "tasks", "url": backend.mcp_url}],
+                                 "aggregation": {"conflictResolution": "manual"},
+                                 "operational": {"timeouts": {"default": "10s"}}}).start()
+        try:
+            run = run_suite(modern_suite, gateway.url, MODERN_REQUIREMENTS, tmp_path_factory.mktemp("through"),
+                            expected_failures=None)
+        finally:
+            gateway.stop()
+            pykka.ActorRegistry.stop_all()
+    rows = [row for row in run.table().splitlines() if row.split()[1] in TASK_SCENARIOS]
+    print("\ntasks backend through the gateway, 2026-07-28:\n" + "\n".join(rows))
+    assert run.checks and not run.timed_out, f"the suite did not run to the end\n{run.report()}"
+    return run
+
+
+@pytest.mark.conformance
+@pytest.mark.timeout(SUITE_TIMEOUT + 60)
+@pytest.mark.parametrize("scenario", TASK_SCENARIOS)
+def test_every_tasks_scenario_passes_through_the_gateway(gateway_run: SuiteRun, scenario: str) -> None:
+    checks = [check for check in gateway_run.checks if check.scenario == scenario]
+    assert scenario in gateway_run.ran, f"{scenario} wrote no results\n{gateway_run.report()}"
+    problems = [str(check) for check in checks if check.status in ("FAILURE", "WARNING")]
+    assert not problems, "\n".join(problems)
+    expected = ["SKIPPED"] if scenario in PLACEHOLDER_SCENARIOS else ["SUCCESS"] * PASSING_CHECKS[scenario]
+    assert [check.status for check in checks] == expected, checks
+
+
 # -- raw HTTP ---------------------------------------------------------------------------------
 
 

@@ -50,7 +50,6 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.identity import Identity, forwarded_headers_of
-from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
     LATEST_PROTOCOL_VERSION,
@@ -67,9 +66,11 @@ from vmcp_actors.protocol.mcp import (
     METHOD_HEADER,
     MODERN_PROTOCOL_VERSION,
     NAME_HEADER,
+    NAME_HEADER_PARAMS,
     NAMED_METHODS,
     encode_header_value,
 )
+from vmcp_actors.shared_cache import SharedCache
 
 logger = logging.getLogger(__name__)
 
@@ -448,7 +449,12 @@ class BackendChannel:
         log level it asked for) with the gateway's revision, capabilities and identity."""
         merged = dict(meta or {})
         merged[META_PROTOCOL_VERSION] = MODERN_PROTOCOL_VERSION
-        merged[META_CLIENT_CAPABILITIES] = dict(self._client_capabilities)
+        asked = merged.get(META_CLIENT_CAPABILITIES)
+        capabilities = dict(self._client_capabilities)
+        if isinstance(asked, Mapping) and isinstance(asked.get("extensions"), Mapping):
+            # a call's own extensions (the tasks extension when its client takes a task)
+            capabilities["extensions"] = {**(capabilities.get("extensions") or {}), **asked["extensions"]}
+        merged[META_CLIENT_CAPABILITIES] = capabilities
         merged[META_CLIENT_INFO] = CLIENT_INFO
         return merged
 
@@ -768,7 +774,7 @@ class BackendChannel:
         if handshake.is_modern:
             params = {**(params or {}), "_meta": self.modern_meta(meta if isinstance(meta, dict) else None)}
             headers[METHOD_HEADER] = method
-            named = NAMED_METHODS.get(method)
+            named = NAME_HEADER_PARAMS.get(method)
             if named is not None and isinstance(params.get(named), str):
                 headers[NAME_HEADER] = encode_header_value(params[named])
             return params

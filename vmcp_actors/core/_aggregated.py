@@ -343,7 +343,11 @@ class AggregatedBackends:
         params["inputResponses"] = dict(continuation.input_responses)
         if continuation.backend_state is not None:
             params["requestState"] = continuation.backend_state
-        return self._request(identity, backend, method, params, deadline)
+        task = requested_task.get() if method == "tools/call" else None
+        if task is None:
+            return self._request(identity, backend, method, params, deadline)
+        params = self._tasks.call_params(backend, None, params, task)
+        return self._tasks.call(backend, self._request(identity, backend, method, params, deadline), task)
 
     def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:
         """A client notification every backend session of the user should hear (roots changed)."""

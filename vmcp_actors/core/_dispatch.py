@@ -12,12 +12,12 @@ from typing import Any
 
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._exchange import Exchange
-from vmcp_actors.core._interface import UserCore
+from vmcp_actors.core._interface import Continuation, UserCore
 from vmcp_actors.core._pagination import paginate
-from vmcp_actors.core._tasks import TaskRequest, requested_task
+from vmcp_actors.core._tasks import TASKS_EXTENSION, TaskRequest, requested_task
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
-from vmcp_actors.protocol.mcp import LOGGING_LEVELS
+from vmcp_actors.protocol.mcp import LOGGING_LEVELS, MISSING_REQUIRED_CLIENT_CAPABILITY
 
 
 class McpDispatcher:
@@ -47,6 +47,9 @@ class McpDispatcher:
         if method in ("resources/subscribe", "resources/unsubscribe") and session_id:
             handler = self._subscription(method, session_id)
         if method.startswith("tasks/"):
+            if modern and not takes_tasks:
+                raise JsonRpcError(MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability",
+                                   {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
             handler = self._task_method(method, modern)
         if handler is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -116,6 +119,19 @@ class McpDispatcher:
         if level not in LOGGING_LEVELS:
             raise JsonRpcError(INVALID_PARAMS, f"level must be one of {', '.join(LOGGING_LEVELS)}")
         return self._capabilities.set_logging_level(identity, level, deadline)
+
+
+def resume(core: UserCore, identity: Identity | None, continuation: Continuation, deadline: Deadline,
+           takes_tasks: bool) -> Exchange:
+    """``core.resume``: a 2026-07-28 client's retry (with its input) of a call, which may
+    become a task when the client declared the extension."""
+    if not takes_tasks or continuation.method != "tools/call":
+        return core.resume(identity, continuation, deadline)
+    token = requested_task.set(TaskRequest(True, {}))
+    try:
+        return core.resume(identity, continuation, deadline)
+    finally:
+        requested_task.reset(token)
 
 
 def _task_requested(params: dict[str, Any], modern: bool, takes_tasks: bool) -> TaskRequest | None:

@@ -206,12 +206,21 @@ class TaskRelay:
 
     def _call(self, identity, backend, method, params, deadline) -> dict[str, Any]:
         try:
-            return drain(self._channels[backend].request(identity, method, params, deadline))
+            return drain(self._channels[backend].request(identity, method, self._declared(backend, params), deadline))
         except BackendError as error:
             raise to_jsonrpc_error(error) from None
 
     def _request(self, identity, backend, method, params, deadline) -> Exchange:
-        return from_backend(self._channels[backend].request(identity, method, params, deadline), backend)
+        return from_backend(self._channels[backend].request(identity, method, self._declared(backend, params),
+                                                            deadline), backend)
+
+    def _declared(self, backend: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A tasks/* request's params: to a 2026-07-28 backend, with the extension declared."""
+        if not self._channels[backend].speaks_modern():
+            return params
+        meta = dict(params.get("_meta") or {})
+        meta[META_CLIENT_CAPABILITIES] = {"extensions": {TASKS_EXTENSION: {}}}
+        return {**params, "_meta": meta}
 
 
 def _naming(error: JsonRpcError, task_id: Any, handle: str) -> JsonRpcError:

@@ -34,9 +34,9 @@ from typing import Any
 
 from vmcp_actors import __version__
 from vmcp_actors.backends import InputRequired
-from vmcp_actors.core._tasks import RELATED_TASK
 from vmcp_actors.concurrency import TimerHandle, call_later
 from vmcp_actors.core._exchange import Notification, ServerRequest
+from vmcp_actors.core._tasks import RELATED_TASK
 from vmcp_actors.edge._driver import (
     MAX_INPUT_ROUNDS,
     Answered,
@@ -67,6 +67,7 @@ from vmcp_actors.protocol.mcp import (
     META_SERVER_INFO,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     MODERN_PROTOCOL_VERSIONS,
+    NAME_HEADER_PARAMS,
     NAMED_METHODS,
     SUPPORTED_PROTOCOL_VERSIONS,
     UNSUPPORTED_PROTOCOL_VERSION,
@@ -165,7 +166,7 @@ def read_modern(message: Message, headers: Mapping[str, str | None]) -> ModernRe
                                         f"params._meta[{META_PROTOCOL_VERSION!r}]")
     if headers.get("method") != message.method:
         raise _refused(HEADER_MISMATCH, "Header mismatch: Mcp-Method does not match the body's method")
-    named = NAMED_METHODS.get(message.method or "")
+    named = NAME_HEADER_PARAMS.get(message.method or "")
     if named is not None and params is not None and params.get(named) is not None:
         header_name = headers.get("name")
         decoded = decode_header_value(header_name) if header_name is not None else None
@@ -183,8 +184,10 @@ def read_modern(message: Message, headers: Mapping[str, str | None]) -> ModernRe
     level = meta.get(META_LOG_LEVEL)
     if level is not None and level not in LOGGING_LEVELS:
         raise _refused(INVALID_PARAMS, f"params._meta[{META_LOG_LEVEL!r}] must be one of {', '.join(LOGGING_LEVELS)}")
-    responses = params.get("inputResponses") if params is not None else None
-    state = params.get("requestState") if params is not None else None
+    # tasks/update's inputResponses are its own params (a task's input), not a round of this request
+    rounds = params is not None and message.method != "tasks/update"
+    responses = params.get("inputResponses") if rounds else None
+    state = params.get("requestState") if rounds else None
     if responses is not None and not isinstance(responses, dict):
         raise _refused(INVALID_PARAMS, "inputResponses must be an object")
     if state is not None and not isinstance(state, str):

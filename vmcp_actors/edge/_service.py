@@ -21,6 +21,7 @@ import pykka
 
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.config import VmcpConfig
+from vmcp_actors.core._dispatch import resume
 from vmcp_actors.core._exchange import SESSION_ENDED, Notification
 from vmcp_actors.core._interface import Continuation, reachable
 from vmcp_actors.core._tasks import TASKS_EXTENSION
@@ -439,12 +440,14 @@ class McpService:
             continuation = None
             if method == "tools/call" and isinstance(name, str):
                 self._check_param_headers(user, identity, name, params.get("arguments"), param_headers, deadline)
+        extensions = request.client_capabilities.get("extensions")
+        takes_tasks = isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
         if continuation is not None:
-            run = CallRun(started(lambda: user.core.resume(identity, continuation, deadline)), deadline)
+            run = CallRun(started(lambda: resume(user.core, identity, continuation, deadline, takes_tasks)), deadline)
         else:
             dispatched = replace(message, params=request.params_for_dispatch(message.params))
-            extensions = request.client_capabilities.get("extensions")
-            takes_tasks = isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
+            if method == "tasks/update" and "inputResponses" in params:
+                dispatched = replace(dispatched, params={**dispatched.params, "inputResponses": params["inputResponses"]})
             run = CallRun(started(lambda: user.dispatcher.handle(identity, dispatched, deadline, modern=True,
                                                                  takes_tasks=takes_tasks)), deadline)
         lifetime.run = run

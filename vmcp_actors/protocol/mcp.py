@@ -64,6 +64,8 @@ UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 # The methods whose Mcp-Name header mirrors params.name or params.uri.
 NAMED_METHODS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+# The param each request's Mcp-Name header mirrors (the tasks extension's requests name their task).
+NAME_HEADER_PARAMS = {**NAMED_METHODS, "tasks/get": "taskId", "tasks/update": "taskId", "tasks/cancel": "taskId"}
 # The requests that may answer input_required (multi round-trip requests).
 INPUT_REQUIRED_METHODS = frozenset({"tools/call", "prompts/get", "resources/read"})
 # Results that carry cache hints (ttlMs, cacheScope).
