@@ -71,3 +71,80 @@ def test_tasks_are_declared_to_2025_11_25_sessions_only(gateway):
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
     assert answer_of(response)["result"]["capabilities"]["tasks"] == {
         "list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+
+
+# -- 2026-07-28: the tasks extension (tests/task_backends.py) --------------------------------------
+
+
+@pytest.fixture
+def jobs():
+    from tests.task_backends import task_backend
+
+    with task_backend("jobs", delay=0.3, job_seconds=0.2) as backend:
+        yield backend
+
+
+@pytest.fixture
+def jobs_gateway(start_gateway, jobs):
+    return start_gateway({"name": "t", "backends": [{"name": "jobs", "url": jobs.mcp_url}]})
+
+
+def test_a_modern_task_is_relayed_under_a_handle_and_its_input_goes_back(jobs_gateway, jobs):
+    from tests.task_backends import modern_rpc
+
+    url = jobs_gateway.url
+    created = modern_rpc(url, "tools/call", {"name": "jobs_confirm_delete", "arguments": {"filename": "a.txt"}})
+    task = created["result"]
+    assert task["resultType"] == "task" and task["status"] == "working"
+    handle = task["taskId"]
+    assert handle not in jobs.tasks  # the backend's id never reaches the client
+    (backend_id,) = jobs.tasks
+    jobs.wait_for_status(backend_id, "input_required")
+    asked = modern_rpc(url, "tasks/get", {"taskId": handle})["result"]
+    assert asked["taskId"] == handle and asked["status"] == "input_required" and asked["resultType"] == "complete"
+    (key,) = asked["inputRequests"]
+    assert modern_rpc(url, "tasks/update", {"taskId": handle, "inputResponses": {
+        key: {"action": "accept", "content": {"confirm": True}}}})["result"]["resultType"] == "complete"
+    jobs.wait_for_status(backend_id, "completed")
+    done = modern_rpc(url, "tasks/get", {"taskId": handle})["result"]
+    assert done["status"] == "completed" and done["result"]["content"][0]["text"].startswith("Deleted")
+
+
+def test_a_modern_handle_is_the_callers_only(jobs_gateway, jobs):
+    from tests.task_backends import modern_rpc
+
+    url = jobs_gateway.url
+    handle = modern_rpc(url, "tools/call", {"name": "jobs_run_until_cancelled", "arguments": {}})["result"]["taskId"]
+    forged = modern_rpc(url, "tasks/get", {"taskId": handle[:-4] + "AAAA"})
+    assert forged["error"]["code"] == -32602
+    seen = len(jobs.requests("tasks/get"))
+    other = modern_rpc(url, "tasks/get", {"taskId": handle}, headers={"X-Another": "1"},
+                       capabilities={"extensions": {"io.modelcontextprotocol/tasks": {}}, "roots": {}})
+    assert other["error"]["code"] == -32602 and "another caller" in other["error"]["message"]
+    assert len(jobs.requests("tasks/get")) == seen  # refused before any backend was asked
+    assert modern_rpc(url, "tasks/cancel", {"taskId": handle})["result"]["resultType"] == "complete"
+
+
+def test_a_client_without_the_extension_gets_no_task(jobs_gateway, jobs):
+    from tests.task_backends import client_capabilities, modern_rpc
+
+    url = jobs_gateway.url
+    plain = client_capabilities(tasks=False)
+    answered = modern_rpc(url, "tools/call", {"name": "jobs_delayed_echo", "arguments": {"text": "x", "seconds": 0.1}},
+                          capabilities=plain)
+    assert answered["result"]["content"][0]["text"] == "jobs:x" and answered["result"].get("resultType") != "task"
+    refused = modern_rpc(url, "tasks/get", {"taskId": "anything"}, capabilities=plain)
+    assert refused["error"]["code"] == -32021
+    assert refused["error"]["data"] == {"requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+
+
+def test_a_2025_client_gets_a_modern_backends_task_in_its_own_revision(jobs_gateway, jobs):
+    session = jobs_gateway.initialize()
+    created = jobs_gateway.rpc(session, "tools/call", {"name": "jobs_delayed_echo",
+                                                       "arguments": {"text": "y", "seconds": 0.2}, "task": {"ttl": 60000}})
+    task = created["result"]["task"]
+    assert set(task) >= {"taskId", "status", "createdAt", "lastUpdatedAt", "ttl"} and "ttlMs" not in task
+    got = jobs_gateway.rpc(session, "tasks/get", {"taskId": task["taskId"]})["result"]
+    assert got["taskId"] == task["taskId"] and "result" not in got and "resultType" not in got
+    result = jobs_gateway.rpc(session, "tasks/result", {"taskId": task["taskId"]})["result"]
+    assert result["content"][0]["text"] == "jobs:y"
