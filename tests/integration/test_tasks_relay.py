@@ -148,3 +148,23 @@ def test_a_2025_client_gets_a_modern_backends_task_in_its_own_revision(jobs_gate
     assert got["taskId"] == task["taskId"] and "result" not in got and "resultType" not in got
     result = jobs_gateway.rpc(session, "tasks/result", {"taskId": task["taskId"]})["result"]
     assert result["content"][0]["text"] == "jobs:y"
+
+
+def test_task_creation_and_its_ends_are_audited(start_gateway, jobs, tmp_path):
+    import json
+
+    from tests.task_backends import modern_rpc
+
+    path = tmp_path / "audit.log"
+    gateway = start_gateway({"name": "t", "backends": [{"name": "jobs", "url": jobs.mcp_url}],
+                             "audit": {"enabled": True, "logFile": str(path)}})
+    handle = modern_rpc(gateway.url, "tools/call", {"name": "jobs_delayed_echo",
+                                                    "arguments": {"text": "z", "seconds": 0.1}})["result"]["taskId"]
+    (backend_id,) = jobs.tasks
+    jobs.wait_for_status(backend_id, "completed")
+    modern_rpc(gateway.url, "tasks/get", {"taskId": handle})
+    written = [json.loads(line) for line in path.read_text().splitlines()]
+    created, polled = written[-2], written[-1]
+    assert created["type"] == "mcp_tool_call" and created["outcome"] == "task_created"
+    assert polled["type"] == "mcp_task" and polled["method"] == "tasks/get" and polled["outcome"] == "task_completed"
+    assert created["task"] == polled["task"] == handle[:12] and created["backend"] == "jobs"

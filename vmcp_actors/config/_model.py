@@ -198,7 +198,7 @@ class FailureHandlingConfig:
 
 
 # What the audit log can record (ToolHive's event type names).
-AUDIT_EVENT_TYPES = ("mcp_tool_call", "mcp_resource_read", "mcp_prompt_get")
+AUDIT_EVENT_TYPES = ("mcp_tool_call", "mcp_resource_read", "mcp_prompt_get", "mcp_task")
 
 
 @dataclass(frozen=True)

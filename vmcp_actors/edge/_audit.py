@@ -21,8 +21,11 @@ from typing import Any
 from vmcp_actors.config import AuditConfig
 from vmcp_actors.identity import Identity, subject_of
 
-EVENT_TYPES = {"tools/call": "mcp_tool_call", "resources/read": "mcp_resource_read", "prompts/get": "mcp_prompt_get"}
+EVENT_TYPES = {"tools/call": "mcp_tool_call", "resources/read": "mcp_resource_read", "prompts/get": "mcp_prompt_get",
+               "tasks/get": "mcp_task", "tasks/result": "mcp_task", "tasks/update": "mcp_task", "tasks/cancel": "mcp_task"}
 TARGETS = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+# How much of a task's handle an audit line keeps: enough to follow one task, no more.
+TASK_PREFIX = 12
 
 
 class AuditLog:
@@ -50,7 +53,7 @@ class AuditLog:
               params: Any, backend: str | None, answer: dict[str, Any] | None, http_status: int,
               seconds: float) -> None:
         params = params if isinstance(params, dict) else {}
-        target = params.get(TARGETS[method])
+        target = params.get(TARGETS[method]) if method in TARGETS else None
         line: dict[str, Any] = {
             "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "component": self._config.component,
@@ -64,6 +67,9 @@ class AuditLog:
             "outcome": _outcome(answer, http_status),
             "durationMs": round(seconds * 1000, 1),
         }
+        task = _task_of(params, answer)
+        if task is not None:
+            line["task"] = task[:TASK_PREFIX]
         if self._config.include_request_data:
             data = params.get("arguments") if method != "resources/read" else None
             line["request"] = _cut(data, self._config.max_data_size)
@@ -78,11 +84,27 @@ def _outcome(answer: dict[str, Any] | None, http_status: int) -> str:
     if "error" in answer:
         return "error"
     result = answer.get("result")
+    if isinstance(result, dict) and (result.get("resultType") == "task" or isinstance(result.get("task"), dict)):
+        return "task_created"
+    if isinstance(result, dict) and isinstance(result.get("taskId"), str) and isinstance(result.get("status"), str):
+        return f"task_{result['status']}"  # a task's state as tasks/get (or a 2025 tasks/cancel) answered it
     if isinstance(result, dict) and result.get("isError") is True:
         return "tool_error"
     if isinstance(result, dict) and result.get("resultType") == "input_required":
         return "input_required"
     return "success"
+
+
+def _task_of(params: dict[str, Any], answer: dict[str, Any] | None) -> str | None:
+    """The task a line is about: the one a call created, or the one a tasks/* request named."""
+    result = answer.get("result") if isinstance(answer, dict) else None
+    if isinstance(result, dict):
+        created = result.get("task") if isinstance(result.get("task"), dict) else result
+        if result.get("resultType") == "task" or created is not result:
+            task_id = created.get("taskId")
+            return task_id if isinstance(task_id, str) else None
+    task_id = params.get("taskId")
+    return task_id if isinstance(task_id, str) else None
 
 
 def _cut(value: Any, limit: int) -> Any:
