@@ -168,3 +168,23 @@ def test_task_creation_and_its_ends_are_audited(start_gateway, jobs, tmp_path):
     assert created["type"] == "mcp_tool_call" and created["outcome"] == "task_created"
     assert polled["type"] == "mcp_task" and polled["method"] == "tasks/get" and polled["outcome"] == "task_completed"
     assert created["task"] == polled["task"] == handle[:12] and created["backend"] == "jobs"
+
+
+def test_a_listen_stream_hears_the_tasks_it_names(jobs_gateway, jobs):
+    from tests.task_backends import client_capabilities, listen, modern_rpc
+
+    url = jobs_gateway.url
+    handle = modern_rpc(url, "tools/call", {"name": "jobs_delayed_echo",
+                                            "arguments": {"text": "w", "seconds": 0.6}})["result"]["taskId"]
+    with listen(url, [handle, "forged"]) as stream:
+        acknowledged = stream.next()
+        assert acknowledged["method"] == "notifications/subscriptions/acknowledged"
+        assert acknowledged["params"]["notifications"]["taskIds"] == [handle]  # not the forged one
+        states = []
+        while not states or states[-1]["status"] != "completed":
+            notification = stream.next()
+            assert notification["method"] == "notifications/tasks" and notification["params"]["taskId"] == handle
+            states.append(notification["params"])
+    assert states[0]["status"] == "working" and states[-1]["result"]["content"][0]["text"] == "jobs:w"
+    refused = listen(url, [handle], capabilities=client_capabilities(tasks=False))
+    assert refused.json()["error"]["code"] == -32021

@@ -67,7 +67,6 @@ from vmcp_actors.protocol.mcp import (
     MODERN_PROTOCOL_VERSION,
     NAME_HEADER,
     NAME_HEADER_PARAMS,
-    NAMED_METHODS,
     encode_header_value,
 )
 from vmcp_actors.shared_cache import SharedCache

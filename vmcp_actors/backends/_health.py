@@ -31,7 +31,12 @@ from vmcp_actors.backends._channel import BackendChannel, BackendEras, drain
 from vmcp_actors.backends._http import McpHttpClient
 from vmcp_actors.backends._models import Handshake
 from vmcp_actors.concurrency import TimerHandle, call_later, run_in_thread, tell_quietly
-from vmcp_actors.config import BackendConfig, CircuitBreakerConfig, FailureHandlingConfig, VmcpConfig
+from vmcp_actors.config import (
+    BackendConfig,
+    CircuitBreakerConfig,
+    FailureHandlingConfig,
+    VmcpConfig,
+)
 from vmcp_actors.exceptions import (
     BackendError,
     BackendHTTPError,

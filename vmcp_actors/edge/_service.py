@@ -51,6 +51,7 @@ from vmcp_actors.edge._modern import (
     principal_of,
     read_modern,
 )
+from vmcp_actors.edge._task_watch import TaskWatch, finished
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
@@ -69,6 +70,7 @@ from vmcp_actors.protocol.mcp import (
     INPUT_REQUIRED_METHODS,
     LOGGING_LEVELS,
     META_LOG_LEVEL,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
     NAMED_METHODS,
     SESSION_HEADER,
     param_header_mismatch,
@@ -421,7 +423,7 @@ class McpService:
         user = self._held(key, lifetime, lambda: self._gateway.serve_user(
             key, identity, relayed_capabilities(request.client_capabilities), self._directory.store.user(key)))
         if message.method == "subscriptions/listen":
-            return self._listen(message, identity, user, lifetime)
+            return self._listen(message, identity, user, lifetime, request)
         method = message.method or ""
         params = message.params if isinstance(message.params, dict) else {}
         named = NAMED_METHODS.get(method)
@@ -529,14 +531,16 @@ class McpService:
             raise JsonRpcError(HEADER_MISMATCH, f"Header mismatch: {problem}", http_status=400)
 
     def _listen(self, message: Message, identity: Identity | None, user: UserHandle,
-                lifetime: RequestLifetime) -> Answer:
-        """``subscriptions/listen``: the list changes and resource updates the client opted
-        in to, on this request's stream until the client closes it."""
+                lifetime: RequestLifetime, request: ModernRequest) -> Answer:
+        """``subscriptions/listen``: the list changes, resource updates and task states the
+        client opted in to, on this request's stream until the client closes it."""
         params = message.params if isinstance(message.params, dict) else {}
         wanted = params.get("notifications", {})
         uris = wanted.get("resourceSubscriptions", []) if isinstance(wanted, dict) else None
         if not isinstance(wanted, dict) or not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
             raise JsonRpcError(INVALID_PARAMS, "notifications must be an object; resourceSubscriptions a list of URIs")
+        task_ids = wanted.get("taskIds")
+        watch = self._task_watch(task_ids, identity, user, request) if task_ids is not None else None
         listen_id = f"listen:{secrets.token_hex(12)}"
         deadline = Deadline.after(ASK_TIMEOUT)
         subscribed = []
@@ -550,6 +554,8 @@ class McpService:
                                                           "resourcesListChanged") if wanted.get(flag) is True}
         if subscribed:
             agreed["resourceSubscriptions"] = subscribed
+        if watch is not None:
+            agreed["taskIds"] = watch.accept(task_ids)
         stream = self._live.open_stream(listen_id, ListenStream(listen_id, message.id, agreed))
         if stream is None:
             self._unsubscribe_all(user, identity, listen_id, subscribed)
@@ -558,6 +564,8 @@ class McpService:
 
         def closed() -> None:
             assert isinstance(stream, ListenStream)
+            if watch is not None:
+                watch.stop()
             stream.client_left()
             self._live.close_stream(stream)
             try:
@@ -568,7 +576,27 @@ class McpService:
 
         lifetime.ends_with(closed)
         self._ask(user.proxy.stream_opened(listen_id, identity))
+        if watch is not None:
+            watch.push_to(stream.push)
+            watch.start()
         return Answer(stream=sse_text(stream.messages()), lifetime=lifetime)
+
+    @staticmethod
+    def _task_watch(task_ids: Any, identity: Identity | None, user: UserHandle, request: ModernRequest) -> TaskWatch:
+        """A watch of the tasks a listen stream names (their states as ``tasks/get`` answers them)."""
+        if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
+            raise JsonRpcError(INVALID_PARAMS, "notifications.taskIds must be a list of task ids")
+        extensions = request.client_capabilities.get("extensions")
+        if not (isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions):
+            raise JsonRpcError(MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability",
+                               {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+
+        def fetch(handle: str) -> Mapping[str, Any]:
+            answer = user.core.task_request(identity, "tasks/get", {"taskId": handle}, True,
+                                            Deadline.after(ASK_TIMEOUT))
+            return answer if isinstance(answer, Mapping) else finished(answer)
+
+        return TaskWatch(fetch)
 
     @staticmethod
     def _unsubscribe_all(user: UserHandle, identity: Identity | None, subscriber: str, uris: list[str]) -> None:

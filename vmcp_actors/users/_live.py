@@ -103,6 +103,7 @@ class ListenStream(StandaloneStream):
         self.subscription_id = subscription_id
         self.wanted = dict(wanted)
         self._uris = frozenset(wanted.get("resourceSubscriptions", ()))
+        self._tasks = frozenset(wanted.get("taskIds", ()))
         self._ended_by_client = False
 
     def push(self, message: dict[str, Any]) -> None:
@@ -112,8 +113,9 @@ class ListenStream(StandaloneStream):
             return
         if flag is None:
             params = message.get("params")
-            if method != "notifications/resources/updated" or not isinstance(params, dict) \
-                    or params.get("uri") not in self._uris:
+            if not isinstance(params, dict) or not (
+                    method == "notifications/resources/updated" and params.get("uri") in self._uris
+                    or method == "notifications/tasks" and params.get("taskId") in self._tasks):
                 return  # nothing else belongs on a listen stream
         super().push(self._tagged(message))
 
