@@ -188,3 +188,22 @@ def test_a_listen_stream_hears_the_tasks_it_names(jobs_gateway, jobs):
     assert states[0]["status"] == "working" and states[-1]["result"]["content"][0]["text"] == "jobs:w"
     refused = listen(url, [handle], capabilities=client_capabilities(tasks=False))
     assert refused.json()["error"]["code"] == -32021
+
+
+def test_a_modern_client_gets_a_2025_backends_task_as_the_extension_has_it(gateway, everything):
+    import time
+
+    from tests.task_backends import modern_rpc
+
+    created = modern_rpc(gateway.url, "tools/call", {"name": f"{BACKEND}_simulate-research-query",
+                                                     "arguments": {"topic": "rust"}})["result"]
+    assert created["resultType"] == "task" and "ttlMs" in created and "ttl" not in created
+    handle = created["taskId"]
+    deadline = time.monotonic() + 30
+    while True:
+        state = modern_rpc(gateway.url, "tasks/get", {"taskId": handle})["result"]
+        assert state["taskId"] == handle and state["resultType"] == "complete"
+        if state["status"] == "completed" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert state["status"] == "completed" and "Research Report: rust" in state["result"]["content"][0]["text"]
