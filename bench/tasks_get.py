@@ -1,4 +1,4 @@
-"""Diagnostic (no latency target, not in run_all): ``tasks/get`` of a 2026-07-28 task through
+"""Not in run_all: ``tasks/get`` of a 2026-07-28 task through
 two gateway workers that share a signing key (issue 24).
 
 A task's handle is sealed with the signing key (deterministic AES-GCM-SIV), so opening it
@@ -113,11 +113,11 @@ def body(server: str, n_tasks: int, calls: int, threads: int, rounds: int) -> li
     per_thread = max(1, per_round // threads)
     print_header("tasks/get: a handle issued by worker A, served by worker A and by worker B", server, [
         "backend: tests.task_backends.task_backend('jobs') (2026-07-28, tasks extension), in this process",
-        "gateways: two processes (A, B), one gunicorn worker each, the same config: operational.signingKeyEnv "
-        "(one random 32-byte key), memory records",
+        ("gateways: two processes (A, B), one gunicorn worker each, the same config: operational.signingKeyEnv "
+         "(one random 32-byte key), memory records"),
         f"tasks: {n_tasks} x run_until_cancelled created through A (they stay working)",
-        f"sequential: 1 client, {per_round * rounds} calls per mode after {WARMUP} warm-up calls, "
-        f"{rounds} rounds taking the modes in order, then reversed ({', '.join(MODES)} / reversed)",
+        (f"sequential: 1 client, {per_round * rounds} calls per mode after {WARMUP} warm-up calls, "
+         f"{rounds} rounds taking the modes in order, then reversed ({', '.join(MODES)} / reversed)"),
         f"concurrent: {threads} clients per mode, {per_thread * threads * rounds} calls per mode, same rounds",
     ])
     os.environ[KEY_ENV] = secrets.token_hex(16)
@@ -225,7 +225,7 @@ def body(server: str, n_tasks: int, calls: int, threads: int, rounds: int) -> li
 
     headers = ["mode", "calls", "p50", "p90", "max", "throughput"]
     seq_rows, seq_ratio = rows(seq, seq_wall)
-    conc_rows, conc_ratio = rows(conc, conc_wall)
+    conc_rows, _ = rows(conc, conc_wall)
     print(f"sequential (1 client, calls cycling over the {n_tasks} tasks)")
     print(table(headers, seq_rows))
     print()
