@@ -207,3 +207,16 @@ def test_a_modern_client_gets_a_2025_backends_task_as_the_extension_has_it(gatew
             break
         time.sleep(0.5)
     assert state["status"] == "completed" and "Research Report: rust" in state["result"]["content"][0]["text"]
+
+
+def test_another_worker_serves_a_handle_before_it_has_spoken_to_the_backend(start_gateway, jobs, monkeypatch):
+    from tests.task_backends import modern_rpc
+
+    monkeypatch.setenv("TASKS_SIGNING_KEY", "tasks-signing-key-0123456789abcdef")
+    config = {"name": "t", "backends": [{"name": "jobs", "url": jobs.mcp_url}],
+              "operational": {"signingKeyEnv": "TASKS_SIGNING_KEY"}}
+    first, second = start_gateway(config), start_gateway(config)
+    handle = modern_rpc(first.url, "tools/call", {"name": "jobs_run_until_cancelled", "arguments": {}})["result"]["taskId"]
+    got = modern_rpc(second.url, "tasks/get", {"taskId": handle})  # the second worker's first request
+    assert got["result"]["taskId"] == handle and got["result"]["status"] == "working", got
+    assert modern_rpc(second.url, "tasks/cancel", {"taskId": handle})["result"]["resultType"] == "complete"

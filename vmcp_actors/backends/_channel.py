@@ -727,6 +727,10 @@ class BackendChannel:
                     continue
             yield self._incoming(message, handshake, headers)
 
+    def handshake(self, identity: Identity | None, deadline: Deadline) -> Handshake:
+        """The backend's handshake, made first when there is none yet (within ``deadline``)."""
+        return self._await(self._handshake_future(identity), deadline)
+
     def speaks_modern(self) -> bool:
         """Whether the backend's current handshake is of the 2026-07-28 era."""
         published = self._handshake

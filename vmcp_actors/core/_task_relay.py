@@ -91,6 +91,7 @@ class TaskRelay:
         if backend not in self._channels:
             raise JsonRpcError(INVALID_PARAMS, "Unknown task: its backend is not configured here")
         sent = {**params, "taskId": task_id}
+        self._handshake(identity, backend, deadline)  # a worker that has not spoken to it yet learns its revision
         try:
             if self._channels[backend].speaks_modern():
                 answer = self._modern_backend(identity, backend, method, sent, modern, deadline)
@@ -213,6 +214,12 @@ class TaskRelay:
     def _request(self, identity, backend, method, params, deadline) -> Exchange:
         return from_backend(self._channels[backend].request(identity, method, self._declared(backend, params),
                                                             deadline), backend)
+
+    def _handshake(self, identity: Identity | None, backend: str, deadline: Deadline) -> None:
+        try:
+            self._channels[backend].handshake(identity, deadline)
+        except BackendError as error:
+            raise to_jsonrpc_error(error) from None
 
     def _declared(self, backend: str, params: dict[str, Any]) -> dict[str, Any]:
         """A tasks/* request's params: to a 2026-07-28 backend, with the extension declared."""
