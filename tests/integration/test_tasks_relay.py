@@ -110,19 +110,31 @@ def test_a_modern_task_is_relayed_under_a_handle_and_its_input_goes_back(jobs_ga
     assert done["status"] == "completed" and done["result"]["content"][0]["text"].startswith("Deleted")
 
 
-def test_a_modern_handle_is_the_callers_only(jobs_gateway, jobs):
-    from tests.task_backends import modern_rpc
+def test_a_modern_handle_is_the_callers_only(start_gateway, jobs):
+    from tests.idp import LocalIdP
+    from tests.task_backends import client_capabilities, modern_rpc
 
-    url = jobs_gateway.url
-    handle = modern_rpc(url, "tools/call", {"name": "jobs_run_until_cancelled", "arguments": {}})["result"]["taskId"]
-    forged = modern_rpc(url, "tasks/get", {"taskId": handle[:-4] + "AAAA"})
-    assert forged["error"]["code"] == -32602
-    seen = len(jobs.requests("tasks/get"))
-    other = modern_rpc(url, "tasks/get", {"taskId": handle}, headers={"X-Another": "1"},
-                       capabilities={"extensions": {"io.modelcontextprotocol/tasks": {}}, "roots": {}})
-    assert other["error"]["code"] == -32602 and "another caller" in other["error"]["message"]
-    assert len(jobs.requests("tasks/get")) == seen  # refused before any backend was asked
-    assert modern_rpc(url, "tasks/cancel", {"taskId": handle})["result"]["resultType"] == "complete"
+    idp = LocalIdP("tasks-idp").start()
+    try:
+        gateway = start_gateway({"name": "t", "backends": [{"name": "jobs", "url": jobs.mcp_url}],
+                                 "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": "vmcp"}}})
+        alice, bob = ({"Authorization": f"Bearer {idp.issue_token(person, 'vmcp')}"} for person in ("alice", "bob"))
+        url = gateway.url
+        handle = modern_rpc(url, "tools/call", {"name": "jobs_run_until_cancelled", "arguments": {}},
+                            headers=alice)["result"]["taskId"]
+        forged = modern_rpc(url, "tasks/get", {"taskId": handle[:-4] + "AAAA"}, headers=alice)
+        assert forged["error"]["code"] == -32602
+        # the same caller declaring other capabilities on its tasks/get is still the caller
+        fewer = client_capabilities(elicitation=False)
+        assert modern_rpc(url, "tasks/get", {"taskId": handle}, headers=alice,
+                          capabilities=fewer)["result"]["status"] == "working"
+        seen = len(jobs.requests("tasks/get"))
+        other = modern_rpc(url, "tasks/get", {"taskId": handle}, headers=bob)
+        assert other["error"]["code"] == -32602 and "another caller" in other["error"]["message"]
+        assert len(jobs.requests("tasks/get")) == seen  # refused before any backend was asked
+        assert modern_rpc(url, "tasks/cancel", {"taskId": handle}, headers=alice)["result"]["resultType"] == "complete"
+    finally:
+        idp.stop()
 
 
 def test_a_client_without_the_extension_gets_no_task(jobs_gateway, jobs):

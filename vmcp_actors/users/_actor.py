@@ -206,8 +206,11 @@ def backend_client(backend: BackendConfig, breaker: Any, processes: ChildProcess
 
 
 def task_handles_of(services: SessionServices, key: UserKey) -> TaskHandles:
-    """The handles of ``key``'s backend tasks: sealed to that user (its backend sessions own them)."""
-    return TaskHandles(services.signer, services.signer.digest("task owner", json.dumps(key.to_json())))
+    """The handles of ``key``'s backend tasks, sealed to the caller: the person and the
+    headers backends may tell callers apart by (not the capabilities a request declares,
+    which a client may vary between its call and its tasks/get)."""
+    caller = json.dumps([key.issuer, key.subject, key.headers])
+    return TaskHandles(services.signer, services.signer.digest("task owner", caller))
 
 
 def end_released_user(record: UserRecord, config: VmcpConfig, services: SessionServices) -> None:
