@@ -18,15 +18,14 @@ from typing import Any
 
 import pykka
 
-from vmcp_actors.backends import BackendChannel, drain
+from vmcp_actors.backends import BackendChannel
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.core._catalog import Catalog, InternalTool, Route
-from vmcp_actors.core._exchange import Exchange, from_backend, to_jsonrpc_error
+from vmcp_actors.core._exchange import Exchange, drained, from_backend
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
 from vmcp_actors.core._interface import Continuation
 from vmcp_actors.core._task_relay import TaskRelay
 from vmcp_actors.core._tasks import TaskHandles, requested_task
-from vmcp_actors.exceptions import BackendError
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
@@ -389,10 +388,7 @@ class AggregatedBackends:
             raise NoBackendsAvailable() from None
 
     def _call(self, identity, backend, method, params, deadline) -> dict[str, Any]:
-        try:
-            return drain(self._channels[backend].request(identity, method, params, deadline))
-        except BackendError as error:
-            raise to_jsonrpc_error(error) from None
+        return drained(self._channels[backend].request(identity, method, params, deadline))
 
     def _request(self, identity, backend, method, params, deadline) -> Exchange:
         return from_backend(self._channels[backend].request(identity, method, params, deadline), backend)

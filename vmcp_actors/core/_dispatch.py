@@ -14,10 +14,14 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._interface import Continuation, UserCore
 from vmcp_actors.core._pagination import paginate
-from vmcp_actors.core._tasks import TASKS_EXTENSION, TaskRequest, requested_task
+from vmcp_actors.core._tasks import (
+    TaskRequest,
+    task_requested,
+    tasks_extension_required,
+)
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
-from vmcp_actors.protocol.mcp import LOGGING_LEVELS, MISSING_REQUIRED_CLIENT_CAPABILITY
+from vmcp_actors.protocol.mcp import LOGGING_LEVELS
 
 
 class McpDispatcher:
@@ -48,8 +52,7 @@ class McpDispatcher:
             handler = self._subscription(method, session_id)
         if method.startswith("tasks/"):
             if modern and not takes_tasks:
-                raise JsonRpcError(MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability",
-                                   {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+                raise tasks_extension_required()
             handler = self._task_method(method, modern)
         if handler is None:
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -59,11 +62,8 @@ class McpDispatcher:
         task = _task_requested(params, modern, takes_tasks) if method == "tools/call" else None
         if task is None:
             return handler(identity, params, deadline)
-        token = requested_task.set(task)
-        try:
+        with task_requested(task):
             return handler(identity, {key: value for key, value in params.items() if key != "task"}, deadline)
-        finally:
-            requested_task.reset(token)
 
     # -- handlers: return a result dict, or an exchange that yields notifications ------
 
@@ -127,11 +127,8 @@ def resume(core: UserCore, identity: Identity | None, continuation: Continuation
     become a task when the client declared the extension."""
     if not takes_tasks or continuation.method != "tools/call":
         return core.resume(identity, continuation, deadline)
-    token = requested_task.set(TaskRequest(True, {}))
-    try:
+    with task_requested(TaskRequest(True, {})):
         return core.resume(identity, continuation, deadline)
-    finally:
-        requested_task.reset(token)
 
 
 def _task_requested(params: dict[str, Any], modern: bool, takes_tasks: bool) -> TaskRequest | None:

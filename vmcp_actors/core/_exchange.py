@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vmcp_actors.backends import BackendRequest, CallOpened, InputRequired
+from vmcp_actors.backends import BackendRequest, CallOpened, InputRequired, drain
 from vmcp_actors.exceptions import (
     BackendCancelled,
     BackendError,
@@ -110,6 +110,15 @@ def from_backend(exchange: Generator[Any, None, dict[str, Any]], origin: str = "
         raise to_jsonrpc_error(error) from None
     finally:
         exchange.close()
+
+
+def drained(exchange: Generator[Any, None, dict[str, Any]]) -> dict[str, Any]:
+    """A backend exchange run to its answer with nothing relayed (``drain``), its failures
+    as JsonRpcErrors: a request the gateway makes for its own ends."""
+    try:
+        return drain(exchange)
+    except BackendError as error:
+        raise to_jsonrpc_error(error) from None
 
 
 def answered(result: dict[str, Any]) -> Exchange:

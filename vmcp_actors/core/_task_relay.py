@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from vmcp_actors.backends import BackendChannel, InputRequired, drain
+from vmcp_actors.backends import BackendChannel, InputRequired
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._catalog import Catalog
-from vmcp_actors.core._exchange import Exchange, from_backend, to_jsonrpc_error
+from vmcp_actors.core._exchange import Exchange, drained, from_backend, to_jsonrpc_error
 from vmcp_actors.core._pagination import paginate
 from vmcp_actors.core._tasks import (
     LEGACY_TASK_METHODS,
@@ -40,6 +40,7 @@ from vmcp_actors.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
     JsonRpcError,
 )
 from vmcp_actors.protocol.mcp import META_CLIENT_CAPABILITIES
@@ -164,7 +165,8 @@ class TaskRelay:
             interval = task.get("pollIntervalMs")
             wait = max(interval / 1000, POLL_AT_MOST_EVERY) if isinstance(interval, (int, float)) else POLL_EVERY
             if deadline.remaining() <= wait:
-                raise JsonRpcError(-32001, "Request timed out: the task did not end within the request's deadline")
+                raise JsonRpcError(REQUEST_TIMEOUT, "Request timed out: the task did not end within the request's "
+                                                    "deadline")
             time.sleep(wait)
 
     def _related(self, backend: str, task_id: Any, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -206,10 +208,7 @@ class TaskRelay:
         return self._call(identity, backend, "tasks/get", {"taskId": task_id}, deadline)
 
     def _call(self, identity, backend, method, params, deadline) -> dict[str, Any]:
-        try:
-            return drain(self._channels[backend].request(identity, method, self._declared(backend, params), deadline))
-        except BackendError as error:
-            raise to_jsonrpc_error(error) from None
+        return drained(self._channels[backend].request(identity, method, self._declared(backend, params), deadline))
 
     def _request(self, identity, backend, method, params, deadline) -> Exchange:
         return from_backend(self._channels[backend].request(identity, method, self._declared(backend, params),

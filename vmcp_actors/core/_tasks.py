@@ -22,13 +22,15 @@ the call being dispatched, read where the backend request is made.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from vmcp_actors.core._exchange import Exchange, Notification, ServerRequest
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
+from vmcp_actors.protocol.mcp import MISSING_REQUIRED_CLIENT_CAPABILITY
 from vmcp_actors.signing import Signer, Unsealable
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
@@ -40,7 +42,6 @@ HANDLE_PURPOSE = "task"
 # The same fields under each revision's names.
 _LEGACY_NAMES = {"ttlMs": "ttl", "pollIntervalMs": "pollInterval"}
 _MODERN_NAMES = {legacy: modern for modern, legacy in _LEGACY_NAMES.items()}
-TASK_FIELDS = ("taskId", "status", "statusMessage", "createdAt", "lastUpdatedAt")
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
 
@@ -55,6 +56,28 @@ class TaskRequest:
 
 
 requested_task: ContextVar[TaskRequest | None] = ContextVar("requested_task", default=None)
+
+
+@contextmanager
+def task_requested(task: TaskRequest) -> Iterator[None]:
+    """``requested_task`` is ``task`` while the call is dispatched (its backend request made)."""
+    token = requested_task.set(task)
+    try:
+        yield
+    finally:
+        requested_task.reset(token)
+
+
+def declares_tasks(client_capabilities: Mapping[str, Any]) -> bool:
+    """Whether a 2026-07-28 request's capabilities declare the tasks extension."""
+    extensions = client_capabilities.get("extensions")
+    return isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
+
+
+def tasks_extension_required() -> JsonRpcError:
+    """What a 2026-07-28 client that did not declare the extension gets for tasks."""
+    return JsonRpcError(MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability",
+                        {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
 
 
 class TaskHandles:

@@ -24,7 +24,7 @@ from vmcp_actors.config import VmcpConfig
 from vmcp_actors.core._dispatch import resume
 from vmcp_actors.core._exchange import SESSION_ENDED, Notification
 from vmcp_actors.core._interface import Continuation, reachable
-from vmcp_actors.core._tasks import TASKS_EXTENSION
+from vmcp_actors.core._tasks import declares_tasks, tasks_extension_required
 from vmcp_actors.edge._audit import AuditLog, timer
 from vmcp_actors.edge._driver import CallRun, drive, response_for, started
 from vmcp_actors.edge._legacy import RequestDeadlines, SessionSide, check_header_version
@@ -70,7 +70,6 @@ from vmcp_actors.protocol.mcp import (
     INPUT_REQUIRED_METHODS,
     LOGGING_LEVELS,
     META_LOG_LEVEL,
-    MISSING_REQUIRED_CLIENT_CAPABILITY,
     NAMED_METHODS,
     SESSION_HEADER,
     param_header_mismatch,
@@ -442,8 +441,7 @@ class McpService:
             continuation = None
             if method == "tools/call" and isinstance(name, str):
                 self._check_param_headers(user, identity, name, params.get("arguments"), param_headers, deadline)
-        extensions = request.client_capabilities.get("extensions")
-        takes_tasks = isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
+        takes_tasks = declares_tasks(request.client_capabilities)
         if continuation is not None:
             run = CallRun(started(lambda: resume(user.core, identity, continuation, deadline, takes_tasks)), deadline)
         else:
@@ -586,10 +584,8 @@ class McpService:
         """A watch of the tasks a listen stream names (their states as ``tasks/get`` answers them)."""
         if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
             raise JsonRpcError(INVALID_PARAMS, "notifications.taskIds must be a list of task ids")
-        extensions = request.client_capabilities.get("extensions")
-        if not (isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions):
-            raise JsonRpcError(MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability",
-                               {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+        if not declares_tasks(request.client_capabilities):
+            raise tasks_extension_required()
 
         def fetch(handle: str) -> Mapping[str, Any]:
             answer = user.core.task_request(identity, "tasks/get", {"taskId": handle}, True,
