@@ -346,7 +346,43 @@ def static_result(result: Any) -> Handler:
     return lambda call: result
 
 
-class RawMcpBackend(_ServedBackend):
+class _RecordsReceived:
+    """What a hand-written backend POSTed to it keeps (``_received`` under ``_lock``), and
+    how a test reads it."""
+
+    name: str
+    _received: list[ReceivedMessage]
+    _lock: threading.Lock
+
+    @property
+    def received(self) -> list[ReceivedMessage]:
+        """A snapshot of every JSON-RPC message received so far, in arrival order."""
+        with self._lock:
+            return list(self._received)
+
+    def requests(self, method: str | None = None) -> list[ReceivedMessage]:
+        return [m for m in self.received if m.is_request and (method is None or m.method == method)]
+
+    def methods(self) -> list[str | None]:
+        return [m.method for m in self.received]
+
+    def clear_received(self) -> None:
+        with self._lock:
+            self._received.clear()
+
+    def wait_for(self, method: str, count: int = 1, timeout: float = 5.0) -> list[ReceivedMessage]:
+        """Wait until ``count`` messages of ``method`` arrived; returns them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [m for m in self.received if m.method == method]
+            if len(found) >= count:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: {count} x {method} not received within {timeout} s: {found}")
+            time.sleep(0.01)
+
+
+class RawMcpBackend(_RecordsReceived, _ServedBackend):
     """Minimal MCP streamable HTTP over Starlette, without the SDK.
 
     * ``initialize`` opens a session (``Mcp-Session-Id`` response header), echoes the
@@ -388,34 +424,7 @@ class RawMcpBackend(_ServedBackend):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
-    # -- controls and inspection -----------------------------------------------------
-
-    @property
-    def received(self) -> list[ReceivedMessage]:
-        """A snapshot of every JSON-RPC message received so far, in arrival order."""
-        with self._lock:
-            return list(self._received)
-
-    def requests(self, method: str | None = None) -> list[ReceivedMessage]:
-        return [m for m in self.received if m.is_request and (method is None or m.method == method)]
-
-    def methods(self) -> list[str | None]:
-        return [m.method for m in self.received]
-
-    def clear_received(self) -> None:
-        with self._lock:
-            self._received.clear()
-
-    def wait_for(self, method: str, count: int = 1, timeout: float = 5.0) -> list[ReceivedMessage]:
-        """Wait until ``count`` messages of ``method`` arrived; returns them."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = [m for m in self.received if m.method == method]
-            if len(found) >= count:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: {count} x {method} not received within {timeout} s: {found}")
-            time.sleep(0.01)
+    # -- controls and inspection (and what _RecordsReceived reads) -------------------
 
     @property
     def sessions(self) -> dict[str, str]:

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 INSTALL_SCRIPT = "scripts/install-node-mcp"
 TS_CLIENT = Path(__file__).resolve().parent / "node" / "ts_client.mjs"
 EVERYTHING_ENTRY = "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
@@ -47,6 +49,18 @@ def missing() -> str | None:
         return (f"the Node MCP packages are not installed in {home}: run {INSTALL_SCRIPT} "
                 f"(it installs Node 22, @modelcontextprotocol/server-everything and @modelcontextprotocol/sdk)")
     return None
+
+
+def need_node_mcp() -> None:
+    """Skip the calling test without the Node side; fail it under CI (the README's set-up
+    installs it there)."""
+    from tests.conformance.test_conformance import in_ci
+
+    why = missing()
+    if why is not None:
+        if in_ci():
+            pytest.fail(why)
+        pytest.skip(why)
 
 
 def _free_port() -> int:

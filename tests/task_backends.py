@@ -122,6 +122,7 @@ from tests.backends import (
     PROTOCOL_VERSION_HEADER,
     ReceivedMessage,
     RpcError,
+    _RecordsReceived,
     _ServedBackend,
 )
 from vmcp_actors.demo._serve import serve_asgi_in_thread
@@ -380,7 +381,7 @@ TOOL_NAMES = tuple(tool.name for tool in TOOLS)
 # ----------------------------------------------------------------------------------
 
 
-class TaskBackend(_ServedBackend):
+class TaskBackend(_RecordsReceived, _ServedBackend):
     """The 2026-07-28 tasks backend (see the module docstring); :func:`task_backend` starts one."""
 
     def __init__(self, name: str = "tasks", *, delay: float = 0.5, job_seconds: float = 1.0,
@@ -409,32 +410,6 @@ class TaskBackend(_ServedBackend):
         }
 
     # -- inspection ------------------------------------------------------------------
-
-    @property
-    def received(self) -> list[ReceivedMessage]:
-        """Every JSON-RPC message POSTed so far (rejected ones too), in arrival order."""
-        with self._lock:
-            return list(self._received)
-
-    def requests(self, method: str | None = None) -> list[ReceivedMessage]:
-        return [m for m in self.received if m.is_request and (method is None or m.method == method)]
-
-    def methods(self) -> list[str | None]:
-        return [m.method for m in self.received]
-
-    def clear_received(self) -> None:
-        with self._lock:
-            self._received.clear()
-
-    def wait_for(self, method: str, count: int = 1, timeout: float = 5.0) -> list[ReceivedMessage]:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = [m for m in self.received if m.method == method]
-            if len(found) >= count:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name}: {count} x {method} not received within {timeout} s: {found}")
-            time.sleep(0.01)
 
     @property
     def tasks(self) -> dict[str, TaskView]:

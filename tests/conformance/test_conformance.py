@@ -56,7 +56,7 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def _installed(version: str) -> Suite:
+def installed_suite(version: str) -> Suite:
     found = find_suite(version)
     if found is None:
         message = (f"the MCP conformance suite {version} is not installed in {conformance_home(version)}: "
@@ -70,12 +70,12 @@ def _installed(version: str) -> Suite:
 
 @pytest.fixture(scope="module")
 def suite() -> Suite:
-    return _installed(SUITE_VERSION)
+    return installed_suite(SUITE_VERSION)
 
 
 @pytest.fixture(scope="module")
 def modern_suite() -> Suite:
-    return _installed(MODERN_SUITE_VERSION)
+    return installed_suite(MODERN_SUITE_VERSION)
 
 
 @pytest.fixture

@@ -43,7 +43,6 @@ import pytest
 
 from tests import node_mcp
 from tests.asking_backends import WATCHED_URI
-from tests.conformance.test_conformance import in_ci
 from tests.gateway import QuickStopGatewayServer, backend_entry, wait_until
 from tests.matrix_backends import (
     matrix_asking_backend,
@@ -66,14 +65,6 @@ ALL_ASKING = ["sampling", "elicitation", "roots"]
 CALL_TIMEOUT = 3  # seconds a client waits for one call: a cell the gateway fails ends soon
 WAIT_TIMEOUT = 2  # seconds a client waits for a notification
 CANCELLED_WITHIN = 1.5  # seconds for a cancelled call to reach its backend (directly: milliseconds)
-
-
-def _needs_node() -> None:
-    why = node_mcp.missing()
-    if why is not None:
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
 
 
 # -- the module's backends and gateways --------------------------------------------------
@@ -130,7 +121,7 @@ def serve(served: Served, name: str, fresh: bool) -> tuple[Served, Any]:
     """The backend ``name`` and its gateway: the module's, or (``fresh``) new ones that the
     caller stops, for a cell that changes its backend (a tool or resource added)."""
     if name == EVERYTHING:
-        _needs_node()
+        node_mcp.need_node_mcp()
     target = Served() if fresh else served
     if name not in target.backends:
         target.add(name, STARTERS[name](name) if name != EVERYTHING else STARTERS[name]())
@@ -142,7 +133,7 @@ def serve(served: Served, name: str, fresh: bool) -> tuple[Served, Any]:
 
 def run(client: str, url: str, scenario: dict) -> dict:
     if client == TS:
-        _needs_node()
+        node_mcp.need_node_mcp()
         return node_mcp.run_ts_client(url, scenario)
     return run_py_client(url, scenario, mode="legacy" if client == PY_LEGACY else "auto")
 

@@ -26,7 +26,6 @@ from mcp.client.sse import sse_client
 
 from tests import node_mcp
 from tests.backends import BearerJwtVerifier, Unauthorized
-from tests.conformance.test_conformance import in_ci
 from tests.gateway import BearerSession, answer_of, wait_until
 from tests.idp import LocalIdP
 from tests.sse_servers import SseBackend
@@ -63,11 +62,7 @@ def text_of(result: Any) -> str:
 
 @pytest.fixture
 def everything_sse():
-    why = node_mcp.missing()
-    if why is not None:
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
+    node_mcp.need_node_mcp()
     server = node_mcp.EverythingServer("everything", transport="sse")
     yield server
     server.stop()

@@ -204,6 +204,19 @@ def _running(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] not in "ZX"
 
 
+def _running_at_each_spawn(monkeypatch, pid: int) -> list[bool]:
+    """Whether ``pid`` was still running when each later child was forked, appended as they are."""
+    seen: list[bool] = []
+    spawn = _stdio._spawn
+
+    def spawn_and_look(*args: Any) -> Any:
+        seen.append(_running(pid))
+        return spawn(*args)
+
+    monkeypatch.setattr(_stdio, "_spawn", spawn_and_look)
+    return seen
+
+
 def test_a_child_stopped_to_make_room_has_exited_before_the_next_starts(monkeypatch):
     # bench.stdio_echo's crowd saw 21 children with maxProcesses 20: a child stopped to make
     # room was still exiting when the next one started.
@@ -214,15 +227,7 @@ def test_a_child_stopped_to_make_room_has_exited_before_the_next_starts(monkeypa
         _, answer = _started(processes, ("https://idp.example", "alice"))
         assert "result" in answer
         (alice,) = processes._children.values()
-        alice_pid = alice.link.pid
-        running_at_spawn: list[bool] = []
-        spawn = _stdio._spawn
-
-        def spawn_and_look(*args: Any) -> Any:
-            running_at_spawn.append(_running(alice_pid))
-            return spawn(*args)
-
-        monkeypatch.setattr(_stdio, "_spawn", spawn_and_look)
+        running_at_spawn = _running_at_each_spawn(monkeypatch, alice.link.pid)
         _, answer = _started(processes, ("https://idp.example", "bob"))  # alice's idle child makes room
         assert "result" in answer
         assert running_at_spawn == [False], "alice's child was still running when bob's started"
@@ -241,15 +246,7 @@ def test_a_child_stopping_because_its_user_left_counts_until_it_has_exited(monke
         alice_view, answer = _started(processes, ("https://idp.example", "alice"))
         assert "result" in answer
         (alice,) = processes._children.values()
-        alice_pid = alice.link.pid
-        running_at_spawn: list[bool] = []
-        spawn = _stdio._spawn
-
-        def spawn_and_look(*args: Any) -> Any:
-            running_at_spawn.append(_running(alice_pid))
-            return spawn(*args)
-
-        monkeypatch.setattr(_stdio, "_spawn", spawn_and_look)
+        running_at_spawn = _running_at_each_spawn(monkeypatch, alice.link.pid)
         alice_view.close()  # alice is released: her child is stopping (it takes SLOW_EXIT's time)
         assert processes.live_count() == 1
         _, answer = _started(processes, ("https://idp.example", "bob"))

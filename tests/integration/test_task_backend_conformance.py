@@ -22,18 +22,15 @@ import pytest
 import requests
 
 from tests.conformance import (
-    INSTALL_SCRIPT,
     MODERN_EXTENSION,
     MODERN_REQUIREMENTS,
     MODERN_SUITE_VERSION,
     SUITE_TIMEOUT,
     Suite,
     SuiteRun,
-    conformance_home,
-    find_suite,
     run_suite,
 )
-from tests.conformance.test_conformance import in_ci
+from tests.conformance.test_conformance import installed_suite
 from tests.task_backends import (
     HEADER_MISMATCH,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -73,15 +70,7 @@ NO_TASKS = client_capabilities(tasks=False)
 
 @pytest.fixture(scope="module")
 def modern_suite() -> Suite:
-    found = find_suite(MODERN_SUITE_VERSION)
-    if found is None:
-        message = (f"the MCP conformance suite {MODERN_SUITE_VERSION} is not installed in "
-                   f"{conformance_home(MODERN_SUITE_VERSION)}: run {INSTALL_SCRIPT}")
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    assert found.version == MODERN_SUITE_VERSION, f"{found.entry} is {found.version}: run {INSTALL_SCRIPT}"
-    return found
+    return installed_suite(MODERN_SUITE_VERSION)
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +98,21 @@ def test_the_suite_has_ten_tasks_scenarios(modern_suite: Suite) -> None:
 @pytest.mark.timeout(SUITE_TIMEOUT + 60)
 @pytest.mark.parametrize("scenario", TASK_SCENARIOS)
 def test_every_tasks_scenario_passes_directly(requirement_run: SuiteRun, scenario: str) -> None:
-    checks = [check for check in requirement_run.checks if check.scenario == scenario]
-    assert scenario in requirement_run.ran, f"{scenario} wrote no results\n{requirement_run.report()}"
+    checks = assert_scenario_passed(requirement_run, scenario)
+    if scenario not in PLACEHOLDER_SCENARIOS:
+        # every message the backend sent in the scenario is valid per the 2026-07-28 schema
+        assert [check.status for check in checks if check.id == "wire-schema-valid"] == ["SUCCESS"], checks
+
+
+def assert_scenario_passed(run: SuiteRun, scenario: str) -> list:
+    """Its checks, every one passed (the placeholder's one skipped); the scenario's checks."""
+    checks = [check for check in run.checks if check.scenario == scenario]
+    assert scenario in run.ran, f"{scenario} wrote no results\n{run.report()}"
     problems = [str(check) for check in checks if check.status in ("FAILURE", "WARNING")]
     assert not problems, "\n".join(problems)
-    if scenario in PLACEHOLDER_SCENARIOS:
-        assert [check.status for check in checks] == ["SKIPPED"], checks
-        return
-    assert [check.status for check in checks] == ["SUCCESS"] * PASSING_CHECKS[scenario], checks
-    # every message the backend sent in the scenario is valid per the 2026-07-28 schema
-    assert [check.status for check in checks if check.id == "wire-schema-valid"] == ["SUCCESS"], checks
+    expected = ["SKIPPED"] if scenario in PLACEHOLDER_SCENARIOS else ["SUCCESS"] * PASSING_CHECKS[scenario]
+    assert [check.status for check in checks] == expected, checks
+    return checks
 
 
 @pytest.mark.conformance
@@ -159,12 +153,7 @@ def gateway_run(modern_suite: Suite, tmp_path_factory) -> SuiteRun:
 @pytest.mark.timeout(SUITE_TIMEOUT + 60)
 @pytest.mark.parametrize("scenario", TASK_SCENARIOS)
 def test_every_tasks_scenario_passes_through_the_gateway(gateway_run: SuiteRun, scenario: str) -> None:
-    checks = [check for check in gateway_run.checks if check.scenario == scenario]
-    assert scenario in gateway_run.ran, f"{scenario} wrote no results\n{gateway_run.report()}"
-    problems = [str(check) for check in checks if check.status in ("FAILURE", "WARNING")]
-    assert not problems, "\n".join(problems)
-    expected = ["SKIPPED"] if scenario in PLACEHOLDER_SCENARIOS else ["SUCCESS"] * PASSING_CHECKS[scenario]
-    assert [check.status for check in checks] == expected, checks
+    assert_scenario_passed(gateway_run, scenario)
 
 
 # -- raw HTTP ---------------------------------------------------------------------------------

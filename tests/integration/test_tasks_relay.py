@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 
 from tests import node_mcp
-from tests.conformance.test_conformance import in_ci
 from tests.gateway import answer_of
 from tests.ts_tasks import research_scenario, run_ts_tasks
 
@@ -23,17 +22,9 @@ pytestmark = pytest.mark.timeout(120)
 BACKEND = "everything"
 
 
-def _needs_node() -> None:
-    why = node_mcp.missing()
-    if why is not None:
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def everything():
-    _needs_node()
+    node_mcp.need_node_mcp()
     server = node_mcp.EverythingServer()
     yield server
     server.stop()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import pytest
 
 from tests import node_mcp
-from tests.conformance.test_conformance import in_ci
 from tests.ts_tasks import RELATED_TASK, research_scenario, run_ts_tasks
 
 pytestmark = pytest.mark.timeout(90)
@@ -31,17 +30,9 @@ ASKING = 'Found multiple interpretations for "python". Requesting clarification.
 ANSWERED = "programming"  # the first interpretation offered for "python", the driver's canned answer
 
 
-def _needs_node() -> None:
-    why = node_mcp.missing()
-    if why is not None:
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 @pytest.fixture(scope="module")
 def everything():
-    _needs_node()
+    node_mcp.need_node_mcp()
     server = node_mcp.EverythingServer()
     yield server
     server.stop()
