@@ -10,7 +10,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from vmcp_actors.backends import ExchangedTokenCache, build_outgoing_auth
 from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.core._interface import LayerFactory
-from vmcp_actors.decorators import WorkflowMetrics, stack
+from vmcp_actors.decorators import CompositeTasks, WorkflowMetrics, stack
 from vmcp_actors.edge._auth import Authenticator, build_authenticator
 from vmcp_actors.edge._service import McpService
 from vmcp_actors.exceptions import ConfigError
@@ -36,6 +36,7 @@ from vmcp_actors.users._records import UserKey
 from vmcp_actors.users._redis_store import RedisRecordStore
 from vmcp_actors.users._store import MemoryRecordStore, RecordStore
 from vmcp_actors.users._stream_fanout import StreamFanout
+from vmcp_actors.users._task_signals import LocalTaskSignals, RedisTaskSignals
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Runtime:
     metrics_token: str | None = field(default=None, repr=False)
     totals: ProcessTotals | None = None  # this worker's metric totals, for the other workers
     processes: ChildProcesses | None = None  # the stdio backends' children of this worker
+    tasks: CompositeTasks | None = None  # the composite tasks this worker runs
 
     def drain(self) -> None:
         if not self.service.draining:
@@ -98,6 +100,8 @@ class Runtime:
         tracing.shutdown()
         if self.totals is not None:
             self.totals.stop()
+        if self.tasks is not None:
+            self.tasks.stop()  # recorded as failed, so other workers do not wait on them
         self.service.stop()
         if self.fanout is not None:
             self.fanout.stop()
@@ -138,8 +142,16 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     workflow_metrics = WorkflowMetrics()
     processes = ChildProcesses(config) \
         if any(backend.is_process for backend in config.backends) else None
+    signals = RedisTaskSignals(store.client, signer, config.session_storage.key_prefix) \
+        if isinstance(store, RedisRecordStore) else LocalTaskSignals()
+    tasks = CompositeTasks(store, signals, config.operational.tasks)
+
+    def hold_user(key: UserKey) -> Callable[[], None]:
+        held = directory.hold_user(key) is not None
+        return (lambda: directory.finish("", key)) if held else (lambda: None)
     services = SessionServices.for_config(config, shared, outgoing_auth=outgoing_auth, discovery_cache=cache,
                                           processes=processes, signer=signer,
+                                          composite_tasks=tasks, hold_user=hold_user,
                                           store=store, workflow_metrics=workflow_metrics,
                                           decorators=stack(config, layers, workflow_metrics),
                                           fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)
@@ -162,7 +174,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
                    GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals,
-                   processes)
+                   processes, tasks)
 
 
 def process_gauges(config: VmcpConfig, directory: Directory, services: SessionServices) -> list[Any]:

@@ -240,6 +240,15 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class TasksConfig:
+    """Composite tools run as MCP tasks (when the client asks for tasks)."""
+
+    result_ttl: float = 3600.0  # how long a task's result is kept after it ends (a client may ask less)
+    max_live_per_user: int = 20  # tasks under way per user at once; the next is refused
+    poll_interval: float = 1.0  # how often clients are told to poll
+
+
+@dataclass(frozen=True)
 class OperationalConfig:
     """Timeouts and limits of the running gateway."""
 
@@ -268,6 +277,7 @@ class OperationalConfig:
     # least recently used first), and how long a shared child may sit idle before it stops.
     max_processes: int = 50
     process_idle_timeout: float = 600.0
+    tasks: TasksConfig = field(default_factory=TasksConfig)
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "allowed_hosts")

@@ -64,6 +64,7 @@ from ._model import (
     OutgoingAuthConfig,
     SessionStorageConfig,
     TelemetryConfig,
+    TasksConfig,
     TimeoutsConfig,
     TokenExchangeConfig,
     ToolOverride,
@@ -855,6 +856,17 @@ def _endpoint_url(endpoint: str, insecure: bool) -> str:
     return ("http://" if insecure else "https://") + endpoint
 
 
+class TasksSchema(_StrictSchema):
+    result_ttl = _Duration(data_key="resultTTL", load_default=3600.0, at_most="168h")
+    max_live_per_user = _Integer(data_key="maxLivePerUser", load_default=20,
+                                 validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
+    poll_interval = _Duration(data_key="pollInterval", load_default=1.0, at_most="1m")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> TasksConfig:
+        return TasksConfig(**data)
+
+
 class OperationalSchema(_StrictSchema):
     timeouts = _Nested(TimeoutsSchema, load_default=TimeoutsConfig)
     session_ttl = _Duration(data_key="sessionTTL", load_default=1800.0)
@@ -884,6 +896,7 @@ class OperationalSchema(_StrictSchema):
     max_processes = _Integer(data_key="maxProcesses", load_default=50,
                              validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
     process_idle_timeout = _Duration(data_key="processIdleTimeout", load_default=600.0)
+    tasks = _Nested(TasksSchema, load_default=TasksConfig)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OperationalConfig:

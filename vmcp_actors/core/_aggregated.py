@@ -236,6 +236,11 @@ class AggregatedBackends:
                      deadline: Deadline) -> Exchange | dict[str, Any]:
         return self._tasks.request(identity, method, params, modern, deadline)
 
+    def list_tasks(self, identity: Identity | None, params: dict[str, Any], deadline: Deadline,
+                   first: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+        """A 2025 client's ``tasks/list``: ``first`` (the gateway's own), then the backends'."""
+        return self._tasks.list(identity, params, deadline, first)
+
     def submit_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
                      deadline: Deadline) -> cf.Future[dict[str, Any]]:
         """``call_route`` as pooled work (composite steps, hidden tools too): the result

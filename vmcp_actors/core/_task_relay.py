@@ -86,7 +86,7 @@ class TaskRelay:
         if method not in (MODERN_TASK_METHODS if modern else LEGACY_TASK_METHODS):
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         if method == "tasks/list":
-            return self._list(identity, params, deadline)
+            return self.list(identity, params, deadline)
         handle = task_id_param(params)
         backend, task_id = self._handles.open(handle)
         if backend not in self._channels:
@@ -183,10 +183,12 @@ class TaskRelay:
 
         return update
 
-    def _list(self, identity: Identity | None, params: dict[str, Any], deadline: Deadline) -> dict[str, Any]:
-        """Every task of this user's 2025 backends that list tasks (all their pages), under handles."""
+    def list(self, identity: Identity | None, params: dict[str, Any], deadline: Deadline,
+             first: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+        """A page of ``first`` (the gateway's own tasks) and every task of this user's 2025
+        backends that list tasks (all their pages), under handles."""
         catalog = self._catalog(identity, deadline)
-        tasks: list[dict[str, Any]] = []
+        tasks: list[dict[str, Any]] = list(first)
         for backend, found in sorted(catalog.backends.items()):
             capability = found.capabilities.get("tasks")
             if not isinstance(capability, Mapping) or "list" not in capability \

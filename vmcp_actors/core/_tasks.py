@@ -87,6 +87,10 @@ class TaskHandles:
         self._signer = signer
         self._owner = owner  # the user the handles are sealed to
 
+    @property
+    def owner(self) -> str:
+        return self._owner
+
     def handle(self, backend: str, task_id: Any) -> str:
         return self._signer.seal_handle(HANDLE_PURPOSE, {"b": backend, "t": task_id, "u": self._owner})
 

@@ -17,6 +17,7 @@ from vmcp_actors.config import VmcpConfig
 from vmcp_actors.core._interface import LayerFactory, UserCore
 from vmcp_actors.decorators._cedar import CedarAuthz, CedarPolicies
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
+from vmcp_actors.decorators._composite_tasks import CompositeTasks, UserTasks
 from vmcp_actors.decorators._filter import AdvertisingFilter, is_advertised
 from vmcp_actors.decorators._guard import SubtractOnly
 from vmcp_actors.decorators._optimizer import (
@@ -36,11 +37,13 @@ class DecoratorStack:
     above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer
     workflow_metrics: WorkflowMetrics
 
-    def build(self, backends: Any, client_capabilities: Mapping[str, Any]) -> tuple[UserCore, CompositeTools]:
+    def build(self, backends: Any, client_capabilities: Mapping[str, Any],
+              tasks: UserTasks | None = None) -> tuple[UserCore, CompositeTools]:
         """One user's stack over its ``AggregatedBackends``: the outermost layer, and the
-        composite tools layer (its runs are the user's to cancel)."""
+        composite tools layer (its runs are the user's to cancel; ``tasks``: where the
+        runs clients accept tasks of go)."""
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
-                                    self.workflow_metrics, client_capabilities=client_capabilities)
+                                    self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks)
         outermost: UserCore = AdvertisingFilter(composites, self.config.aggregation)
         for wrap in self.above_filter:
             outermost = wrap(outermost)
@@ -67,11 +70,13 @@ __all__ = [
     "CALL_TOOL",
     "CedarAuthz",
     "CedarPolicies",
+    "CompositeTasks",
     "CompositeTools",
     "DecoratorStack",
     "FIND_TOOL",
     "META_TOOLS",
     "SubtractOnly",
+    "UserTasks",
     "ToolIndex",
     "ToolOptimizer",
     "WorkflowMetrics",

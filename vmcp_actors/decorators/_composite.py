@@ -26,7 +26,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -45,9 +45,12 @@ from vmcp_actors.core._exchange import (
     Exchange,
     Notification,
     ServerRequest,
+    answered,
 )
 from vmcp_actors.core._explain import ABSENT, ADDS, PASSES, USES, Explanation, Finding
 from vmcp_actors.core._interface import CoreLayer
+from vmcp_actors.core._tasks import TaskRequest, requested_task
+from vmcp_actors.decorators._composite_tasks import UserTasks
 from vmcp_actors.decorators._filter import is_advertised
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
@@ -83,7 +86,12 @@ class CompositeView:
         return MappingProxyType(by_name(self.tools))
 
 
-def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregation: AggregationConfig) -> CompositeView:
+# What 2025-11-25 clients read to know they may ask a composite for a task.
+TASK_EXECUTION = MappingProxyType({"taskSupport": "optional"})
+
+
+def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
+               takes_tasks: bool = False) -> CompositeView:
     advertised_backend_tools = {name for name, route in catalog.tool_routes.items() if is_advertised(aggregation, route)}
     definitions: list[dict[str, Any]] = []
     advertised: dict[str, CompositeTool] = {}
@@ -105,6 +113,8 @@ def build_view(catalog: Catalog, composites: Sequence[CompositeTool], aggregatio
         }
         if composite.output is not None:
             definition["outputSchema"] = output_schema(composite.output)
+        if takes_tasks:
+            definition["execution"] = dict(TASK_EXECUTION)
         definitions.append(definition)
         advertised[composite.name] = composite
     for problem in problems:
@@ -189,12 +199,14 @@ class _StepCaller:
     progress and log notifications are not relayed)."""
 
     def __init__(self, backends: AggregatedBackends, identity: Identity | None, targets: Mapping[str, InternalTool],
-                 client_capabilities: Mapping[str, Any], to_client: Any):
+                 client_capabilities: Mapping[str, Any], to_client: Any,
+                 ask: Callable[[str, dict[str, Any]], cf.Future[dict[str, Any]]] | None = None):
         self._backends = backends
         self._identity = identity
         self._targets = targets
         self._client_capabilities = client_capabilities
         self._to_client = to_client  # puts events on the calling client's stream
+        self._ask = ask  # a task's: records the question for whoever answers the task
         self._trace = tracing.current_context()  # the composite call's span: steps go under it
 
     def input_schema(self, tool: str) -> Mapping[str, Any] | None:
@@ -221,6 +233,8 @@ class _StepCaller:
         if missing_capability("elicitation/create", params, self._client_capabilities) is not None:
             outcome.set_exception(ElicitationUnsupported(step_id))
             return outcome
+        if self._ask is not None:
+            return self._ask(step_id, {"method": "elicitation/create", "params": {"mode": "form", **params}})
 
         def respond(answer: dict[str, Any]) -> None:
             if "result" in answer:
@@ -241,8 +255,11 @@ class CompositeTools(CoreLayer):
     layer_name = "composite tools"
 
     def __init__(self, inner: AggregatedBackends, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
-                 metrics: WorkflowMetrics | None = None, *, client_capabilities: Mapping[str, Any] | None = None):
+                 metrics: WorkflowMetrics | None = None, *, client_capabilities: Mapping[str, Any] | None = None,
+                 tasks: UserTasks | None = None):
+        """``tasks``: where a call the client accepts a task of runs as one (None: never)."""
         super().__init__(inner)
+        self._tasks = tasks
         self._client_capabilities = client_capabilities or {}
         self._composites = tuple(composites)
         self._aggregation = aggregation
@@ -256,7 +273,7 @@ class CompositeTools(CoreLayer):
         cached = self._view
         if cached is not None and cached[0] is catalog:
             return cached[1]
-        view = build_view(catalog, self._composites, self._aggregation)
+        view = build_view(catalog, self._composites, self._aggregation, self._tasks is not None)
         self._view = (catalog, view)  # one atomic assignment; a race only builds it twice
         return view
 
@@ -287,9 +304,39 @@ class CompositeTools(CoreLayer):
         if self._composites:
             view = self.view(identity, deadline)
             composite = view.advertised.get(name)
+            task = requested_task.get()
+            if composite is not None and task is not None and self._tasks is not None:
+                return answered(self._start_task(identity, composite, view, arguments, task))
             if composite is not None:
                 return self._run(identity, composite, view, arguments, meta, deadline)
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
+
+    def task_request(self, identity, method, params, modern, deadline):
+        """The gateway's own tasks answered here; a backend's go below."""
+        tasks = self._tasks
+        if tasks is None:
+            return self._inner.task_request(identity, method, params, modern, deadline)
+        if method == "tasks/list" and not modern:
+            return self._inner.list_tasks(identity, params, deadline, tuple(tasks.listed()))
+        task_id = tasks.owns(params) if method != "tasks/list" else None
+        if task_id is None:
+            return self._inner.task_request(identity, method, params, modern, deadline)
+        return tasks.request(method, task_id, params, modern, deadline)
+
+    def _start_task(self, identity: Identity | None, composite: CompositeTool, view: CompositeView,
+                    arguments: dict[str, Any] | None, task: TaskRequest) -> dict[str, Any]:
+        """Run the composite as a task: recorded, started, and answered at once."""
+        assert self._tasks is not None
+        user, tasks = self._tasks, self._tasks.tasks
+        run = tasks.begin(user.owner, user.user, composite.name, composite.timeout, task.params.get("ttl"), user.hold)
+        caller = _StepCaller(self._inner, identity, view.targets, self._client_capabilities, None,
+                             ask=lambda step_id, request: tasks.ask(run, step_id, request))
+        self._metrics.started(composite.name)
+        ref = WorkflowRun.start(composite, arguments, caller, run_id=run.record.task_id[:16],
+                                deadline=Deadline.after(composite.timeout), on_finish=self._metrics.finished,
+                                on_steps=lambda steps: tasks.progressed(run, steps))
+        tasks.start(run, ref)
+        return user.created(run.record, task)
 
     def resume(self, identity, continuation, deadline):
         """A composite hands out no backend's state (its steps' requests park the call), so

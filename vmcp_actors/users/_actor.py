@@ -76,6 +76,7 @@ from vmcp_actors.core._interface import UserCore
 from vmcp_actors.core._tasks import TASK_STATUS_NOTIFICATIONS, TaskHandles
 from vmcp_actors.decorators import DecoratorStack, stack
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
+from vmcp_actors.decorators._composite_tasks import CompositeTasks, UserTasks
 from vmcp_actors.exceptions import BackendError, BackendUnavailable
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
@@ -126,6 +127,10 @@ class SessionServices:
     processes: ChildProcesses | None = None
     # Seals what clients hand back (task handles); the process's signing key.
     signer: Signer = field(default_factory=Signer.generated)
+    # Composite tools run as tasks (None: never as tasks), and how a user is kept live
+    # while one of its tasks runs: hold_user(key) returns what lets it go.
+    composite_tasks: CompositeTasks | None = None
+    hold_user: Callable[[UserKey], Callable[[], None]] = field(default=lambda key: lambda: None)
 
     @classmethod
     def for_config(cls, config: VmcpConfig, shared: SharedCache | None = None, **kwargs: Any) -> SessionServices:
@@ -187,7 +192,9 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
                                     page_size=config.operational.page_size)
     decorators = services.decorators if services.decorators is not None else \
         stack(config, workflow_metrics=services.workflow_metrics)
-    outermost, composites = decorators.build(aggregated, record.client_capabilities)
+    tasks = UserTasks(services.composite_tasks, handles, handles.owner, record.key.label,
+                      lambda: services.hold_user(record.key)) if services.composite_tasks is not None else None
+    outermost, composites = decorators.build(aggregated, record.client_capabilities, tasks)
     return UserHandle(record.key, ref, proxy, outermost, McpDispatcher(outermost, page_size=config.operational.page_size),
                       composites, aggregated)
 

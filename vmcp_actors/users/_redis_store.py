@@ -6,8 +6,10 @@ derived from ``operational.signingKeyEnv``; a backend session id is a credential
 (``{keyPrefix}us:{digest}``) lists its session ids. Sessions expire ``sessionTTL`` after
 their last write (the directory writes a busy session's last use once a second); a user
 record and its set live twice that, renewed with each of its sessions' writes, so a user
-outlives its last session long enough to be ended. Updates are optimistic transactions
-(WATCH), so two processes changing one record do not lose either change.
+outlives its last session long enough to be ended. The gateway's own tasks are under
+``{keyPrefix}t:{task id}``, expiring with the record's ``expires``, and a set per owner
+(``{keyPrefix}ot:{owner}``) lists their ids. Updates are optimistic transactions (WATCH),
+so two processes changing one record do not lose either change.
 
 Every failure to reach Redis is ``StoreUnavailable``: the request gets 503 and nothing in
 the process breaks; the next request tries again.
@@ -18,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
+from vmcp_actors.core._task_records import TaskRecord
 from vmcp_actors.signing import Signer, Unsealable
 from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
 from vmcp_actors.users._store import StoreUnavailable
@@ -75,7 +80,13 @@ class RedisRecordStore:
     def _index_key(self, key: UserKey) -> str:
         return f"{self._prefix}us:{self._user_digest(key)}"
 
-    def _encode(self, purpose: str, record: SessionRecord | UserRecord) -> bytes:
+    def _task_key(self, task_id: str) -> str:
+        return f"{self._prefix}t:{task_id}"
+
+    def _owner_tasks_key(self, owner: str) -> str:
+        return f"{self._prefix}ot:{owner}"
+
+    def _encode(self, purpose: str, record: SessionRecord | UserRecord | TaskRecord) -> bytes:
         return self._signer.encrypt(purpose, json.dumps(record.to_json(), separators=(",", ":")).encode())
 
     def _decode_session(self, blob: bytes | None) -> SessionRecord | None:
@@ -177,6 +188,55 @@ class RedisRecordStore:
             record = self._decode_user(self._redis.getdel(self._user_key(key)))
             self._redis.delete(self._index_key(key))
             return record
+        return self._run(work)
+
+    # -- the gateway's own tasks ---------------------------------------------------------
+
+    def _decode_task(self, blob: bytes | None) -> TaskRecord | None:
+        return self._decode(blob, "task record", TaskRecord.from_json)
+
+    def task(self, task_id: str) -> TaskRecord | None:
+        return self._decode_task(self._run(lambda: self._redis.get(self._task_key(task_id))))
+
+    def _write_task(self, pipe: Any, record: TaskRecord) -> None:
+        keep = max(1, math.ceil(record.expires - time.time()))
+        pipe.set(self._task_key(record.task_id), self._encode("task record", record), ex=keep)
+        pipe.sadd(self._owner_tasks_key(record.owner), record.task_id)
+        # The index outlives every task in it (a later write extends it again).
+        pipe.expire(self._owner_tasks_key(record.owner), keep, gt=True)
+        pipe.expire(self._owner_tasks_key(record.owner), keep, nx=True)
+
+    def put_task(self, record: TaskRecord) -> None:
+        def work() -> None:
+            pipe = self._redis.pipeline()
+            self._write_task(pipe, record)
+            pipe.execute()
+        self._run(work)
+
+    def update_task(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord | None:
+        name = self._task_key(task_id)
+
+        def update(pipe: Any) -> TaskRecord | None:
+            current = self._decode_task(pipe.get(name))
+            if current is None:
+                return None
+            changed = change(current)
+            pipe.multi()
+            self._write_task(pipe, changed)
+            return changed
+
+        return self._run(lambda: self._redis.transaction(update, name, value_from_callable=True))
+
+    def tasks_of(self, owner: str) -> list[TaskRecord]:
+        def work() -> list[TaskRecord]:
+            index = self._owner_tasks_key(owner)
+            ids = sorted(member.decode() for member in self._redis.smembers(index))
+            blobs = self._redis.mget([self._task_key(task_id) for task_id in ids]) if ids else []
+            gone = [task_id for task_id, blob in zip(ids, blobs) if blob is None]
+            if gone:  # expired tasks leave their ids behind: tidy up
+                self._redis.srem(index, *gone)
+            records = [record for blob in blobs if (record := self._decode_task(blob)) is not None]
+            return sorted((record for record in records if record.owner == owner), key=lambda record: record.created)
         return self._run(work)
 
     def ping(self) -> bool:

@@ -5,9 +5,11 @@ Values are the frozen records themselves, never live objects."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
+from vmcp_actors.core._task_records import TaskRecord
 from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
 
 
@@ -27,6 +29,11 @@ class RecordStore(Protocol):
     def put_user(self, record: UserRecord) -> None: ...
     def update_user(self, key: UserKey, change: Callable[[UserRecord], UserRecord]) -> None: ...
     def delete_user(self, key: UserKey) -> UserRecord | None: ...
+    # The gateway's own tasks (``vmcp_actors.core._task_records``); gone after their ``expires``.
+    def task(self, task_id: str) -> TaskRecord | None: ...
+    def put_task(self, record: TaskRecord) -> None: ...
+    def update_task(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord | None: ...
+    def tasks_of(self, owner: str) -> list[TaskRecord]: ...
 
 
 class MemoryRecordStore:
@@ -34,10 +41,12 @@ class MemoryRecordStore:
 
     shared = False
 
-    def __init__(self) -> None:
+    def __init__(self, wall: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()  # guards the record dictionaries' writes; never nested (never under the Directory's)
         self._sessions: dict[str, SessionRecord] = {}
         self._users: dict[UserKey, UserRecord] = {}
+        self._tasks: dict[str, TaskRecord] = {}
+        self._wall = wall
 
     def session(self, session_id: str) -> SessionRecord | None:
         return self._sessions.get(session_id)
@@ -78,3 +87,29 @@ class MemoryRecordStore:
     def delete_user(self, key: UserKey) -> UserRecord | None:
         with self._lock:
             return self._users.pop(key, None)
+
+    def task(self, task_id: str) -> TaskRecord | None:
+        record = self._tasks.get(task_id)
+        return record if record is not None and record.expires > self._wall() else None
+
+    def put_task(self, record: TaskRecord) -> None:
+        with self._lock:
+            now = self._wall()
+            for task_id in [task_id for task_id, kept in self._tasks.items() if kept.expires <= now]:
+                del self._tasks[task_id]  # expired: swept as new tasks come
+            self._tasks[record.task_id] = record
+
+    def update_task(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord | None:
+        """Replace the task's record with ``change(record)`` and return it; None if it is gone."""
+        with self._lock:
+            current = self._tasks.get(task_id)
+            if current is None or current.expires <= self._wall():
+                return None
+            self._tasks[task_id] = changed = change(current)
+            return changed
+
+    def tasks_of(self, owner: str) -> list[TaskRecord]:
+        now = self._wall()
+        with self._lock:
+            return sorted((record for record in self._tasks.values() if record.owner == owner and record.expires > now),
+                          key=lambda record: record.created)

@@ -175,14 +175,17 @@ class WorkflowRun(pykka.ThreadingActor):
                  deadline: Deadline | None = None,
                  schedule: Callable[[float, Callable[[], None]], TimerHandle] = call_later,
                  on_progress: Callable[[int, int, str], None] | None = None,
-                 on_finish: Callable[[dict[str, Any]], None] | None = None):
+                 on_finish: Callable[[dict[str, Any]], None] | None = None,
+                 on_steps: Callable[[dict[str, str]], None] | None = None):
         """``on_progress(done, total, message)`` is called (in the actor) as each step
-        ends; ``on_finish(status)`` once, when the run settles. Both must not block.
+        ends; ``on_steps(states)`` with every step's state after steps start or end;
+        ``on_finish(status)`` once, when the run settles. None may block.
         ``deadline`` ends the run (default: the composite's timeout from now);
         ``schedule(delay, fn)`` runs timers (back-off, timeouts)."""
         super().__init__()
         self._on_progress = on_progress
         self._on_finish = on_finish
+        self._on_steps = on_steps
         self._tool = tool
         self._raw_params = params
         self._params: dict[str, Any] = {}
@@ -319,6 +322,11 @@ class WorkflowRun(pykka.ThreadingActor):
                                                                     f"steps {stuck} cannot run"), state="failed")
         finally:
             self._scheduling = False
+        if self._on_steps is not None and not self._future.done():
+            try:
+                self._on_steps(dict(self._status))
+            except Exception:  # noqa: BLE001 - an observer must not break the run
+                logger.exception("composite %r run %s: a step observer failed", self._tool.name, self._run_id)
 
     def _start_step(self, step: Step) -> None:
         self.steps_started += 1
