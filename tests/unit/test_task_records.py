@@ -1,0 +1,143 @@
+"""Task records of the gateway's own tasks, and what ``CompositeTasks`` makes of them
+without a run: a record round-trips through JSON, a terminal record never changes again,
+the memory store forgets an expired one, and a live task whose runner is gone is written
+``failed`` by its next reader (and no longer counts against the per-user cap)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmcp_actors.config import TasksConfig
+from vmcp_actors.core._task_records import TaskRecord
+from vmcp_actors.decorators._composite_tasks import RUNNER_GONE, CompositeTasks
+from vmcp_actors.protocol import JsonRpcError
+from vmcp_actors.users._store import MemoryRecordStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Signals:
+    """Task signals where only ``living`` runners are alive, and nothing is delivered."""
+
+    def __init__(self, runner_id: str = "here", living: tuple[str, ...] = ()) -> None:
+        self.runner_id = runner_id
+        self.living = set(living)
+        self.sent: list[tuple[str, dict]] = []
+
+    def start(self, receive) -> None:
+        pass
+
+    def send(self, runner: str, signal: dict) -> bool:
+        self.sent.append((runner, signal))
+        return True
+
+    def alive(self, runner: str) -> bool:
+        return runner in self.living
+
+    def stop(self) -> None:
+        pass
+
+
+def record(task_id: str = "t1", runner: str = "elsewhere", **fields) -> TaskRecord:
+    values = dict(task_id=task_id, owner="owner", user="alice", tool="careful_echo", runner=runner, status="working",
+                  status_message="starting", created=1000.0, updated=1000.0, expires=5000.0, ttl_ms=60_000,
+                  poll_interval_ms=1000)
+    return TaskRecord(**{**values, **fields})
+
+
+def test_a_record_round_trips_and_a_malformed_one_is_refused():
+    asked = record(status="input_required", input_requests={"confirm": {"method": "elicitation/create", "params": {}}})
+    assert TaskRecord.from_json(asked.to_json()) == asked
+    for broken in ({**asked.to_json(), "status": "sleeping"}, {**asked.to_json(), "ttlMs": "60s"},
+                   {**asked.to_json(), "result": []}, []):
+        with pytest.raises(ValueError):
+            TaskRecord.from_json(broken)
+
+
+def test_each_revision_is_told_the_task_its_way():
+    errored = record().ended("completed", "finished with an error", 1001.0, 60.0,
+                             result={"content": [], "isError": True})
+    modern, legacy = errored.task("H", modern=True), errored.task("H", modern=False)
+    assert modern["status"] == "completed" and modern["ttlMs"] == 60_000 and "ttl" not in modern
+    assert legacy["status"] == "failed" and legacy["pollInterval"] == 1000 and "ttlMs" not in legacy
+    assert modern["createdAt"] == "1970-01-01T00:16:40.000Z"
+    assert errored.detailed("H")["result"] == {"content": [], "isError": True}
+
+
+def test_a_terminal_record_never_changes_again():
+    cancelled = record().ended("cancelled", "cancelled by the client", 1001.0, 60.0)
+    assert cancelled.ended("completed", "completed", 1002.0, 60.0, result={"content": []}) is cancelled
+    assert cancelled.progressed("running step 'x'", {}, 1002.0) is cancelled
+    assert cancelled.expires == 1061.0  # kept for the TTL from its end
+
+
+def test_the_memory_store_forgets_an_expired_task():
+    clock = Clock()
+    store = MemoryRecordStore(wall=clock)
+    store.put_task(record(expires=1010.0))
+    assert store.task("t1") is not None and [r.task_id for r in store.tasks_of("owner")] == ["t1"]
+    clock.now = 1010.0
+    assert store.task("t1") is None and store.tasks_of("owner") == []
+    assert store.update_task("t1", lambda current: current) is None
+
+
+def test_a_task_whose_runner_is_gone_reads_as_failed_and_frees_its_place():
+    clock = Clock()
+    store = MemoryRecordStore(wall=clock)
+    signals = Signals(living=("alive",))
+    tasks = CompositeTasks(store, signals, TasksConfig(max_live_per_user=1), wall=clock)
+    store.put_task(record("orphan", runner="dead"))
+    store.put_task(record("busy", runner="alive"))
+    assert tasks.get("owner", "busy").status == "working"
+    failed = tasks.get("owner", "orphan")
+    assert failed.status == "failed" and failed.error == {"code": -32603, "message": RUNNER_GONE}
+    assert store.task("orphan") == failed  # written, so every worker reads the same
+    with pytest.raises(JsonRpcError) as refused:  # "busy" holds the one place; "orphan" holds none
+        tasks.begin("owner", "alice", "careful_echo", 60.0, None, lambda: lambda: None)
+    assert refused.value.data == {"maxLiveTasks": 1}
+
+
+def test_another_callers_task_and_an_unknown_one_are_the_same_refusal():
+    store = MemoryRecordStore(wall=Clock())
+    tasks = CompositeTasks(store, Signals(living=("elsewhere",)), TasksConfig(), wall=Clock())
+    store.put_task(record())
+    for owner, task_id in (("someone else", "t1"), ("owner", "nope")):
+        with pytest.raises(JsonRpcError) as refused:
+            tasks.get(owner, task_id)
+        assert refused.value.code == -32602 and "Unknown task" in refused.value.message
+
+
+def test_answers_go_to_the_runner_only_for_the_questions_it_waits_on():
+    store = MemoryRecordStore(wall=Clock())
+    signals = Signals(living=("elsewhere",))
+    tasks = CompositeTasks(store, signals, TasksConfig(), wall=Clock())
+    store.put_task(record(status="input_required", input_requests={"a": {}, "b": {}}))
+    assert tasks.answer("owner", "t1", {"zzz": {"action": "accept"}}).status == "input_required"
+    assert signals.sent == []  # nothing it waits on
+    partly = tasks.answer("owner", "t1", {"a": {"action": "accept", "content": {}}, "zzz": {}})
+    assert partly.status == "input_required" and set(partly.input_requests) == {"b"}
+    assert signals.sent == [("elsewhere", {"op": "input", "task": "t1", "responses": {"a": {
+        "action": "accept", "content": {}}}, "errors": {}})]
+    assert tasks.answer("owner", "t1", {"b": {"action": "decline"}}).status == "working"
+
+
+def test_the_tasks_settings_load_and_a_bad_one_names_its_field():
+    from vmcp_actors.config._load import config_from_mapping
+    from vmcp_actors.exceptions import ConfigError
+
+    base = {"name": "t", "backends": [{"name": "b", "url": "http://127.0.0.1:1/mcp"}]}
+    loaded = config_from_mapping({**base, "operational": {"tasks": {"resultTTL": "10m", "maxLivePerUser": 5,
+                                                                     "pollInterval": "500ms"}}})
+    assert loaded.operational.tasks == TasksConfig(result_ttl=600.0, max_live_per_user=5, poll_interval=0.5)
+    assert config_from_mapping(base).operational.tasks == TasksConfig()
+    with pytest.raises(ConfigError) as refused:
+        config_from_mapping({**base, "operational": {"tasks": {"maxLivePerUser": 0, "resultTTL": "30d", "ttl": 1}}})
+    lines = "\n".join(refused.value.errors)
+    for path in ("operational.tasks.maxLivePerUser", "operational.tasks.resultTTL", "operational.tasks.ttl"):
+        assert path in lines, lines
