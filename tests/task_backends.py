@@ -89,7 +89,7 @@ Use::
         served.requests("tasks/get")              # what it received (tests.backends.ReceivedMessage)
 
 Controls (change them while it runs): ``delay``, ``job_seconds``, ``ttl_ms``,
-``poll_interval_ms``, ``keepalive``, ``announce_on_listen``. Inspection: ``received``,
+``poll_interval_ms``, ``keepalive``, ``announce_on_listen``, ``eager``. Inspection: ``received``,
 ``requests(method)``, ``methods()``, ``wait_for(method)``, ``tasks`` (id -> :class:`TaskView`),
 ``task(id)``, ``wait_for_status(id, status)``, ``subscriptions``. Client helpers for tests:
 :func:`modern_rpc` / :func:`modern_post` (a 2026-07-28 request with the envelope and headers)
@@ -386,8 +386,10 @@ class TaskBackend(_RecordsReceived, _ServedBackend):
 
     def __init__(self, name: str = "tasks", *, delay: float = 0.5, job_seconds: float = 1.0,
                  ttl_ms: int | None = 60_000, poll_interval_ms: int | None = 100, keepalive: float = 10.0,
-                 announce_on_listen: bool = True) -> None:
+                 announce_on_listen: bool = True, eager: bool = False) -> None:
         self.name = name
+        # Misbehaving on purpose: a task for every call of a task tool, declared or not.
+        self.eager = eager
         self.delay = delay  # delayed_echo's default wait; test_tool_with_task's task length
         self.job_seconds = job_seconds  # how long failing_job and protocol_error_job work
         self.ttl_ms = ttl_ms  # for tasks created from now on (None: unlimited)
@@ -596,7 +598,7 @@ class TaskBackend(_RecordsReceived, _ServedBackend):
             if not isinstance(name_given, str):
                 return name_given
             arguments = {**arguments, "user_name": name_given}
-        if declared:
+        if declared or self.eager:
             return {"resultType": "task", **self._create_task(tool, arguments).handle()}
         return await self._answer_sync(tool, arguments, params)
 
@@ -866,7 +868,7 @@ PROTOCOL_ERROR_MESSAGE = "protocol_error_job failed with an internal error"
 def task_backend(name: str = "tasks", **options: Any) -> TaskBackend:
     """A started :class:`TaskBackend` on a loopback port (``.mcp_url``; ``.stop()`` or ``with``).
     ``options``: ``delay``, ``job_seconds``, ``ttl_ms``, ``poll_interval_ms``, ``keepalive``,
-    ``announce_on_listen``."""
+    ``announce_on_listen``, ``eager`` (a task even for a call that did not declare the extension)."""
     return TaskBackend(name, **options).start()
 
 

@@ -223,3 +223,20 @@ def test_another_worker_serves_a_handle_before_it_has_spoken_to_the_backend(star
     got = modern_rpc(second.url, "tasks/get", {"taskId": handle})  # the second worker's first request
     assert got["result"]["taskId"] == handle and got["result"]["status"] == "working", got
     assert modern_rpc(second.url, "tasks/cancel", {"taskId": handle})["result"]["resultType"] == "complete"
+
+
+def test_a_client_that_asked_no_task_gets_the_result_of_one_a_backend_made_anyway(start_gateway):
+    from tests.task_backends import client_capabilities, modern_rpc, task_backend
+
+    with task_backend("eager", eager=True, poll_interval_ms=50) as eager:
+        gateway = start_gateway({"name": "t", "backends": [{"name": "eager", "url": eager.mcp_url}]})
+        answer = modern_rpc(gateway.url, "tools/call", {"name": "eager_delayed_echo",
+                                                        "arguments": {"text": "m", "seconds": 0.3}},
+                            capabilities=client_capabilities(tasks=False))
+        assert answer["result"]["content"][0]["text"] == "eager:m" and "taskId" not in answer["result"]
+        session = gateway.initialize()  # a 2025 client that sent no params.task
+        legacy = gateway.rpc(session, "tools/call", {"name": "eager_delayed_echo",
+                                                     "arguments": {"text": "l", "seconds": 0.3}})["result"]
+        assert legacy["content"][0]["text"] == "eager:l" and "task" not in legacy
+        assert "io.modelcontextprotocol/related-task" not in (legacy.get("_meta") or {})
+        assert len(eager.tasks) == 2 and len(eager.requests("tasks/get")) >= 2  # it was polled, not lost

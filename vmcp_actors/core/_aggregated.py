@@ -230,7 +230,9 @@ class AggregatedBackends:
             params = self._tasks.call_params(route.backend, self._backend_tool(identity, route, deadline), params, task)
         exchange = from_backend(self._channels[route.backend].request(identity, "tools/call", params, deadline, headers),
                                 route.backend)
-        return exchange if task is None else self._tasks.call(route.backend, exchange, task)
+        if task is None:
+            return self._tasks.unasked(identity, route.backend, exchange, deadline)
+        return self._tasks.call(route.backend, exchange, task)
 
     def task_request(self, identity: Identity | None, method: str, params: dict[str, Any], modern: bool,
                      deadline: Deadline) -> Exchange | dict[str, Any]:

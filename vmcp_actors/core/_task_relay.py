@@ -73,6 +73,23 @@ class TaskRelay:
             return {**params, "task": dict(task.params)}
         return params
 
+    def unasked(self, identity: Identity | None, backend: str, exchange: Exchange, deadline: Deadline) -> Exchange:
+        """A call the client accepted no task of: a backend that answers with a task anyway
+        is waited for (within the request's deadline), so the client gets the result. A
+        2025-11-25 backend's ``tasks/result`` carries the task's requests on the call's
+        stream; a 2026-07-28 one is polled, its input requests asked of the client."""
+        result = yield from exchange
+        task = result if result.get("resultType") == "task" else result.get("task")
+        task_id = task.get("taskId") if isinstance(task, Mapping) else None
+        if not isinstance(task_id, str) or not task_id:
+            return result
+        if self._channels[backend].speaks_modern():
+            answer = yield from self._await_result(identity, backend, task_id, deadline)
+        else:
+            answer = yield from self._request(identity, backend, "tasks/result", {"taskId": task_id}, deadline)
+        meta = {key: value for key, value in (answer.get("_meta") or {}).items() if key != RELATED_TASK}
+        return {**{key: value for key, value in answer.items() if key != "_meta"}, **({"_meta": meta} if meta else {})}
+
     def call(self, backend: str, exchange: Exchange, task: TaskRequest) -> Exchange:
         """A call the client accepts a task of: a task in its answer under a handle."""
         result = yield from self._handles.events(backend, exchange, task.modern)
