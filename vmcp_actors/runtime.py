@@ -188,6 +188,12 @@ def process_gauges(config: VmcpConfig, directory: Directory, services: SessionSe
     for child in children:
         live[(child.backend,)] = live.get((child.backend,), 0) + 1
     restarts = services.processes.restarts() if services.processes is not None else {}
+    tasks: dict[tuple[str, ...], float] = {}
+    ended: dict[tuple[str, str], int] = {}
+    if services.composite_tasks is not None:
+        for row in services.composite_tasks.running():  # before ended_counts(): a run just ending is in one of them
+            tasks[(row["tool"], row["status"])] = tasks.get((row["tool"], row["status"]), 0) + 1
+        ended = services.composite_tasks.ended_counts()
     return [
         ("vmcp_backend_processes", "Live children of stdio backends in this process.", live, ("backend",)),
         ("vmcp_backend_process_restarts", "Restarts of stdio backends' children since this process started.",
@@ -199,6 +205,9 @@ def process_gauges(config: VmcpConfig, directory: Directory, services: SessionSe
         ("vmcp_discovery_cache_misses", "Discovery cache misses since start.", {(): cache["misses"]}, ()),
         ("vmcp_workflow_runs_in_flight", "Composite tool runs under way.",
          {(name, ): counters["running"] for name, counters in workflows.items()}, ("composite",)),
+        ("vmcp_composite_tasks", "Composite tool tasks this worker runs, by status.", tasks, ("composite", "status")),
+        ("vmcp_composite_tasks_ended", "Composite tool tasks this worker ran that ended since it started, by status.",
+         ended, ("composite", "status")),
         ("vmcp_circuit_state", "Each backend's circuit: 0 closed, 1 half-open, 2 open.",
          {(name, ): circuit_values[row["circuit"]["state"]] for name, row in health.items() if "circuit" in row},
          ("backend",)),

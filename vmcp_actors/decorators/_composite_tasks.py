@@ -98,8 +98,9 @@ class CompositeTasks:
         self._signals = signals
         self.settings = settings
         self._wall = wall
-        self._lock = threading.Lock()  # guards _runs
+        self._lock = threading.Lock()  # guards _runs and _ended
         self._runs: dict[str, _LocalRun] = {}  # task id -> the run this worker holds
+        self._ended: dict[tuple[str, str], int] = {}  # (composite, final status) -> runs ended here
 
     @property
     def runner_id(self) -> str:
@@ -195,12 +196,22 @@ class CompositeTasks:
         def change(record: TaskRecord) -> TaskRecord:
             return record.ended(status, message, now, keep, result=result, error=shaped)
 
+        final = status
         try:
-            self._store.update_task(run.record.task_id, change)
+            recorded = self._store.update_task(run.record.task_id, change)
+            if recorded is not None:
+                final = recorded.status  # a tasks/cancel (on any worker) may have ended it first
         except Exception as failure:  # noqa: BLE001 - the readers will find the runner gone
+            final = FAILED  # what those readers will make of it
             logger.warning("task %s: its end not recorded (%s)", run.record.task_id[:12], type(failure).__name__)
         finally:
+            # Counted before it leaves running(): reading running() then ended_counts() never misses it.
+            self._count_ended(run.record.tool, final)
             self._forget(run)
+
+    def _count_ended(self, tool: str, status: str) -> None:
+        with self._lock:
+            self._ended[(tool, status)] = self._ended.get((tool, status), 0) + 1
 
     def _forget(self, run: _LocalRun) -> None:
         with self._lock:
@@ -301,6 +312,12 @@ class CompositeTasks:
     def live_count(self) -> int:
         with self._lock:
             return len(self._runs)
+
+    def ended_counts(self) -> dict[tuple[str, str], int]:
+        """(composite, status) -> how many of this worker's runs ended with that status
+        (``completed``, ``failed``, ``cancelled``) since it started."""
+        with self._lock:
+            return dict(self._ended)
 
     def stop(self) -> None:
         """The worker is stopping: its runs end, recorded as failed (not left to look alive)."""

@@ -11,10 +11,14 @@ from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 EXPLAIN_TIMEOUT = 30.0  # discovery may run for a revived user
 
 
-def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = None) -> dict[str, Any]:
+def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = None,
+                        tasks: Any = None) -> dict[str, Any]:
     """``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's);
-    ``processes``: the stdio backends' children of this worker (None: none configured)."""
+    ``processes``: the stdio backends' children of this worker (None: none configured);
+    ``tasks``: the composite tasks (``CompositeTasks``), of which this worker's runs are
+    shown (rows with an id prefix, never a handle)."""
     overview = gateway.overview().get(timeout=ASK_TIMEOUT)
+    task_rows = tasks.running() if tasks is not None else []
     asked = [(user, user.proxy.snapshot(), idle, in_flight) for user, idle, in_flight in overview["users"]]
     users: dict[Any, dict[str, Any]] = {}
     for user, future, idle, in_flight in asked:
@@ -28,6 +32,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
             "inFlight": in_flight,
             "compositeProblems": list(user.composites.problems()),
             "workflowRuns": user.composites.running(),
+            "tasks": [row for row in task_rows if row["user"] == user.key.label],
         }
     sessions = []
     for record, activity in overview["sessions"]:
@@ -67,6 +72,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
         "sessions": sessions,
         "processes": [child.to_dict() for child in processes.snapshot()] if processes is not None else [],
         "processRestarts": processes.restarts() if processes is not None else {},
+        "tasks": task_rows,
     }
 
 

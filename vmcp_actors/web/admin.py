@@ -26,7 +26,8 @@ def require_admin_token() -> Response | None:
 @bp.get("/state")
 def state() -> Response:
     runtime = current_runtime()
-    return json_response(collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes))
+    return json_response(collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes,
+                                             runtime.tasks))
 
 
 @bp.get("/explain")

@@ -1,0 +1,54 @@
+"""CompositeTasks' count of ended runs (what vmcp_composite_tasks_ended shows): by the
+status the task's record ends with, which another worker's tasks/cancel may have set."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Any
+
+import pykka
+
+from vmcp_actors.config import TasksConfig
+from vmcp_actors.core._task_records import CANCELLED
+from vmcp_actors.decorators import CompositeTasks
+from vmcp_actors.users._store import MemoryRecordStore
+from vmcp_actors.users._task_signals import LocalTaskSignals
+
+
+class FakeRun(pykka.ThreadingActor):
+    """Stands in for a WorkflowRun: its outcome is whatever the test sets."""
+
+    def __init__(self, outcome: cf.Future[dict[str, Any]]):
+        super().__init__()
+        self.outcome = outcome
+
+    def result(self) -> cf.Future[dict[str, Any]]:
+        return self.outcome
+
+
+def started_run(tasks: CompositeTasks) -> tuple[str, cf.Future[dict[str, Any]]]:
+    """(the task id, the outcome that ends the run)."""
+    run = tasks.begin("owner-digest", "alice", "careful_echo", 30.0, None, lambda: lambda: None)
+    outcome: cf.Future[dict[str, Any]] = cf.Future()
+    tasks.start(run, FakeRun.start(outcome))
+    return run.record.task_id, outcome
+
+
+def test_ended_runs_are_counted_by_the_status_their_records_end_with():
+    store = MemoryRecordStore()
+    tasks = CompositeTasks(store, LocalTaskSignals(), TasksConfig())
+    try:
+        finished, finishing = started_run(tasks)
+        overtaken, overtaken_outcome = started_run(tasks)
+        assert tasks.ended_counts() == {} and tasks.live_count() == 2
+
+        finishing.set_result({"content": [{"type": "text", "text": "hi"}]})
+        # Another worker's tasks/cancel wrote the record before this run's own end came.
+        store.update_task(overtaken, lambda record: record.ended(CANCELLED, "cancelled by the client",
+                                                                 record.updated, 60.0))
+        overtaken_outcome.set_result({"content": []})
+
+        assert tasks.ended_counts() == {("careful_echo", "completed"): 1, ("careful_echo", "cancelled"): 1}
+        assert tasks.running() == [] and store.task(finished).status == "completed"
+    finally:
+        pykka.ActorRegistry.stop_all()
