@@ -240,3 +240,28 @@ def test_a_client_that_asked_no_task_gets_the_result_of_one_a_backend_made_anywa
         assert legacy["content"][0]["text"] == "eager:l" and "task" not in legacy
         assert "io.modelcontextprotocol/related-task" not in (legacy.get("_meta") or {})
         assert len(eager.tasks) == 2 and len(eager.requests("tasks/get")) >= 2  # it was polled, not lost
+
+
+def test_a_task_only_tool_called_without_a_task_answers_as_it_does_directly(gateway, everything, jobs_gateway, jobs):
+    from mcp.shared.exceptions import MCPError
+
+    from tests.gateway import run_client
+    from tests.task_backends import client_capabilities, modern_rpc
+
+    async def call(client, name):
+        try:
+            result = await client.call_tool(name, {"topic": "x"})
+            return result.is_error, [block.text for block in result.content]
+        except MCPError as error:
+            return error.error.code, error.error.message
+
+    direct = run_client(everything.mcp_url, lambda client: call(client, "simulate-research-query"))
+    through = run_client(gateway.url, lambda client: call(client, f"{BACKEND}_simulate-research-query"))
+    assert through == direct and direct[0] is True, direct  # server-everything: a tool error that says so
+    assert "task" in " ".join(direct[1])
+    plain = client_capabilities(tasks=False)
+    direct = modern_rpc(jobs.mcp_url, "tools/call", {"name": "failing_job", "arguments": {}}, capabilities=plain)
+    through = modern_rpc(jobs_gateway.url, "tools/call", {"name": "jobs_failing_job", "arguments": {}},
+                         capabilities=plain)
+    assert through["error"]["code"] == direct["error"]["code"] == -32021
+    assert through["error"]["data"] == direct["error"]["data"]
