@@ -10,22 +10,12 @@ import requests
 
 from tests.backends import sdk_backend
 from tests.gateway import backend_entry, wait_until
+from tests.integration.test_composite_tasks_shared import CAREFUL_ECHO
 from tests.integration.test_metrics import scrape, value
 from tests.task_backends import modern_rpc
 
 ADMIN_ENV, ADMIN_TOKEN = "TASKS_ADMIN_TOKEN", "tasks-adm1n-token-Hq4"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-CAREFUL_ECHO = {
-    "name": "careful_echo", "description": "Ask first, then echo",
-    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-    "steps": [
-        {"id": "confirm", "type": "elicitation", "message": "Echo {{ params.text }}?",
-         "schema": {"type": "object", "properties": {"loud": {"type": "boolean"}}, "required": ["loud"]},
-         "timeout": "10s"},
-        {"id": "echo", "tool": "plain_echo", "dependsOn": ["confirm"], "arguments": {"text": "{{ params.text }}"}},
-    ],
-}
 
 
 @pytest.fixture

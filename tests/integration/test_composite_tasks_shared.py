@@ -43,16 +43,12 @@ SLOW_ECHO = {
 }
 
 
-@pytest.fixture(autouse=True)
-def signing_key(monkeypatch):
-    monkeypatch.setenv(KEY_ENV, KEY)
-
-
 @pytest.fixture
-def backend():
-    served = sdk_backend("plain", ["echo", "sleep"])
-    yield served
-    served.stop()
+def backend(monkeypatch):
+    """The backend the composites call; the workers' shared signing key is set meanwhile."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    with sdk_backend("plain", ["echo", "sleep"]) as served:
+        yield served
 
 
 def config(backend, redis_server) -> dict:
