@@ -265,3 +265,11 @@ def test_a_task_only_tool_called_without_a_task_answers_as_it_does_directly(gate
                          capabilities=plain)
     assert through["error"]["code"] == direct["error"]["code"] == -32021
     assert through["error"]["data"] == direct["error"]["data"]
+
+
+def test_a_2025_client_gets_the_answer_of_a_modern_task_only_tool(jobs_gateway, jobs):
+    session = jobs_gateway.initialize()  # sends no params.task: 2025 clients see no taskSupport there
+    answer = jobs_gateway.rpc(session, "tools/call", {"name": "jobs_failing_job", "arguments": {}})
+    assert answer["result"]["isError"] is True and "taskId" not in answer["result"], answer
+    (backend_id,) = jobs.tasks  # the backend was told the extension, made a task, and it was waited for
+    assert jobs.tasks[backend_id].status == "completed"

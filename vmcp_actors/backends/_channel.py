@@ -731,6 +731,13 @@ class BackendChannel:
         """The backend's handshake, made first when there is none yet (within ``deadline``)."""
         return self._await(self._handshake_future(identity), deadline)
 
+    def capabilities(self) -> Mapping[str, Any]:
+        """What the backend's current handshake declared ({} before there is one)."""
+        published = self._handshake
+        if published is not None and published.done() and published.exception() is None:
+            return published.result().capabilities
+        return {}
+
     def speaks_modern(self) -> bool:
         """Whether the backend's current handshake is of the 2026-07-28 era."""
         published = self._handshake

@@ -227,10 +227,11 @@ class AggregatedBackends:
         headers = self._param_headers(identity, route, arguments, deadline)
         task = requested_task.get()
         if task is not None:
-            params = self._tasks.call_params(route.backend, self._backend_tool(identity, route, deadline), params, task)
+            tool = None if task.awaited else self._backend_tool(identity, route, deadline)
+            params = self._tasks.call_params(route.backend, tool, params, task)
         exchange = from_backend(self._channels[route.backend].request(identity, "tools/call", params, deadline, headers),
                                 route.backend)
-        if task is None:
+        if task is None or task.awaited:
             return self._tasks.unasked(identity, route.backend, exchange, deadline)
         return self._tasks.call(route.backend, exchange, task)
 

@@ -131,14 +131,18 @@ def resume(core: UserCore, identity: Identity | None, continuation: Continuation
         return core.resume(identity, continuation, deadline)
 
 
+AWAITED = TaskRequest(False, {}, awaited=True)
+
+
 def _task_requested(params: dict[str, Any], modern: bool, takes_tasks: bool) -> TaskRequest | None:
     """The task a tools/call's client accepts: a 2025 client's ``params.task``, or any
-    call of a 2026-07-28 client that declared the extension."""
+    call of a 2026-07-28 client that declared the extension; a 2025 client's call without
+    one waits for any task its backend makes (``AWAITED``)."""
     if modern:
         return TaskRequest(True, {}) if takes_tasks else None
     task = params.get("task")
     if task is None:
-        return None
+        return AWAITED
     if not isinstance(task, dict):
         raise JsonRpcError(INVALID_PARAMS, "task must be an object")
     return TaskRequest(False, task)

@@ -63,7 +63,10 @@ class TaskRelay:
 
     def call_params(self, backend: str, tool: Mapping[str, Any] | None, params: dict[str, Any],
                     task: TaskRequest) -> dict[str, Any]:
-        """A tools/call's params for ``backend`` when the client accepts a task."""
+        """A tools/call's params for ``backend`` when the client accepts a task (or waits
+        for one: ``task.awaited``)."""
+        if task.awaited:
+            return self._declared(backend, params) if self.offers_tasks(backend) else params
         if self._channels[backend].speaks_modern():
             meta = dict(params.get("_meta") or {})
             meta[META_CLIENT_CAPABILITIES] = {"extensions": {TASKS_EXTENSION: {}}}
@@ -72,6 +75,12 @@ class TaskRelay:
         if not task.modern or support in ("optional", "required"):
             return {**params, "task": dict(task.params)}
         return params
+
+    def offers_tasks(self, backend: str) -> bool:
+        """Whether ``backend`` speaks 2026-07-28 and declared the tasks extension."""
+        extensions = self._channels[backend].capabilities().get("extensions")
+        return self._channels[backend].speaks_modern() and isinstance(extensions, Mapping) \
+            and TASKS_EXTENSION in extensions
 
     def unasked(self, identity: Identity | None, backend: str, exchange: Exchange, deadline: Deadline) -> Exchange:
         """A call the client accepted no task of: a backend that answers with a task anyway

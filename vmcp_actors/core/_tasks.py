@@ -53,6 +53,9 @@ class TaskRequest:
 
     modern: bool
     params: Mapping[str, Any]  # a 2025 client's params.task ({"ttl": ...}); {} for a 2026 one
+    # A 2025 client that asked no task: a 2026-07-28 backend that offers tasks is told the
+    # extension (its task-only tools answer then) and its task is waited for.
+    awaited: bool = False
 
 
 requested_task: ContextVar[TaskRequest | None] = ContextVar("requested_task", default=None)

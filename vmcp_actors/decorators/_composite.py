@@ -305,7 +305,7 @@ class CompositeTools(CoreLayer):
             view = self.view(identity, deadline)
             composite = view.advertised.get(name)
             task = requested_task.get()
-            if composite is not None and task is not None and self._tasks is not None:
+            if composite is not None and task is not None and not task.awaited and self._tasks is not None:
                 return answered(self._start_task(identity, composite, view, arguments, task))
             if composite is not None:
                 return self._run(identity, composite, view, arguments, meta, deadline)
