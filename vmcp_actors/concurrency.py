@@ -135,6 +135,10 @@ class BoundedPool:
 
 
 _POOL = BoundedPool()
+# Calls made for composite steps wait on backends as long as a step may take: a pool of
+# their own, so slow steps never hold up handshakes, discovery or record writes.
+MAX_CALL_WORKERS = 256
+_CALLS = BoundedPool(MAX_CALL_WORKERS, name="vmcp-calls")
 
 
 def run_in_thread(fn: Callable[..., T], *args: Any) -> cf.Future[T]:
@@ -143,13 +147,19 @@ def run_in_thread(fn: Callable[..., T], *args: Any) -> cf.Future[T]:
     return _POOL.submit(fn, *args)
 
 
+def run_call(fn: Callable[..., T], *args: Any) -> cf.Future[T]:
+    """Run ``fn(*args)`` on the calls' pool (a backend call for a composite step)."""
+    return _CALLS.submit(fn, *args)
+
+
 def wait_for_io(timeout: float) -> bool:
     """At shutdown: let the pooled exchanges under way (backend DELETEs) finish."""
     return _POOL.wait_idle(timeout)
 
 
 def pool_stats() -> dict[str, int]:
-    return {"workers": _POOL.workers, "maxWorkers": MAX_WORKERS, "queued": _POOL.queued}
+    return {"workers": _POOL.workers, "maxWorkers": MAX_WORKERS, "queued": _POOL.queued,
+            "callWorkers": _CALLS.workers, "maxCallWorkers": MAX_CALL_WORKERS, "callsQueued": _CALLS.queued}
 
 
 def on_settled(future: cf.Future[T], fn: Callable[[cf.Future[T]], None]) -> None:

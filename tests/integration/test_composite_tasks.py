@@ -127,3 +127,20 @@ def test_live_tasks_are_capped_per_user_and_results_expire(gateway):
     assert gone["error"]["code"] == -32602 and "expired" in gone["error"]["message"]
     modern_rpc(url, "tasks/cancel", {"taskId": second})
     assert task_of(url, second)["status"] == "cancelled"
+
+
+def test_cancelling_a_task_cancels_its_step_call_at_the_backend(start_gateway):
+    from tests.backends import restartable_backend
+
+    with restartable_backend("raw") as raw:
+        napping = {"name": "napping", "description": "One long backend call",
+                   "parameters": {"type": "object", "properties": {}},
+                   "steps": [{"id": "nap", "tool": "raw_sleep", "arguments": {"seconds": 30}, "timeout": "60s"}]}
+        url = start_gateway({"name": "tasks", "backends": [backend_entry("raw", raw)],
+                             "compositeTools": [napping]}).url
+        handle = start_task(url, "napping", {})
+        (call,) = raw.wait_for("tools/call")
+        modern_rpc(url, "tasks/cancel", {"taskId": handle})
+        (cancelled,) = raw.wait_for("notifications/cancelled")  # the run's end reached the backend
+        assert cancelled.params["requestId"] == call.id
+        assert task_of(url, handle)["status"] == "cancelled"

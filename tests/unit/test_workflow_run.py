@@ -58,14 +58,21 @@ class FakeCaller:
         return self.schemas.get(tool)
 
     def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
-        """Returns at once, as the real caller does; the tool runs on a thread of its own."""
+        """Returns at once, as the real caller does; the tool runs on a thread of its own
+        (and its answer is dropped when the run cancelled the call meanwhile)."""
         outcome: cf.Future[dict[str, Any]] = cf.Future()
 
         def run() -> None:
             try:
-                outcome.set_result(self._call(tool, arguments))
+                answer, failure = self._call(tool, arguments), None
             except Exception as error:  # noqa: BLE001 - lands in the future, as a real failure does
-                outcome.set_exception(error)
+                answer, failure = None, error
+            if outcome.cancelled():
+                return
+            if failure is not None:
+                outcome.set_exception(failure)
+            else:
+                outcome.set_result(answer)
 
         threading.Thread(target=run, daemon=True).start()
         return outcome

@@ -36,6 +36,7 @@ from vmcp_actors.concurrency import (
     ASK_TIMEOUT,
     Deadline,
     on_settled,
+    run_call,
     run_in_thread,
     settle_from,
 )
@@ -95,6 +96,9 @@ class CallOpened:
 
     backend: str
     cancel: Callable[[str | None], None]
+
+
+NO_LONGER_WANTED = "the caller no longer wants the answer (its composite run ended)"
 
 
 @dataclass(frozen=True)
@@ -567,8 +571,10 @@ class BackendChannel:
     def submit(self, identity: Identity | None, method: str, params: dict[str, Any] | None,
                deadline: Deadline, headers: Mapping[str, str] | None = None) -> cf.Future[dict[str, Any]]:
         """``request`` for pooled work: the result lands in the returned future. The
-        exchange runs as one pooled job once the handshake is there (a renewal after a 404
-        likewise), chained by callbacks: no pooled thread waits for another job."""
+        exchange runs as one job of the calls' own pool (``run_call``) once the handshake is
+        there (a renewal after a 404 likewise), chained by callbacks: no pooled thread waits
+        for another job. Cancelling the future drops a call not sent yet and cancels one in
+        flight."""
         outcome: cf.Future[dict[str, Any]] = cf.Future()
 
         def attempt(handshake_future: cf.Future[Handshake], renewed: bool) -> None:
@@ -576,10 +582,14 @@ class BackendChannel:
             if error is not None:
                 self._fail(outcome, error)
                 return
+            if outcome.cancelled():
+                return
             handshake = handshake_future.result()
-            job = run_in_thread(self.call_with, identity, handshake, method, params, deadline, headers)
+            job = run_call(self.call_with, identity, handshake, method, params, deadline, headers, outcome)
 
             def finished(done: cf.Future[dict[str, Any]]) -> None:
+                if outcome.cancelled():
+                    return  # nobody waits: nor is the connection at fault
                 failure = done.exception()
                 if isinstance(failure, BackendSessionExpired) and not renewed:
                     try:
@@ -768,9 +778,13 @@ class BackendChannel:
 
     def call_with(self, identity: Identity | None, handshake: Handshake, method: str,
                   params: dict[str, Any] | None, deadline: Deadline | None = None,
-                  extra_headers: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """``exchange_with`` for the gateway's own use: notifications dropped, result returned."""
-        return drain(self.exchange_with(identity, handshake, method, params, deadline, extra_headers))
+                  extra_headers: Mapping[str, str] | None = None, wanted: cf.Future[Any] | None = None) -> dict[str, Any]:
+        """``exchange_with`` for the gateway's own use: notifications dropped, result
+        returned. A call whose ``wanted`` future is cancelled first is not sent at all, and
+        one in flight when it is, is cancelled."""
+        if wanted is not None and wanted.cancelled():
+            raise BackendCancelled(self.name, NO_LONGER_WANTED)
+        return drain(self.exchange_with(identity, handshake, method, params, deadline, extra_headers), wanted)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -890,13 +904,16 @@ def _without_subscription_id(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "params": params}
 
 
-def drain(exchange: Exchange) -> dict[str, Any]:
+def drain(exchange: Exchange, wanted: cf.Future[Any] | None = None) -> dict[str, Any]:
     """Run an exchange to its end, dropping its notifications; its result. There is no
-    client to ask on the gateway's own calls, so a backend's request is refused at once."""
+    client to ask on the gateway's own calls, so a backend's request is refused at once.
+    When ``wanted`` is cancelled meanwhile, the call is cancelled (the backend told)."""
     try:
         while True:
             event = next(exchange)
-            if isinstance(event, BackendRequest):
+            if isinstance(event, CallOpened) and wanted is not None:
+                on_settled(wanted, lambda done, opened=event: done.cancelled() and opened.cancel(NO_LONGER_WANTED))
+            elif isinstance(event, BackendRequest):
                 event.reply({"error": {"code": METHOD_NOT_FOUND,
                                        "message": f"{event.method} is not available: no client takes part in "
                                                   "this call (a composite step or the gateway's own request)"}})

@@ -49,7 +49,7 @@ from vmcp_actors.core._exchange import (
 )
 from vmcp_actors.core._explain import ABSENT, ADDS, PASSES, USES, Explanation, Finding
 from vmcp_actors.core._interface import CoreLayer
-from vmcp_actors.core._tasks import TaskRequest, requested_task
+from vmcp_actors.core._tasks import LEGACY_TASK_METHODS, MODERN_TASK_METHODS, TaskRequest, requested_task
 from vmcp_actors.decorators._composite_tasks import UserTasks
 from vmcp_actors.decorators._filter import is_advertised
 from vmcp_actors.identity import Identity
@@ -221,7 +221,7 @@ class _StepCaller:
         span = tracing.start_span(f"composite step {tool}", self._trace, {"vmcp.backend": target.route.backend})
         outcome = tracing.within(span, self._backends.submit_route, self._identity, target.route, arguments, deadline)
         if span is not None:
-            outcome.add_done_callback(lambda done: tracing.end(span, done.exception()))
+            outcome.add_done_callback(lambda done: tracing.end(span, None if done.cancelled() else done.exception()))
         return outcome
 
     def elicit(self, step_id: str, message: str, requested_schema: Mapping[str, Any],
@@ -314,8 +314,8 @@ class CompositeTools(CoreLayer):
     def task_request(self, identity, method, params, modern, deadline):
         """The gateway's own tasks answered here; a backend's go below."""
         tasks = self._tasks
-        if tasks is None:
-            return self._inner.task_request(identity, method, params, modern, deadline)
+        if tasks is None or method not in (MODERN_TASK_METHODS if modern else LEGACY_TASK_METHODS):
+            return self._inner.task_request(identity, method, params, modern, deadline)  # -32601 for the rest
         if method == "tasks/list" and not modern:
             return self._inner.list_tasks(identity, params, deadline, tuple(tasks.listed()))
         task_id = tasks.owns(params) if method != "tasks/list" else None

@@ -85,7 +85,8 @@ class StepCaller(Protocol):
 
     def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
         """Start calling ``tool`` without blocking; the future settles with the MCP
-        CallToolResult dict, or with ``JsonRpcError`` (or any exception) on failure."""
+        CallToolResult dict, or with ``JsonRpcError`` (or any exception) on failure. The run
+        cancels the future when it ends first: the call is then dropped or cancelled."""
 
 
 class ElicitationUnsupported(JsonRpcError):
@@ -200,6 +201,7 @@ class WorkflowRun(pykka.ThreadingActor):
         self._status = {step.id: "pending" for step in tool.steps}
         self._outcomes: dict[str, StepOutcome] = {}
         self._running: dict[str, _Running] = {}
+        self._calls: list[cf.Future[dict[str, Any]]] = []  # every step call made (cancelled when the run ends)
         self._run_timer: TimerHandle | None = None
         self._state = "new"  # running, completed, failed, cancelled
         self._scheduling = False
@@ -388,10 +390,13 @@ class WorkflowRun(pykka.ThreadingActor):
             return
 
         def report(done: cf.Future[dict[str, Any]]) -> None:
+            if done.cancelled():
+                return  # the run ended and cancelled it
             error = done.exception()
             tell_quietly(actor_ref, _CallDone(step.id, attempt, index, None if error else done.result(),
                                               None if error is None else _describe(error)))
 
+        self._calls = [call for call in self._calls if not call.done()] + [future]
         on_settled(future, report)
 
     def _elicit(self, step: Step, running: _Running) -> None:
@@ -559,6 +564,9 @@ class WorkflowRun(pykka.ThreadingActor):
         for step_id in self._running:
             self._status[step_id] = "cancelled"
         self._running.clear()
+        for call in self._calls:  # not sent yet: dropped; in flight: cancelled at the backend
+            call.cancel()
+        self._calls = []
         if error is not None:
             self._future.set_exception(error)
         else:
