@@ -14,7 +14,11 @@ client's GIL): prints its MCP URL on stdout, then serves until stdin closes or S
 * ``--count`` (``sdk`` and ``legacy``): count what reaches the backend. ``GET /bench/counts``
   answers ``{"POST": {JSON-RPC method: {HTTP status: n}}, "GET": {"": {...}}, ...}``:
   every request counted as it arrives (a POST's method before its delay), under
-  ``"pending"`` until it is answered, then under its status.
+  ``"pending"`` until its answer starts (the status line: for a streamed answer that may be
+  long before the answer ends, e.g. at the stream's first keep-alive ping), then under its
+  status. ``GET /bench/open`` answers ``{"POST": {JSON-RPC method: n}, ...}``: the requests
+  being handled right now (arrived, the app not yet done with them: its answer is not
+  finished and the client has not gone away).
 
 Without ``--delay`` and ``--count`` the app is served as it is (the direct baseline of
 bench.overhead has no middleware in its way).
@@ -34,6 +38,7 @@ from typing import Any
 from tests.eras import _body, _message, _replay
 
 COUNTS_PATH = "/bench/counts"
+OPEN_PATH = "/bench/open"
 
 
 class Counted:
@@ -44,11 +49,19 @@ class Counted:
         self.app = app
         # Only uvicorn's event loop reads and writes the counts (the counts page included): no lock.
         self._counts: dict[tuple[str, str], Counter[str]] = {}
+        self._open: Counter[tuple[str, str]] = Counter()  # requests the app is handling now
 
     def snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
         shaped: dict[str, dict[str, dict[str, int]]] = {}
         for (verb, method), statuses in self._counts.items():
             shaped.setdefault(verb, {})[method] = +statuses  # without statuses counted down to 0
+        return shaped
+
+    def open_now(self) -> dict[str, dict[str, int]]:
+        shaped: dict[str, dict[str, int]] = {}
+        for (verb, method), n in self._open.items():
+            if n:
+                shaped.setdefault(verb, {})[method] = n
         return shaped
 
     def _count(self, key: tuple[str, str], status: str, before: str | None = None) -> None:
@@ -61,8 +74,8 @@ class Counted:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["path"] == COUNTS_PATH:
-            body = json.dumps(self.snapshot()).encode()
+        if scope["path"] in (COUNTS_PATH, OPEN_PATH):
+            body = json.dumps(self.snapshot() if scope["path"] == COUNTS_PATH else self.open_now()).encode()
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
@@ -81,7 +94,11 @@ class Counted:
                 self._count(key, str(message["status"]), before="pending")
             await send(message)
 
-        await self.app(scope, receive, counting_send)
+        self._open[key] += 1
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self._open[key] -= 1
 
 
 class Delayed:

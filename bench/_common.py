@@ -496,6 +496,16 @@ def backend_counts(backend: BackendProcess) -> dict[str, dict[str, dict[str, int
     return response.json()
 
 
+def backend_open(backend: BackendProcess) -> dict[str, dict[str, int]]:
+    """The requests a ``backend_process(..., count=True)`` is handling right now: {HTTP
+    method: {JSON-RPC method (POST) or "": n}} (only those with some open)."""
+    from bench._backend_server import OPEN_PATH
+
+    response = requests.get(backend.mcp_url.removesuffix("/mcp") + OPEN_PATH, timeout=10)
+    response.raise_for_status()
+    return response.json()
+
+
 def config_mapping(backends: Mapping[str, str], operational: Mapping[str, Any] | None = None,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A gateway config for ``{backend name: MCP URL}``; ``extra`` adds top-level sections."""
