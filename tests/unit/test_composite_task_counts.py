@@ -45,7 +45,7 @@ def test_ended_runs_are_counted_by_the_status_their_records_end_with():
         finishing.set_result({"content": [{"type": "text", "text": "hi"}]})
         # Another worker's tasks/cancel wrote the record before this run's own end came.
         store.update_task(overtaken, lambda record: record.ended(CANCELLED, "cancelled by the client",
-                                                                 record.updated, 60.0))
+                                                                 record.updated))
         overtaken_outcome.set_result({"content": []})
 
         assert tasks.ended_counts() == {("careful_echo", "completed"): 1, ("careful_echo", "cancelled"): 1}

@@ -61,7 +61,7 @@ def test_a_record_round_trips_and_a_malformed_one_is_refused():
 
 
 def test_each_revision_is_told_the_task_its_way():
-    errored = record().ended("completed", "finished with an error", 1001.0, 60.0,
+    errored = record().ended("completed", "finished with an error", 1001.0,
                              result={"content": [], "isError": True})
     modern, legacy = errored.task("H", modern=True), errored.task("H", modern=False)
     assert modern["status"] == "completed" and modern["ttlMs"] == 60_000 and "ttl" not in modern
@@ -71,8 +71,8 @@ def test_each_revision_is_told_the_task_its_way():
 
 
 def test_a_terminal_record_never_changes_again():
-    cancelled = record().ended("cancelled", "cancelled by the client", 1001.0, 60.0)
-    assert cancelled.ended("completed", "completed", 1002.0, 60.0, result={"content": []}) is cancelled
+    cancelled = record().ended("cancelled", "cancelled by the client", 1001.0)
+    assert cancelled.ended("completed", "completed", 1002.0, result={"content": []}) is cancelled
     assert cancelled.progressed("running step 'x'", {}, 1002.0) is cancelled
     assert cancelled.expires == 1061.0  # kept for the TTL from its end
 

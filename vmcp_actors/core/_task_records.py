@@ -102,12 +102,13 @@ class TaskRecord:
         left = {key: value for key, value in self.input_requests.items() if key not in keys}
         return replace(self, status=INPUT_REQUIRED if left else WORKING, input_requests=left, updated=now)
 
-    def ended(self, status: str, message: str, now: float, keep_for: float, *,
+    def ended(self, status: str, message: str, now: float, *,
               result: Mapping[str, Any] | None = None, error: Mapping[str, Any] | None = None) -> TaskRecord:
+        """Kept ``ttl_ms`` from now."""
         if self.terminal:
             return self
         return replace(self, status=status, status_message=message, input_requests={}, result=result, error=error,
-                       updated=now, expires=now + keep_for)
+                       updated=now, expires=now + self.ttl_ms / 1000)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "input_requests", MappingProxyType(dict(self.input_requests)))

@@ -32,6 +32,7 @@ from vmcp_actors.core._tasks import (
     TASKS_EXTENSION,
     TaskHandles,
     TaskRequest,
+    task_failure,
     task_id_param,
 )
 from vmcp_actors.exceptions import BackendError
@@ -175,9 +176,7 @@ class TaskRelay:
             if status == "completed":
                 return self._handles.related(backend, dict(task.get("result") or {}))
             if status == "failed":
-                error = task.get("error") if isinstance(task.get("error"), Mapping) else {}
-                raise JsonRpcError(error.get("code", INTERNAL_ERROR), str(error.get("message", "the task failed")),
-                                   error.get("data"))
+                raise task_failure(task.get("error"), "the task failed")
             if status == "cancelled":
                 raise JsonRpcError(INTERNAL_ERROR, "The task was cancelled")
             requests = task.get("inputRequests") if status == "input_required" else None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmcp_actors.core._exchange import Exchange, Notification, ServerRequest
-from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
+from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.protocol.mcp import MISSING_REQUIRED_CLIENT_CAPABILITY
 from vmcp_actors.signing import Signer, Unsealable
 
@@ -199,6 +199,13 @@ def to_modern(task: Mapping[str, Any]) -> dict[str, Any]:
     if "ttlMs" not in shaped:
         shaped["ttlMs"] = None
     return shaped
+
+
+def task_failure(error: Any, default_message: str) -> JsonRpcError:
+    """A failed task's ``error`` object (either revision) as the error its request raises."""
+    error = error if isinstance(error, Mapping) else {}
+    return JsonRpcError(error.get("code", INTERNAL_ERROR), str(error.get("message", default_message)),
+                        error.get("data"))
 
 
 def task_id_param(params: Mapping[str, Any]) -> Any:

@@ -44,6 +44,7 @@ from vmcp_actors.core._tasks import (
     RELATED_TASK,
     TaskHandles,
     TaskRequest,
+    task_failure,
 )
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
@@ -181,7 +182,7 @@ class CompositeTasks:
     def _settled(self, run: _LocalRun, outcome: cf.Future[dict[str, Any]]) -> None:
         from vmcp_actors.workflows.engine import WorkflowCancelled  # noqa: PLC0415 - the engine imports the config
 
-        now, keep = self._wall(), run.record.ttl_ms / 1000
+        now = self._wall()
         error = outcome.exception() if not outcome.cancelled() else JsonRpcError(INTERNAL_ERROR, "the run was stopped")
         result = outcome.result() if error is None else None
         if result is not None:
@@ -191,10 +192,10 @@ class CompositeTasks:
         else:
             error = error if isinstance(error, JsonRpcError) else JsonRpcError(INTERNAL_ERROR, "Internal error")
             status, message = FAILED, error.message[:200]
-        shaped = _error_object(error) if isinstance(error, JsonRpcError) else None
+        shaped = error.to_dict() if isinstance(error, JsonRpcError) else None
 
         def change(record: TaskRecord) -> TaskRecord:
-            return record.ended(status, message, now, keep, result=result, error=shaped)
+            return record.ended(status, message, now, result=result, error=shaped)
 
         final = status
         try:
@@ -248,10 +249,9 @@ class CompositeTasks:
         record = self.get(owner, task_id)
         if record.terminal:
             return record, False
-        now, keep = self._wall(), record.ttl_ms / 1000
-        error = _error_object(JsonRpcError(INTERNAL_ERROR, "The task was cancelled"))
+        now, error = self._wall(), JsonRpcError(INTERNAL_ERROR, "The task was cancelled").to_dict()
         changed = self._store.update_task(
-            task_id, lambda current: current.ended(CANCELLED, "cancelled by the client", now, keep, error=error))
+            task_id, lambda current: current.ended(CANCELLED, "cancelled by the client", now, error=error))
         self._signals.send(record.runner, {"op": "cancel", "task": task_id})
         return changed or record, True
 
@@ -265,10 +265,10 @@ class CompositeTasks:
             alive = self._signals.alive(record.runner)
         if alive:
             return record
-        error = _error_object(JsonRpcError(INTERNAL_ERROR, RUNNER_GONE))
+        error = JsonRpcError(INTERNAL_ERROR, RUNNER_GONE).to_dict()
         now = self._wall()
-        changed = self._store.update_task(
-            record.task_id, lambda current: current.ended(FAILED, RUNNER_GONE, now, current.ttl_ms / 1000, error=error))
+        changed = self._store.update_task(record.task_id,
+                                          lambda current: current.ended(FAILED, RUNNER_GONE, now, error=error))
         return changed or record
 
     # -- signals from other workers -----------------------------------------------------------
@@ -324,11 +324,11 @@ class CompositeTasks:
         with self._lock:
             runs = list(self._runs.values())
         now = self._wall()
-        error = _error_object(JsonRpcError(INTERNAL_ERROR, "The gateway worker that ran this task stopped"))
+        error = JsonRpcError(INTERNAL_ERROR, "The gateway worker that ran this task stopped").to_dict()
         for run in runs:
             try:
                 self._store.update_task(run.record.task_id, lambda record: record.ended(
-                    FAILED, "the gateway worker that ran this task stopped", now, record.ttl_ms / 1000, error=error))
+                    FAILED, "the gateway worker that ran this task stopped", now, error=error))
             except Exception:  # noqa: BLE001 - stopping: the readers will find the runner gone
                 pass
             run.stop()
@@ -396,8 +396,7 @@ class UserTasks:
             if record.terminal:
                 if record.status == COMPLETED and record.result is not None:
                     return {**dict(record.result), "_meta": {**(record.result.get("_meta") or {}), **related}}
-                error = record.error or {"code": INTERNAL_ERROR, "message": record.status_message}
-                raise JsonRpcError(error.get("code", INTERNAL_ERROR), str(error.get("message", "")), error.get("data"))
+                raise task_failure(record.error, record.status_message)
             for key, request in record.input_requests.items():
                 if key in asked or not isinstance(request, Mapping):
                     continue
@@ -430,10 +429,3 @@ def _status_message(steps: Mapping[str, str], waiting: Mapping[str, Any]) -> str
     if not running:
         return "starting" if not done else f"{done} of {len(steps)} steps done"
     return f"running step {', '.join(repr(step) for step in running)} ({done} of {len(steps)} steps done)"
-
-
-def _error_object(error: JsonRpcError) -> dict[str, Any]:
-    shaped: dict[str, Any] = {"code": error.code, "message": error.message}
-    if error.data is not None:
-        shaped["data"] = error.data
-    return shaped

@@ -138,14 +138,17 @@ class RedisRecordStore:
         return self._run(work)
 
     def sessions_of(self, key: UserKey) -> list[SessionRecord]:
-        def work() -> list[SessionRecord]:
-            ids = sorted(member.decode() for member in self._redis.smembers(self._index_key(key)))
-            blobs = self._redis.mget([self._session_key(session_id) for session_id in ids]) if ids else []
-            gone = [session_id for session_id, blob in zip(ids, blobs) if blob is None]
-            if gone:  # expired sessions leave their ids behind: tidy up
-                self._redis.srem(self._index_key(key), *gone)
-            return [record for blob in blobs if (record := self._decode_session(blob)) is not None]
-        return self._run(work)
+        return self._run(lambda: self._indexed(self._index_key(key), self._session_key, self._decode_session))
+
+    def _indexed(self, index: str, key_of: Callable[[str], str], decode: Callable[[bytes | None], Any]) -> list[Any]:
+        """The records whose ids the set ``index`` lists (expired ones leave their ids
+        behind: those are tidied up)."""
+        ids = sorted(member.decode() for member in self._redis.smembers(index))
+        blobs = self._redis.mget([key_of(record_id) for record_id in ids]) if ids else []
+        gone = [record_id for record_id, blob in zip(ids, blobs) if blob is None]
+        if gone:
+            self._redis.srem(index, *gone)
+        return [record for blob in blobs if (record := decode(blob)) is not None]
 
     def update_session(self, session_id: str, change: Callable[[SessionRecord], SessionRecord]) -> None:
         name = self._session_key(session_id)
@@ -228,16 +231,8 @@ class RedisRecordStore:
         return self._run(lambda: self._redis.transaction(update, name, value_from_callable=True))
 
     def tasks_of(self, owner: str) -> list[TaskRecord]:
-        def work() -> list[TaskRecord]:
-            index = self._owner_tasks_key(owner)
-            ids = sorted(member.decode() for member in self._redis.smembers(index))
-            blobs = self._redis.mget([self._task_key(task_id) for task_id in ids]) if ids else []
-            gone = [task_id for task_id, blob in zip(ids, blobs) if blob is None]
-            if gone:  # expired tasks leave their ids behind: tidy up
-                self._redis.srem(index, *gone)
-            records = [record for blob in blobs if (record := self._decode_task(blob)) is not None]
-            return sorted((record for record in records if record.owner == owner), key=lambda record: record.created)
-        return self._run(work)
+        records = self._run(lambda: self._indexed(self._owner_tasks_key(owner), self._task_key, self._decode_task))
+        return sorted((record for record in records if record.owner == owner), key=lambda record: record.created)
 
     def ping(self) -> bool:
         """For /readyz: whether Redis answers now."""
