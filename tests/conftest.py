@@ -44,3 +44,15 @@ def redis_server():
     server = RedisServer().start()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="module")
+def everything():
+    """server-everything (the TypeScript reference server) on a loopback port, per module
+    (installed by scripts/install-node-mcp: skips without it, fails under CI)."""
+    from tests import node_mcp
+
+    node_mcp.need_node_mcp()
+    server = node_mcp.EverythingServer()
+    yield server
+    server.stop()

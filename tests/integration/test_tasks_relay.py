@@ -13,21 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests import node_mcp
 from tests.gateway import answer_of
 from tests.ts_tasks import research_scenario, run_ts_tasks
 
 pytestmark = pytest.mark.timeout(120)
 
 BACKEND = "everything"
-
-
-@pytest.fixture(scope="module")
-def everything():
-    node_mcp.need_node_mcp()
-    server = node_mcp.EverythingServer()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests import node_mcp
 from tests.ts_tasks import RELATED_TASK, research_scenario, run_ts_tasks
 
 pytestmark = pytest.mark.timeout(90)
@@ -28,14 +27,6 @@ pytestmark = pytest.mark.timeout(90)
 TASK_SHAPE = {"ttl": 300000, "pollInterval": 1000, "createdAt": "<time>", "lastUpdatedAt": "<time>"}
 ASKING = 'Found multiple interpretations for "python". Requesting clarification...'
 ANSWERED = "programming"  # the first interpretation offered for "python", the driver's canned answer
-
-
-@pytest.fixture(scope="module")
-def everything():
-    node_mcp.need_node_mcp()
-    server = node_mcp.EverythingServer()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
