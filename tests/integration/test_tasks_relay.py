@@ -264,3 +264,88 @@ def test_a_2025_client_gets_the_answer_of_a_modern_task_only_tool(jobs_gateway, 
     assert answer["result"]["isError"] is True and "taskId" not in answer["result"], answer
     (backend_id,) = jobs.tasks  # the backend was told the extension, made a task, and it was waited for
     assert jobs.tasks[backend_id].status == "completed"
+
+
+def _research_until_asked(url: str, handle_of: list[str] | None = None, *, within: float = 30.0) -> tuple[str, dict]:
+    """A 2026-07-28 client's research task on server-everything (a 2025 backend), polled
+    until it asks (its question comes only on the stream of tasks/result there)."""
+    import time
+
+    from tests.task_backends import modern_rpc
+
+    created = modern_rpc(url, "tools/call", {"name": f"{BACKEND}_simulate-research-query",
+                                             "arguments": {"topic": "rust", "ambiguous": True}})["result"]
+    handle = created["taskId"]
+    deadline = time.monotonic() + within
+    while True:
+        state = modern_rpc(url, "tasks/get", {"taskId": handle})["result"]
+        if state["status"] != "working" or time.monotonic() > deadline:
+            return handle, state
+        time.sleep(0.3)
+
+
+def _finished(url: str, handle: str, *, within: float = 30.0) -> dict:
+    import time
+
+    from tests.task_backends import modern_rpc
+
+    deadline = time.monotonic() + within
+    while True:
+        state = modern_rpc(url, "tasks/get", {"taskId": handle})["result"]
+        if state["status"] in ("completed", "failed", "cancelled") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.3)
+
+
+def _research_question(state: dict) -> tuple[str, dict]:
+    assert state["status"] == "input_required", state
+    (key, request), = state["inputRequests"].items()
+    assert request["method"] == "elicitation/create"
+    assert "could have multiple interpretations" in request["params"]["message"]
+    assert "interpretation" in request["params"]["requestedSchema"]["properties"]
+    assert "io.modelcontextprotocol/related-task" not in (request["params"].get("_meta") or {})
+    return key, request
+
+
+def test_a_modern_client_answers_a_2025_backends_task_question_with_tasks_update(gateway, everything):
+    """The 2025 backend asks on tasks/result's stream only; the 2026 client sees the
+    question in tasks/get (again on every poll until answered) and answers with tasks/update."""
+    from tests.task_backends import modern_rpc
+
+    handle, state = _research_until_asked(gateway.url)
+    key, request = _research_question(state)
+    again = modern_rpc(gateway.url, "tasks/get", {"taskId": handle})["result"]
+    assert again["status"] == "input_required" and again["inputRequests"] == {key: request}  # held, not lost
+    ignored = modern_rpc(gateway.url, "tasks/update", {"taskId": handle, "inputResponses": {"nothing-asked": {}}})
+    assert ignored["result"]["resultType"] == "complete"
+    assert modern_rpc(gateway.url, "tasks/update", {"taskId": handle, "inputResponses": "no"})["error"]["code"] == -32602
+    answered = modern_rpc(gateway.url, "tasks/update", {"taskId": handle, "inputResponses": {
+        key: {"action": "accept", "content": {"interpretation": "technical"}}}})
+    assert answered["result"]["resultType"] == "complete"
+    done = _finished(gateway.url, handle)
+    assert done["status"] == "completed", done
+    assert "Research Report: rust (technical)" in done["result"]["content"][0]["text"]
+
+
+def test_another_worker_answers_a_2025_backends_task_question(start_gateway, everything, redis_server, monkeypatch):
+    """Heard on one worker, answered on the other: the answer goes to the user's backend
+    session under the backend's request id, whichever worker heard the question."""
+    from tests.task_backends import modern_rpc
+
+    monkeypatch.setenv("RELAY_SIGNING_KEY", "relay-signing-key-0123456789abcdef")
+    settings = {"name": "t", "backends": [{"name": BACKEND, "url": everything.mcp_url}],
+                "operational": {"signingKeyEnv": "RELAY_SIGNING_KEY"},
+                "sessionStorage": {"provider": "redis", "address": redis_server.address, "keyPrefix": "rq:"}}
+    first, second = (start_gateway(settings) for _ in range(2))
+    handle, state = _research_until_asked(first.url)
+    key, request = _research_question(state)
+    assert modern_rpc(second.url, "tasks/get", {"taskId": handle})["result"]["inputRequests"] == {key: request}
+    import redis as redis_client
+    raw = redis_client.Redis(port=redis_server.port)
+    held = [raw.get(name) for name in raw.keys("rq:q:*")]
+    assert held and not any(b"interpretations" in blob for blob in held)  # held in Redis, encrypted
+    answered = modern_rpc(second.url, "tasks/update", {"taskId": handle, "inputResponses": {
+        key: {"action": "accept", "content": {"interpretation": "historical"}}}})
+    assert answered["result"]["resultType"] == "complete"
+    done = _finished(first.url, handle)
+    assert done["status"] == "completed" and "Research Report: rust (historical)" in done["result"]["content"][0]["text"]

@@ -87,6 +87,21 @@ def test_the_memory_store_forgets_an_expired_task():
     assert store.update_task("t1", lambda current: current) is None
 
 
+def test_the_memory_store_holds_asked_questions_for_their_time_and_forgets_answered_ones():
+    clock = Clock()
+    store = MemoryRecordStore(wall=clock)
+    store.put_asked("k", {"request-1": {"id": 1, "request": {"method": "elicitation/create"}}}, 10)
+    held = store.asked("k")
+    assert held == {"request-1": {"id": 1, "request": {"method": "elicitation/create"}}}
+    held["request-1"]["id"] = 2  # a copy: the store shares nothing mutable
+    assert store.asked("k")["request-1"]["id"] == 1
+    clock.now += 10
+    assert store.asked("k") is None
+    store.put_asked("k", {"request-1": {}}, 10)
+    store.put_asked("k", {}, 10)  # nothing left to ask
+    assert store.asked("k") is None
+
+
 def test_a_task_whose_runner_is_gone_reads_as_failed_and_frees_its_place():
     clock = Clock()
     store = MemoryRecordStore(wall=clock)

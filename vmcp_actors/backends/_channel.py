@@ -81,21 +81,25 @@ CLIENT_INFO = {"name": "vmcp-actors", "version": __version__}
 class BackendRequest:
     """A request the backend sent us (sampling, elicitation, roots, ping), during a call
     or on its standalone stream. ``reply`` takes ``{"result": ...}`` or ``{"error": ...}``
-    and sends it back under the backend's own id, on the backend session it came from."""
+    and sends it back under the backend's own id (``id``), on the backend session it came
+    from."""
 
     backend: str
     method: str
     params: Mapping[str, Any]
     reply: Callable[[dict[str, Any]], None]
+    id: Any = None
 
 
 @dataclass(frozen=True)
 class CallOpened:
     """First of an exchange's events: ``cancel(reason)`` ends it (the backend is told with
-    notifications/cancelled under the id the gateway gave the request)."""
+    notifications/cancelled under the id the gateway gave the request); ``leave()`` only
+    closes the stream (the request's work goes on at the backend)."""
 
     backend: str
     cancel: Callable[[str | None], None]
+    leave: Callable[[], None] = lambda: None
 
 
 NO_LONGER_WANTED = "the caller no longer wants the answer (its composite run ended)"
@@ -647,7 +651,7 @@ class BackendChannel:
         # thread of its own while this one waits on its mailbox; any other is read here.
         mailbox = self._calls.open() if self.takes_requests and not handshake.is_modern \
             and not getattr(self._client, "routes_requests", False) else None
-        yield CallOpened(self.name, cancel)
+        yield CallOpened(self.name, cancel, abort.abort)
         exchange = self._client.exchange(
             message,
             session_id=handshake.session_id,
@@ -741,6 +745,15 @@ class BackendChannel:
         """The backend's handshake, made first when there is none yet (within ``deadline``)."""
         return self._await(self._handshake_future(identity), deadline)
 
+    def answer(self, identity: Identity | None, request_id: Any, answer: dict[str, Any], deadline: Deadline) -> None:
+        """Answer a request the backend sent on this user's backend session (``{"result"}``
+        or ``{"error"}`` under the backend's ``request_id``), from any worker: the session
+        is the user's, not the stream's."""
+        handshake = self.handshake(identity, deadline)
+        self._client.post({"jsonrpc": "2.0", "id": request_id, **answer}, session_id=handshake.session_id,
+                          protocol_version=handshake.protocol_version, timeout=deadline.cap(self.timeout),
+                          extra_headers=self.headers_for(identity))
+
     def capabilities(self) -> Mapping[str, Any]:
         """What the backend's current handshake declared ({} before there is one)."""
         published = self._handshake
@@ -819,7 +832,7 @@ class BackendChannel:
         def reply(answer: dict[str, Any]) -> None:
             self._send_later(handshake, headers, {"jsonrpc": "2.0", "id": backend_id, **answer})
 
-        return BackendRequest(self.name, message["method"], params if isinstance(params, dict) else {}, reply)
+        return BackendRequest(self.name, message["method"], params if isinstance(params, dict) else {}, reply, backend_id)
 
     def _send_later(self, handshake: Handshake, headers: dict[str, str], message: dict[str, Any]) -> None:
         """POST a response or notification to the backend session on a pooled thread (202 expected)."""

@@ -24,7 +24,7 @@ from vmcp_actors.core._catalog import Catalog, InternalTool, Route
 from vmcp_actors.core._exchange import Exchange, drained, from_backend
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
 from vmcp_actors.core._interface import Continuation
-from vmcp_actors.core._task_relay import TaskRelay
+from vmcp_actors.core._task_relay import AskedStore, TaskRelay
 from vmcp_actors.core._tasks import TaskHandles, requested_task
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
@@ -111,12 +111,13 @@ class AggregatedBackends:
     def __init__(self, user: Any, channels: Mapping[str, BackendChannel], board: CatalogBoard,
                  fail_on_partial: bool = False,
                  record_subscription: Callable[[str, str, bool], None] | None = None,
-                 task_handles: TaskHandles | None = None, page_size: int = 100):
+                 task_handles: TaskHandles | None = None, page_size: int = 100,
+                 asked: AskedStore | None = None):
         self._user = user  # ActorProxy[UserActor]
         self._channels = channels
         self._board = board
         self._tasks = TaskRelay(channels, self.catalog, task_handles or TaskHandles(Signer.generated(), ""),
-                                page_size)
+                                page_size, asked)
         # (subscriber, uri, subscribed): written to the subscriber's session record on the
         # request's thread (a store round trip; never on the user actor's loop).
         self._record_subscription = record_subscription

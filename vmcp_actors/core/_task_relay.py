@@ -10,18 +10,27 @@ backend that owns the task under its own id, and come back with handles again.
 Translation: a 2025 client's ``tasks/result`` on a 2026-07-28 backend's task polls
 ``tasks/get`` (at the task's ``pollIntervalMs``, within the request's deadline) and asks
 the client for the task's ``inputRequests`` on the result's stream (answered with
-``tasks/update``); ``tasks/cancel`` answers the task as it then is.
+``tasks/update``); ``tasks/cancel`` answers the task as it then is. The other way round,
+a 2025-11-25 backend asks its task's questions only on the stream of ``tasks/result``, and
+once: a 2026-07-28 client's ``tasks/get`` that finds the task ``input_required`` opens that
+stream until the questions come, leaves it (the task waits on at the backend), and holds
+them in the record store (``AskedStore``) as the task's ``inputRequests`` until
+``tasks/update`` answers them, on any worker: the answer is posted to the user's backend
+session under the backend's own request id.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import queue
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
-from vmcp_actors.backends import BackendChannel, InputRequired
-from vmcp_actors.concurrency import Deadline
+from vmcp_actors.backends import BackendChannel, BackendRequest, CallOpened, InputRequired
+from vmcp_actors.concurrency import Deadline, run_in_thread
 from vmcp_actors.core._catalog import Catalog
 from vmcp_actors.core._exchange import Exchange, drained, from_backend, to_jsonrpc_error
 from vmcp_actors.core._pagination import paginate
@@ -50,15 +59,37 @@ from vmcp_actors.protocol.mcp import META_CLIENT_CAPABILITIES
 # suggests nothing (and never more often than this).
 POLL_EVERY = 0.5
 POLL_AT_MOST_EVERY = 0.05
+# How long a 2026-07-28 client's tasks/get waits for a 2025 backend's task to say what it
+# asks (on the stream of its tasks/result), and for more questions after the first.
+QUESTIONS_WAIT = 2.0
+MORE_QUESTIONS_WAIT = 0.1
+# How long questions are held when the task names no ttl (or a longer one).
+QUESTIONS_KEPT = 3600.0
+
+
+class AskedStore(Protocol):
+    """Where the questions of 2025 backends' tasks wait for a 2026 client's answers."""
+
+    def asked(self, key: str) -> dict[str, Any] | None: ...
+    def put_asked(self, key: str, questions: dict[str, Any], ttl: float) -> None: ...
+
+
+class _NothingHeld:
+    def asked(self, key: str) -> dict[str, Any] | None:
+        return None
+
+    def put_asked(self, key: str, questions: dict[str, Any], ttl: float) -> None:
+        pass
 
 
 class TaskRelay:
     def __init__(self, channels: Mapping[str, BackendChannel], catalog: Callable[[Identity | None, Deadline], Catalog],
-                 handles: TaskHandles, page_size: int = 100):
+                 handles: TaskHandles, page_size: int = 100, asked: AskedStore | None = None):
         self._channels = channels
         self._catalog = catalog
         self._handles = handles
         self._page_size = page_size
+        self._asked = asked if asked is not None else _NothingHeld()
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -155,16 +186,99 @@ class TaskRelay:
         """A 2026-07-28 client's request about a 2025-11-25 backend's task."""
         task_id = sent["taskId"]
         if method == "tasks/update":
-            return {"resultType": "complete"}  # the backend asks its input on tasks/result, not here
+            self._answer(identity, backend, task_id, sent.get("inputResponses"), deadline)
+            return {"resultType": "complete"}
         if method == "tasks/cancel":
             self._call(identity, backend, "tasks/cancel", {"taskId": task_id}, deadline)
+            self._asked.put_asked(self._asked_key(backend, task_id), {}, 0)
             return {"resultType": "complete"}
         task = self._handles.task(backend, self._call(identity, backend, "tasks/get", {"taskId": task_id}, deadline),
                                   True)
         if task.get("status") == "completed":
             task["result"] = self._handles.related(backend, self._call(identity, backend, "tasks/result",
                                                                        {"taskId": task_id}, deadline))
+        elif task.get("status") == "input_required":
+            questions = self._questions(identity, backend, task_id, task.get("ttlMs"), deadline)
+            if questions:
+                task["inputRequests"] = {key: asked["request"] for key, asked in questions.items()}
         return {**task, "resultType": "complete"}
+
+    def _asked_key(self, backend: str, task_id: Any) -> str:
+        return hashlib.sha256(json.dumps([self._handles.owner, backend, task_id]).encode()).hexdigest()
+
+    def _questions(self, identity: Identity | None, backend: str, task_id: Any, ttl_ms: Any,
+                   deadline: Deadline) -> dict[str, Any]:
+        """key -> {"id": the backend's request id, "request": {method, params}}: what the
+        task asks, held since it was first heard, or heard now."""
+        key = self._asked_key(backend, task_id)
+        held = self._asked.asked(key)
+        if held:
+            return held
+        heard = self._hear_questions(identity, backend, task_id, deadline)
+        if heard:
+            keep = ttl_ms / 1000 if isinstance(ttl_ms, (int, float)) and ttl_ms > 0 else QUESTIONS_KEPT
+            self._asked.put_asked(key, heard, min(keep, QUESTIONS_KEPT))
+        return heard
+
+    def _hear_questions(self, identity: Identity | None, backend: str, task_id: Any,
+                        deadline: Deadline) -> dict[str, Any]:
+        """Open the task's tasks/result until its requests come (or a short wait ends),
+        then leave the stream: the backend sends each request once, and waits for its
+        answer whether or not the stream is still open."""
+        events: queue.Queue[Any] = queue.Queue()
+        exchange = self._channels[backend].request(identity, "tasks/result", {"taskId": task_id}, deadline)
+
+        def read() -> None:
+            try:
+                for event in exchange:
+                    events.put(event)
+            except Exception:  # noqa: BLE001 - the stream ended (left, or failed): nothing more is heard
+                pass
+            events.put(None)
+
+        run_in_thread(read)
+        heard: dict[str, Any] = {}
+        opened: CallOpened | None = None
+        wait = min(QUESTIONS_WAIT, max(0.0, deadline.remaining() - 1.0))
+        try:
+            while True:
+                try:
+                    event = events.get(timeout=MORE_QUESTIONS_WAIT if heard else wait)
+                except queue.Empty:
+                    return heard
+                if event is None:
+                    return heard
+                if isinstance(event, CallOpened):
+                    opened = event
+                elif isinstance(event, BackendRequest) and event.id is not None:
+                    params = dict(event.params)
+                    meta = {name: value for name, value in (params.pop("_meta", None) or {}).items()
+                            if name != RELATED_TASK}
+                    if meta:
+                        params["_meta"] = meta
+                    heard[f"request-{event.id}"] = {"id": event.id, "request": {"method": event.method,
+                                                                                "params": params}}
+        finally:
+            if opened is not None:
+                opened.leave()
+
+    def _answer(self, identity: Identity | None, backend: str, task_id: Any, responses: Any,
+                deadline: Deadline) -> None:
+        """A 2026-07-28 client's inputResponses to a 2025 backend's task: each held question
+        answered under the backend's request id (keys it does not wait on are ignored)."""
+        if not isinstance(responses, Mapping):
+            raise JsonRpcError(INVALID_PARAMS, "inputResponses is required and must be an object")
+        key = self._asked_key(backend, task_id)
+        held = self._asked.asked(key) or {}
+        answered = [name for name in responses if name in held]
+        for name in answered:
+            try:
+                self._channels[backend].answer(identity, held[name]["id"], {"result": responses[name]}, deadline)
+            except BackendError as error:
+                raise to_jsonrpc_error(error) from None
+        if answered:
+            self._asked.put_asked(key, {name: asked for name, asked in held.items() if name not in answered},
+                                  QUESTIONS_KEPT)
 
     def _await_result(self, identity: Identity | None, backend: str, task_id: Any, deadline: Deadline,
                       asked: frozenset[str] = frozenset()) -> Exchange:

@@ -189,7 +189,7 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
     aggregated = AggregatedBackends(proxy, channels, board,
                                     fail_on_partial=handling is not None and handling.partial_failure_mode == "fail",
                                     record_subscription=record_subscription, task_handles=handles,
-                                    page_size=config.operational.page_size)
+                                    page_size=config.operational.page_size, asked=store)
     decorators = services.decorators if services.decorators is not None else \
         stack(config, workflow_metrics=services.workflow_metrics)
     tasks = UserTasks(services.composite_tasks, handles, handles.owner, record.key.label,

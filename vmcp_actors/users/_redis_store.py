@@ -8,8 +8,10 @@ their last write (the directory writes a busy session's last use once a second);
 record and its set live twice that, renewed with each of its sessions' writes, so a user
 outlives its last session long enough to be ended. The gateway's own tasks are under
 ``{keyPrefix}t:{task id}``, expiring with the record's ``expires``, and a set per owner
-(``{keyPrefix}ot:{owner}``) lists their ids. Updates are optimistic transactions (WATCH),
-so two processes changing one record do not lose either change.
+(``{keyPrefix}ot:{owner}``) lists their ids. What a backend's 2025-11-25 task asked,
+held for a 2026-07-28 client until it answers, is under ``{keyPrefix}q:{key}``. Updates
+are optimistic transactions (WATCH), so two processes changing one record do not lose
+either change.
 
 Every failure to reach Redis is ``StoreUnavailable``: the request gets 503 and nothing in
 the process breaks; the next request tries again.
@@ -85,6 +87,9 @@ class RedisRecordStore:
 
     def _owner_tasks_key(self, owner: str) -> str:
         return f"{self._prefix}ot:{owner}"
+
+    def _asked_key(self, key: str) -> str:
+        return f"{self._prefix}q:{key}"
 
     def _encode(self, purpose: str, record: SessionRecord | UserRecord | TaskRecord) -> bytes:
         return self._signer.encrypt(purpose, json.dumps(record.to_json(), separators=(",", ":")).encode())
@@ -233,6 +238,19 @@ class RedisRecordStore:
     def tasks_of(self, owner: str) -> list[TaskRecord]:
         records = self._run(lambda: self._indexed(self._owner_tasks_key(owner), self._task_key, self._decode_task))
         return sorted((record for record in records if record.owner == owner), key=lambda record: record.created)
+
+    # -- what backends' tasks asked ----------------------------------------------------------
+
+    def asked(self, key: str) -> dict[str, Any] | None:
+        return self._decode(self._run(lambda: self._redis.get(self._asked_key(key))), "asked questions",
+                            lambda data: data if isinstance(data, dict) else None)
+
+    def put_asked(self, key: str, questions: dict[str, Any], ttl: float) -> None:
+        if not questions or ttl <= 0:
+            self._run(lambda: self._redis.delete(self._asked_key(key)))
+            return
+        blob = self._signer.encrypt("asked questions", json.dumps(questions, separators=(",", ":")).encode())
+        self._run(lambda: self._redis.set(self._asked_key(key), blob, ex=max(1, math.ceil(ttl))))
 
     def ping(self) -> bool:
         """For /readyz: whether Redis answers now."""

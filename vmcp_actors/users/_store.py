@@ -4,10 +4,11 @@ Values are the frozen records themselves, never live objects."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from vmcp_actors.core._task_records import TaskRecord
 from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
@@ -34,6 +35,10 @@ class RecordStore(Protocol):
     def put_task(self, record: TaskRecord) -> None: ...
     def update_task(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord | None: ...
     def tasks_of(self, owner: str) -> list[TaskRecord]: ...
+    # What a 2025-11-25 backend's task asked (its requests, held for a 2026-07-28 client
+    # until answered), under a key the relay derives from the task's handle.
+    def asked(self, key: str) -> dict[str, Any] | None: ...
+    def put_asked(self, key: str, questions: dict[str, Any], ttl: float) -> None: ...
 
 
 class MemoryRecordStore:
@@ -46,6 +51,7 @@ class MemoryRecordStore:
         self._sessions: dict[str, SessionRecord] = {}
         self._users: dict[UserKey, UserRecord] = {}
         self._tasks: dict[str, TaskRecord] = {}
+        self._asked: dict[str, tuple[float, dict[str, Any]]] = {}  # key -> (expires, questions)
         self._wall = wall
 
     def session(self, session_id: str) -> SessionRecord | None:
@@ -113,3 +119,18 @@ class MemoryRecordStore:
         with self._lock:
             return sorted((record for record in self._tasks.values() if record.owner == owner and record.expires > now),
                           key=lambda record: record.created)
+
+    def asked(self, key: str) -> dict[str, Any] | None:
+        kept = self._asked.get(key)
+        return json.loads(json.dumps(kept[1])) if kept is not None and kept[0] > self._wall() else None
+
+    def put_asked(self, key: str, questions: dict[str, Any], ttl: float) -> None:
+        """Keep ``questions`` for ``ttl`` seconds; none (or no time): forget the key."""
+        with self._lock:
+            now = self._wall()
+            for gone in [name for name, (expires, _) in self._asked.items() if expires <= now]:
+                del self._asked[gone]
+            if questions and ttl > 0:
+                self._asked[key] = (now + ttl, json.loads(json.dumps(questions)))
+            else:
+                self._asked.pop(key, None)
