@@ -33,6 +33,7 @@ from vmcp_actors.users._directory import Directory
 from vmcp_actors.users._discovery_cache import DiscoveryCache
 from vmcp_actors.users._gateway import Gateway
 from vmcp_actors.users._records import UserKey
+from vmcp_actors.limits import MemoryBuckets, RateLimiter, RedisBuckets
 from vmcp_actors.users._redis_store import RedisRecordStore
 from vmcp_actors.users._store import MemoryRecordStore, RecordStore
 from vmcp_actors.users._stream_fanout import StreamFanout
@@ -145,6 +146,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     signals = RedisTaskSignals(store.client, signer, config.session_storage.key_prefix) \
         if isinstance(store, RedisRecordStore) else LocalTaskSignals()
     tasks = CompositeTasks(store, signals, config.operational.tasks)
+    limiter = _rate_limiter(config, store)
 
     def hold_user(key: UserKey) -> Callable[[], None]:
         held = directory.hold_user(key) is not None
@@ -153,7 +155,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
                                           processes=processes, signer=signer,
                                           composite_tasks=tasks, hold_user=hold_user,
                                           store=store, workflow_metrics=workflow_metrics,
-                                          decorators=stack(config, layers, workflow_metrics),
+                                          decorators=stack(config, layers, workflow_metrics, limiter),
                                           fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)
                                           if isinstance(store, RedisRecordStore) else None,
                                           # Below 2**52 (exact in JSON), apart from other processes'.
@@ -225,6 +227,15 @@ def _to_live_user(directory: Directory, key: UserKey, backend: str, message: dic
             user.proxy.from_other_process(backend, message)
         except pykka.ActorDeadError:
             pass
+
+
+def _rate_limiter(config: VmcpConfig, store: RecordStore) -> RateLimiter | None:
+    """The config's rate limits, their buckets where the records are (Redis: one decision
+    for every worker)."""
+    if config.rate_limiting is None:
+        return None
+    buckets = RedisBuckets(store.client) if isinstance(store, RedisRecordStore) else MemoryBuckets()
+    return RateLimiter(config.rate_limiting, buckets, config.session_storage.key_prefix)
 
 
 def _record_store(config: VmcpConfig, signer: Signer) -> RecordStore:

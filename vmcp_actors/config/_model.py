@@ -48,6 +48,9 @@ class BackendConfig:
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     cwd: str | None = None
     scope: str = "shared"
+    # A bulkhead: at most this many tools/call in flight to the backend at once (across
+    # workers when records are in Redis); the others queue within their deadline. None: no limit.
+    max_concurrent_calls: int | None = None
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "args")
@@ -430,6 +433,45 @@ class OutgoingAuthConfig:
 
 
 @dataclass(frozen=True)
+class TokenBucket:
+    """``max_tokens`` calls at once (the burst), refilled at ``max_tokens / refill_period``
+    per second."""
+
+    max_tokens: int
+    refill_period: float  # seconds
+
+    @property
+    def rate(self) -> float:
+        return self.max_tokens / self.refill_period
+
+
+@dataclass(frozen=True)
+class ToolRateLimit:
+    """The buckets of one advertised tool (either may be None)."""
+
+    name: str
+    shared: TokenBucket | None = None  # one bucket for every caller of the tool
+    per_user: TokenBucket | None = None  # one bucket per caller, for the tool
+
+
+@dataclass(frozen=True)
+class RateLimitingConfig:
+    """ToolHive's ``rateLimiting``: a call passes every bucket that applies, or none is spent."""
+
+    shared: TokenBucket | None = None  # one bucket for every tools/call (ToolHive's global, or shared)
+    per_user: TokenBucket | None = None  # one bucket per caller
+    tools: tuple[ToolRateLimit, ...] = ()
+    # With records in Redis and Redis unreachable: "allow" (fail open, logged) or "refuse" (503).
+    on_store_error: str = "allow"
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "tools")
+
+    def tool(self, name: str) -> ToolRateLimit | None:
+        return next((tool for tool in self.tools if tool.name == name), None)
+
+
+@dataclass(frozen=True)
 class VmcpConfig:
     """A whole virtual MCP server: its name, its backends, how they are served, and the
     composite tools (declarative workflows over the backends' tools) it adds."""
@@ -447,6 +489,7 @@ class VmcpConfig:
     session_storage: SessionStorageConfig = field(default_factory=SessionStorageConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    rate_limiting: RateLimitingConfig | None = None
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "backends")

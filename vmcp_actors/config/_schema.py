@@ -18,6 +18,7 @@ from marshmallow import (
     fields,
     post_load,
     validate,
+    validates,
     validates_schema,
 )
 
@@ -62,12 +63,15 @@ from ._model import (
     OperationalConfig,
     OptimizerConfig,
     OutgoingAuthConfig,
+    RateLimitingConfig,
     SessionStorageConfig,
     TelemetryConfig,
     TasksConfig,
     TimeoutsConfig,
+    TokenBucket,
     TokenExchangeConfig,
     ToolOverride,
+    ToolRateLimit,
     VmcpConfig,
     WorkloadToolsConfig,
 )
@@ -350,6 +354,8 @@ class BackendSchema(_StrictSchema):
     env = fields.Dict(keys=_String(validate=_env_var_name), values=_String(validate=_no_nul), load_default=dict)
     cwd = _String(load_default=None, allow_none=True, validate=_not_blank_text)
     scope = _String(load_default="shared", validate=_Choice(["shared", "perUser"], []))
+    max_concurrent_calls = _Integer(data_key="maxConcurrentCalls", load_default=None, allow_none=True,
+                                    validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
 
     @validates_schema(pass_original=True, skip_on_field_errors=False)
     def _check_transport_fields(self, data: Any, original_data: Any, **kwargs: Any) -> None:
@@ -867,6 +873,63 @@ class TasksSchema(_StrictSchema):
         return TasksConfig(**data)
 
 
+class TokenBucketSchema(_StrictSchema):
+    max_tokens = _Integer(data_key="maxTokens", required=True,
+                          validate=validate.Range(1, 1_000_000_000, error="must be between 1 and 1000000000"))
+    refill_period = _Duration(data_key="refillPeriod", required=True, at_most="8760h")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> TokenBucket:
+        return TokenBucket(**data)
+
+
+def _global_or_shared(data: dict[str, Any]) -> TokenBucket | None:
+    """ToolHive's ``global``, or ``shared`` (its older name for the same bucket)."""
+    if data.get("global_") is not None and data.get("shared") is not None:
+        raise ValidationError({"shared": ["is the older name of global: set one of them"]})
+    return data.get("global_") if data.get("global_") is not None else data.get("shared")
+
+
+class ToolRateLimitSchema(_StrictSchema):
+    name = _String(required=True, validate=_not_blank)
+    global_ = _Nested(TokenBucketSchema, data_key="global", load_default=None, allow_none=True)
+    shared = _Nested(TokenBucketSchema, load_default=None, allow_none=True)
+    per_user = _Nested(TokenBucketSchema, data_key="perUser", load_default=None, allow_none=True)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> ToolRateLimit:
+        shared = _global_or_shared(data)
+        if shared is None and data.get("per_user") is None:
+            raise ValidationError({"name": ["limits nothing: give it global (or shared), perUser, or both"]})
+        return ToolRateLimit(name=data["name"], shared=shared, per_user=data.get("per_user"))
+
+
+class RateLimitingSchema(_StrictSchema):
+    global_ = _Nested(TokenBucketSchema, data_key="global", load_default=None, allow_none=True)
+    shared = _Nested(TokenBucketSchema, load_default=None, allow_none=True)
+    per_user = _Nested(TokenBucketSchema, data_key="perUser", load_default=None, allow_none=True)
+    tools = _List(_Nested(ToolRateLimitSchema), load_default=tuple)
+    on_store_error = _String(data_key="onStoreError", load_default="allow", validate=_Choice(["allow", "refuse"]))
+
+    @validates("tools")
+    def _check_unique_tools(self, tools: list[Any], **kwargs: Any) -> None:
+        seen: dict[str, int] = {}
+        errors: dict[int, dict[str, list[str]]] = {}
+        for index, tool in enumerate(tools):
+            if not isinstance(tool, ToolRateLimit):
+                continue
+            if tool.name in seen:
+                errors[index] = {"name": [f"duplicate tool {tool.name!r} (also tools[{seen[tool.name]}])"]}
+            seen.setdefault(tool.name, index)
+        if errors:
+            raise ValidationError(errors)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> RateLimitingConfig:
+        return RateLimitingConfig(shared=_global_or_shared(data), per_user=data.get("per_user"),
+                                  tools=tuple(data["tools"]), on_store_error=data["on_store_error"])
+
+
 class OperationalSchema(_StrictSchema):
     timeouts = _Nested(TimeoutsSchema, load_default=TimeoutsConfig)
     session_ttl = _Duration(data_key="sessionTTL", load_default=1800.0)
@@ -981,6 +1044,7 @@ class VmcpSchema(_StrictSchema):
     optimizer = _Nested(OptimizerSchema, load_default=None, allow_none=True)
     session_storage = _Nested(SessionStorageSchema, data_key="sessionStorage", load_default=SessionStorageConfig)
     audit = _Nested(AuditSchema, load_default=AuditConfig)
+    rate_limiting = _Nested(RateLimitingSchema, data_key="rateLimiting", load_default=None, allow_none=True)
 
     # These read what the sections loaded (see ``_loaded``), so they run even when fields
     # failed and their lines join the other errors.
@@ -1060,6 +1124,22 @@ class VmcpSchema(_StrictSchema):
         if errors:
             raise ValidationError(errors)
 
+    @validates_schema(skip_on_field_errors=False)
+    def _check_per_user_limits_have_users(self, data: dict[str, Any], **kwargs: Any) -> None:
+        """A perUser bucket needs callers told apart: incoming auth that names them."""
+        limits = data.get("rate_limiting")
+        if not isinstance(limits, RateLimitingConfig) or _loaded(data.get("incoming_auth"), "type") != "anonymous":
+            return
+        message = "needs incomingAuth that names callers (type oidc): anonymous callers are one user"
+        errors: dict[str, Any] = {}
+        if limits.per_user is not None:
+            errors["perUser"] = [message]
+        tools = {index: {"perUser": [message]} for index, tool in enumerate(limits.tools) if tool.per_user is not None}
+        if tools:
+            errors["tools"] = tools
+        if errors:
+            raise ValidationError({"rateLimiting": errors})
+
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> VmcpConfig:
         return VmcpConfig(
@@ -1075,6 +1155,7 @@ class VmcpSchema(_StrictSchema):
             session_storage=data["session_storage"],
             audit=data["audit"],
             telemetry=data["telemetry"],
+            rate_limiting=data.get("rate_limiting"),
         )
 
 

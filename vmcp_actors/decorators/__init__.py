@@ -1,7 +1,7 @@
 """Decorators over each user's core, and ``stack``, the one place that orders them.
 
-Outermost first: optimizer -> an embedder's layers -> Cedar authz -> advertising filter ->
-composite tools -> aggregated backends (``vmcp_actors.core``). Every layer only subtracts
+Outermost first: rate limits -> optimizer -> an embedder's layers -> Cedar authz ->
+advertising filter -> composite tools -> aggregated backends (``vmcp_actors.core``). Every layer only subtracts
 but composite tools and the optimizer's two meta-tools; an embedder's layer sits behind
 ``SubtractOnly``, which holds it to that. The filter sits above composite tools so steps
 see every backend tool's schema.
@@ -26,7 +26,9 @@ from vmcp_actors.decorators._optimizer import (
     META_TOOLS,
     ToolOptimizer,
 )
+from vmcp_actors.decorators._rate_limits import RateLimits
 from vmcp_actors.decorators._search import ToolIndex
+from vmcp_actors.limits import RateLimiter
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,9 @@ class DecoratorStack:
     """How every user's core is decorated in this process (built once at start)."""
 
     config: VmcpConfig
-    above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer
+    above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer, limits
     workflow_metrics: WorkflowMetrics
+    limiter: RateLimiter | None = None  # composite steps pass their tools' buckets
 
     def build(self, backends: Any, client_capabilities: Mapping[str, Any],
               tasks: UserTasks | None = None) -> tuple[UserCore, CompositeTools]:
@@ -43,7 +46,8 @@ class DecoratorStack:
         composite tools layer (its runs are the user's to cancel; ``tasks``: where the
         runs clients accept tasks of go)."""
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
-                                    self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks)
+                                    self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks,
+                                    limiter=self.limiter)
         outermost: UserCore = AdvertisingFilter(composites, self.config.aggregation)
         for wrap in self.above_filter:
             outermost = wrap(outermost)
@@ -51,7 +55,7 @@ class DecoratorStack:
 
 
 def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
-          workflow_metrics: WorkflowMetrics | None = None) -> DecoratorStack:
+          workflow_metrics: WorkflowMetrics | None = None, limiter: RateLimiter | None = None) -> DecoratorStack:
     """Every decorator the config and the embedder ask for, in their one order."""
     above: list[LayerFactory] = []
     if config.incoming_auth.authz is not None:
@@ -62,7 +66,10 @@ def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
     if config.optimizer is not None:
         limit = config.optimizer.max_tools_to_return
         above.append(lambda inner: ToolOptimizer(inner, limit))
-    return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics())
+    if limiter is not None:
+        call_tool = CALL_TOOL if config.optimizer is not None else None
+        above.append(lambda inner: RateLimits(inner, limiter, call_tool))
+    return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics(), limiter)
 
 
 __all__ = [
@@ -75,6 +82,7 @@ __all__ = [
     "DecoratorStack",
     "FIND_TOOL",
     "META_TOOLS",
+    "RateLimits",
     "SubtractOnly",
     "UserTasks",
     "ToolIndex",

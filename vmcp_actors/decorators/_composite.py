@@ -53,6 +53,7 @@ from vmcp_actors.core._tasks import LEGACY_TASK_METHODS, MODERN_TASK_METHODS, Ta
 from vmcp_actors.decorators._composite_tasks import UserTasks
 from vmcp_actors.decorators._filter import is_advertised
 from vmcp_actors.identity import Identity
+from vmcp_actors.limits import RateLimiter
 from vmcp_actors.metrics import METRICS
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.protocol.mcp import missing_capability
@@ -200,8 +201,10 @@ class _StepCaller:
 
     def __init__(self, backends: AggregatedBackends, identity: Identity | None, targets: Mapping[str, InternalTool],
                  client_capabilities: Mapping[str, Any], to_client: Any,
-                 ask: Callable[[str, dict[str, Any]], cf.Future[dict[str, Any]]] | None = None):
+                 ask: Callable[[str, dict[str, Any]], cf.Future[dict[str, Any]]] | None = None,
+                 limiter: RateLimiter | None = None):
         self._backends = backends
+        self._limiter = limiter  # a step's call passes its tool's own buckets
         self._identity = identity
         self._targets = targets
         self._client_capabilities = client_capabilities
@@ -218,6 +221,8 @@ class _StepCaller:
         target = self._targets.get(tool)
         if target is None:
             raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
+        if self._limiter is not None:
+            self._limiter.admit(self._identity, tool, client_call=False)
         span = tracing.start_span(f"composite step {tool}", self._trace, {"vmcp.backend": target.route.backend})
         outcome = tracing.within(span, self._backends.submit_route, self._identity, target.route, arguments, deadline)
         if span is not None:
@@ -256,9 +261,11 @@ class CompositeTools(CoreLayer):
 
     def __init__(self, inner: AggregatedBackends, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
                  metrics: WorkflowMetrics | None = None, *, client_capabilities: Mapping[str, Any] | None = None,
-                 tasks: UserTasks | None = None):
-        """``tasks``: where a call the client accepts a task of runs as one (None: never)."""
+                 tasks: UserTasks | None = None, limiter: RateLimiter | None = None):
+        """``tasks``: where a call the client accepts a task of runs as one (None: never);
+        ``limiter``: the rate limits its steps' calls pass."""
         super().__init__(inner)
+        self._limiter = limiter
         self._tasks = tasks
         self._client_capabilities = client_capabilities or {}
         self._composites = tuple(composites)
@@ -330,7 +337,7 @@ class CompositeTools(CoreLayer):
         user, tasks = self._tasks, self._tasks.tasks
         run = tasks.begin(user.owner, user.user, composite.name, composite.timeout, task.params.get("ttl"), user.hold)
         caller = _StepCaller(self._inner, identity, view.targets, self._client_capabilities, None,
-                             ask=lambda step_id, request: tasks.ask(run, step_id, request))
+                             ask=lambda step_id, request: tasks.ask(run, step_id, request), limiter=self._limiter)
         self._metrics.started(composite.name)
         ref = WorkflowRun.start(composite, arguments, caller, run_id=run.record.task_id[:16],
                                 deadline=Deadline.after(composite.timeout), on_finish=self._metrics.finished,
@@ -396,7 +403,8 @@ class CompositeTools(CoreLayer):
                                      "params": {"progressToken": progress_token, "progress": done, "total": total,
                                                 "message": message}}))
 
-        caller = _StepCaller(self._inner, identity, view.targets, self._client_capabilities, events.put)
+        caller = _StepCaller(self._inner, identity, view.targets, self._client_capabilities, events.put,
+                             limiter=self._limiter)
         ref = WorkflowRun.start(
             composite, arguments, caller,
             run_id=run_id,

@@ -141,7 +141,7 @@ def _write(answer: Answer, method: str, started: float) -> Response:
     else:
         response = Response(status=answer.status)
     response.headers.update(answer.headers)
-    if answer.status == 503 and "Retry-After" not in response.headers:
+    if answer.status in (429, 503) and "Retry-After" not in response.headers:
         retry_after = _retry_after_of(answer.body)
         if retry_after is not None:
             response.headers["Retry-After"] = str(retry_after)
@@ -159,7 +159,7 @@ def _write(answer: Answer, method: str, started: float) -> Response:
 
 
 def _retry_after_of(body: dict | None) -> int | None:
-    """A busy refusal's ``data.retryAfterSeconds``, for its Retry-After header."""
+    """A busy or rate-limited refusal's ``data.retryAfterSeconds``, for its Retry-After header."""
     error = body.get("error") if isinstance(body, dict) else None
     data = error.get("data") if isinstance(error, dict) else None
     seconds = data.get("retryAfterSeconds") if isinstance(data, dict) else None
