@@ -33,7 +33,7 @@ from vmcp_actors.users._directory import Directory
 from vmcp_actors.users._discovery_cache import DiscoveryCache
 from vmcp_actors.users._gateway import Gateway
 from vmcp_actors.users._records import UserKey
-from vmcp_actors.limits import MemoryBuckets, RateLimiter, RedisBuckets
+from vmcp_actors.limits import Bulkheads, MemoryBuckets, RateLimiter, RedisBuckets
 from vmcp_actors.users._redis_store import RedisRecordStore
 from vmcp_actors.users._store import MemoryRecordStore, RecordStore
 from vmcp_actors.users._stream_fanout import StreamFanout
@@ -88,6 +88,14 @@ class Runtime:
     totals: ProcessTotals | None = None  # this worker's metric totals, for the other workers
     processes: ChildProcesses | None = None  # the stdio backends' children of this worker
     tasks: CompositeTasks | None = None  # the composite tasks this worker runs
+    limiter: RateLimiter | None = None  # rateLimiting (None: none configured)
+    bulkheads: Bulkheads | None = None  # backends' maxConcurrentCalls (None: none configured)
+
+    def limits_state(self) -> dict[str, Any]:
+        """The admin state's rate limits and bulkheads (this worker's counts; bucket levels
+        as the store has them)."""
+        return {"rateLimits": self.limiter.state() if self.limiter is not None else None,
+                "bulkheads": self.bulkheads.snapshot() if self.bulkheads is not None else {}}
 
     def drain(self) -> None:
         if not self.service.draining:
@@ -147,6 +155,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
         if isinstance(store, RedisRecordStore) else LocalTaskSignals()
     tasks = CompositeTasks(store, signals, config.operational.tasks)
     limiter = _rate_limiter(config, store)
+    bulkheads = _bulkheads(config, store)
 
     def hold_user(key: UserKey) -> Callable[[], None]:
         held = directory.hold_user(key) is not None
@@ -154,6 +163,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     services = SessionServices.for_config(config, shared, outgoing_auth=outgoing_auth, discovery_cache=cache,
                                           processes=processes, signer=signer,
                                           composite_tasks=tasks, hold_user=hold_user,
+                                          bulkheads=bulkheads,
                                           store=store, workflow_metrics=workflow_metrics,
                                           decorators=stack(config, layers, workflow_metrics, limiter),
                                           fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)
@@ -176,7 +186,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
                    GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals,
-                   processes, tasks)
+                   processes, tasks, limiter, bulkheads)
 
 
 def process_gauges(config: VmcpConfig, directory: Directory, services: SessionServices) -> list[Any]:
@@ -196,7 +206,21 @@ def process_gauges(config: VmcpConfig, directory: Directory, services: SessionSe
         for row in services.composite_tasks.running():  # before ended_counts(): a run just ending is in one of them
             tasks[(row["tool"], row["status"])] = tasks.get((row["tool"], row["status"]), 0) + 1
         ended = services.composite_tasks.ended_counts()
+    limiter = services.decorators.limiter if services.decorators is not None else None
+    refusals = limiter.refusals() if limiter is not None else {}
+    bulkheads = services.bulkheads.snapshot() if services.bulkheads is not None else {}
     return [
+        ("vmcp_rate_limit_refusals", "Calls refused by a rate limit since this process started, by the bucket that "
+                                     "refused (kind: global, perUser, tool, toolPerUser; tool: empty for the "
+                                     "server's buckets).", refusals, ("kind", "tool")),
+        ("vmcp_rate_limit_store_failures", "Rate limit decisions Redis could not make since start (onStoreError "
+                                           "applied).", {(): limiter.store_failures()} if limiter else {}, ()),
+        ("vmcp_backend_calls_queued", "Calls waiting for a place at a backend's bulkhead (maxConcurrentCalls).",
+         {(name,): row["waiting"] for name, row in bulkheads.items()}, ("backend",)),
+        ("vmcp_backend_calls_admitted", "Calls holding a place at a backend's bulkhead.",
+         {(name,): row["inFlight"] for name, row in bulkheads.items()}, ("backend",)),
+        ("vmcp_backend_calls_queue_timeouts", "Calls whose deadline passed while they waited for a place, since start.",
+         {(name,): row["timedOut"] for name, row in bulkheads.items()}, ("backend",)),
         ("vmcp_backend_processes", "Live children of stdio backends in this process.", live, ("backend",)),
         ("vmcp_backend_process_restarts", "Restarts of stdio backends' children since this process started.",
          {(name,): count for name, count in restarts.items()}, ("backend",)),
@@ -236,6 +260,17 @@ def _rate_limiter(config: VmcpConfig, store: RecordStore) -> RateLimiter | None:
         return None
     buckets = RedisBuckets(store.client) if isinstance(store, RedisRecordStore) else MemoryBuckets()
     return RateLimiter(config.rate_limiting, buckets, config.session_storage.key_prefix)
+
+
+def _bulkheads(config: VmcpConfig, store: RecordStore) -> Bulkheads | None:
+    """The backends' maxConcurrentCalls, held in Redis when the records are (every worker's
+    calls count)."""
+    limits = {backend.name: backend.max_concurrent_calls for backend in config.backends
+              if backend.max_concurrent_calls is not None}
+    if not limits:
+        return None
+    shared = store.client if isinstance(store, RedisRecordStore) else None
+    return Bulkheads(limits, shared, config.session_storage.key_prefix)
 
 
 def _record_store(config: VmcpConfig, signer: Signer) -> RecordStore:

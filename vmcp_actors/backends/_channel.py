@@ -71,6 +71,7 @@ from vmcp_actors.protocol.mcp import (
     encode_header_value,
 )
 from vmcp_actors.shared_cache import SharedCache
+from vmcp_actors.limits import Bulkheads, QueueTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -325,8 +326,9 @@ class _RequestIds:
 class BackendChannel:
     def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None,
                  client_capabilities: Mapping[str, Any] | None = None, eras: BackendEras | None = None,
-                 request_id_base: int = 0, prefers_legacy: bool = False):
+                 request_id_base: int = 0, prefers_legacy: bool = False, bulkheads: Bulkheads | None = None):
         self.name = name
+        self._bulkheads = bulkheads  # backends[].maxConcurrentCalls: tools/call wait for a place
         self.timeout = timeout
         self._eras = eras if eras is not None else BackendEras()
         # The user's clients are 2025 sessions that take requests: 2025 first (see UserKey).
@@ -652,6 +654,36 @@ class BackendChannel:
         mailbox = self._calls.open() if self.takes_requests and not handshake.is_modern \
             and not getattr(self._client, "routes_requests", False) else None
         yield CallOpened(self.name, cancel, abort.abort)
+        try:
+            leave = self._place_for(method, deadline, timeout, abort)
+        except BaseException:
+            if mailbox is not None:
+                self._calls.close(mailbox, self.name)
+            raise
+        try:
+            if deadline is not None:
+                timeout = deadline.cap(self.timeout)  # less what the wait for a place took
+            return (yield from self._sent(method, message, handshake, headers, timeout, abort, mailbox))
+        finally:
+            leave()
+
+    def _place_for(self, method: str, deadline: Deadline | None, timeout: float, abort: Abort) -> Callable[[], None]:
+        """A place at the backend's bulkhead for a tools/call (waited for within the
+        deadline); what gives it back."""
+        if self._bulkheads is None or method != "tools/call":
+            return lambda: None
+        try:
+            return self._bulkheads.enter(self.name, deadline if deadline is not None else Deadline(timeout),
+                                         lambda: abort.aborted)
+        except QueueTimeout:
+            if abort.aborted:
+                raise BackendCancelled(self.name, "cancelled while it waited for a place") from None
+            raise BackendTimeout(self.name, f"backend {self.name!r}: the request's deadline passed while it waited "
+                                            f"for one of the backend's {self._bulkheads.limit(self.name)} places "
+                                            "(maxConcurrentCalls)") from None
+
+    def _sent(self, method: str, message: dict[str, Any], handshake: Handshake, headers: dict[str, str],
+              timeout: float, abort: Abort, mailbox: Any) -> Exchange:
         exchange = self._client.exchange(
             message,
             session_id=handshake.session_id,

@@ -20,6 +20,7 @@ from typing import Any
 
 from vmcp_actors.config import AuditConfig
 from vmcp_actors.identity import Identity, subject_of
+from vmcp_actors.limits import RATE_LIMITED
 
 EVENT_TYPES = {"tools/call": "mcp_tool_call", "resources/read": "mcp_resource_read", "prompts/get": "mcp_prompt_get",
                "tasks/get": "mcp_task", "tasks/result": "mcp_task", "tasks/update": "mcp_task", "tasks/cancel": "mcp_task"}
@@ -82,7 +83,8 @@ def _outcome(answer: dict[str, Any] | None, http_status: int) -> str:
     if answer is None:
         return "success" if http_status < 400 else "error"
     if "error" in answer:
-        return "error"
+        error = answer["error"] if isinstance(answer["error"], dict) else {}
+        return "rate_limited" if error.get("code") == RATE_LIMITED and http_status == 429 else "error"
     result = answer.get("result")
     if isinstance(result, dict) and (result.get("resultType") == "task" or isinstance(result.get("task"), dict)):
         return "task_created"

@@ -25,7 +25,7 @@ SWEEP_EVERY = 4096  # decisions between two sweeps of idle buckets (memory)
 @dataclass(frozen=True)
 class Bucket:
     """One bucket a call must pass: its key (where its level lives), what it is (for
-    operators: ``kind`` is shared, perUser, tool or toolPerUser) and its size."""
+    operators: ``kind`` is global, perUser, tool or toolPerUser) and its size."""
 
     key: str
     kind: str

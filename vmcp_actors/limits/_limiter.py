@@ -77,7 +77,7 @@ class RateLimiter:
         user = user_of(identity)
         found: list[Bucket] = []
         if client_call:
-            self._add(found, "shared", None, self.config.shared, "g")
+            self._add(found, "global", None, self.config.shared, "g")
             if user is not None:
                 self._add(found, "perUser", None, self.config.per_user, f"u:{user}")
         limits = self._tools.get(tool) if tool is not None else None
@@ -151,10 +151,10 @@ class RateLimiter:
         return {
             "store": "redis" if self.shared else "memory",
             "onStoreError": self.config.on_store_error,
-            "shared": spec(self.config.shared), "perUser": spec(self.config.per_user),
-            "sharedTokens": levels.get("shared"),
-            "tools": [{"name": tool.name, "shared": spec(tool.shared), "perUser": spec(tool.per_user),
-                       "sharedTokens": self._buckets.level(Bucket(f"{self._prefix}t:{tool.name}", "tool", tool.name,
+            "global": spec(self.config.shared), "perUser": spec(self.config.per_user),
+            "globalTokens": levels.get("global"),
+            "tools": [{"name": tool.name, "global": spec(tool.shared), "perUser": spec(tool.per_user),
+                       "globalTokens": self._buckets.level(Bucket(f"{self._prefix}t:{tool.name}", "tool", tool.name,
                                                                   tool.shared)) if tool.shared else None}
                       for tool in self.config.tools],
             "refusals": [{"kind": kind, "tool": tool or None, "count": count}

@@ -80,6 +80,7 @@ from vmcp_actors.decorators._composite_tasks import CompositeTasks, UserTasks
 from vmcp_actors.exceptions import BackendError, BackendUnavailable
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
+from vmcp_actors.limits import Bulkheads
 from vmcp_actors.protocol.mcp import is_logged_at
 from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.signing import Signer
@@ -131,6 +132,8 @@ class SessionServices:
     # while one of its tasks runs: hold_user(key) returns what lets it go.
     composite_tasks: CompositeTasks | None = None
     hold_user: Callable[[UserKey], Callable[[], None]] = field(default=lambda key: lambda: None)
+    # backends[].maxConcurrentCalls (None: no backend has one).
+    bulkheads: Bulkheads | None = None
 
     @classmethod
     def for_config(cls, config: VmcpConfig, shared: SharedCache | None = None, **kwargs: Any) -> SessionServices:
@@ -237,7 +240,7 @@ def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServic
     return BackendChannel(backend.name, backend_client(backend, breaker, services.processes, key, client_capabilities),
                           config.operational.timeouts.for_backend(backend.name),
                           services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
-                          services.request_id_base, prefers_legacy)
+                          services.request_id_base, prefers_legacy, services.bulkheads)
 
 
 class _RecordWrites:

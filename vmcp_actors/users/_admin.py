@@ -12,11 +12,12 @@ EXPLAIN_TIMEOUT = 30.0  # discovery may run for a revived user
 
 
 def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = None,
-                        tasks: Any = None) -> dict[str, Any]:
+                        tasks: Any = None, limits: dict[str, Any] | None = None) -> dict[str, Any]:
     """``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's);
     ``processes``: the stdio backends' children of this worker (None: none configured);
     ``tasks``: the composite tasks (``CompositeTasks``), of which this worker's runs are
-    shown (rows with an id prefix, never a handle)."""
+    shown (rows with an id prefix, never a handle); ``limits``: the rate limits and
+    bulkheads (``Runtime.limits_state``)."""
     overview = gateway.overview().get(timeout=ASK_TIMEOUT)
     task_rows = tasks.running() if tasks is not None else []
     asked = [(user, user.proxy.snapshot(), idle, in_flight) for user, idle, in_flight in overview["users"]]
@@ -73,6 +74,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
         "processes": [child.to_dict() for child in processes.snapshot()] if processes is not None else [],
         "processRestarts": processes.restarts() if processes is not None else {},
         "tasks": task_rows,
+        **(limits or {"rateLimits": None, "bulkheads": {}}),
     }
 
 

@@ -62,7 +62,8 @@ def page() -> Response:
         return json_response({"error": "not found"}, 404)
     if not _signed_in(runtime.admin_token):
         return redirect("/admin/login", code=303)
-    state = collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes, runtime.tasks)
+    state = collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes, runtime.tasks,
+                                runtime.limits_state())
     return _page("admin.html", name=runtime.config.name, state=state, problems=recent_problems(),
                  now=time.time())
 
