@@ -92,6 +92,23 @@ def test_limits_refusals_and_the_refusing_bucket_are_visible(start_gateway, monk
     assert calls[-1]["name"] == "plain_echo"
 
 
+def test_a_limited_tool_no_client_can_call_is_reported_with_the_advertised_names(start_gateway, monkeypatch):
+    """Tools are discovered per user, so a name is checked once a catalog is known."""
+    monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
+    with sdk_backend("plain", ["echo", "sleep"]) as plain:
+        gateway = start_gateway({
+            "name": "limits", "admin": {"tokenEnv": ADMIN_ENV}, "backends": [backend_entry("plain", plain)],
+            "rateLimiting": {"tools": [{"name": "plain_echo", "global": {"maxTokens": 5, "refillPeriod": "1m"}},
+                                       {"name": "plain_ehco", "global": {"maxTokens": 5, "refillPeriod": "1m"}}]}})
+        assert "result" in modern_rpc(gateway.url, "tools/list", {})
+        state = requests.get(gateway.base + "/admin/state", headers=ADMIN, timeout=10).json()
+        page = requests.get(gateway.base + "/admin", headers=ADMIN, timeout=10).text
+    (problem,) = state["rateLimits"]["problems"]
+    assert problem.startswith("rateLimiting.tools[1].name: no advertised tool is named 'plain_ehco'")
+    assert problem.endswith("the advertised tools are: plain_echo, plain_sleep")
+    assert problem in page.replace("&#39;", "'")
+
+
 def _at_once(url: str, count: int, seconds: float) -> list[dict]:
     answers: list[dict] = []
 

@@ -36,9 +36,9 @@ class DecoratorStack:
     """How every user's core is decorated in this process (built once at start)."""
 
     config: VmcpConfig
-    above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer, limits
+    above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer
     workflow_metrics: WorkflowMetrics
-    limiter: RateLimiter | None = None  # composite steps pass their tools' buckets
+    limiter: RateLimiter | None = None  # the outermost layer, and composite steps pass their tools' buckets
 
     def build(self, backends: Any, client_capabilities: Mapping[str, Any],
               tasks: UserTasks | None = None) -> tuple[UserCore, CompositeTools]:
@@ -51,6 +51,9 @@ class DecoratorStack:
         outermost: UserCore = AdvertisingFilter(composites, self.config.aggregation)
         for wrap in self.above_filter:
             outermost = wrap(outermost)
+        if self.limiter is not None:
+            call_tool = CALL_TOOL if self.config.optimizer is not None else None
+            outermost = RateLimits(outermost, self.limiter, call_tool, composites.list_tools)
         return outermost, composites
 
 
@@ -66,9 +69,6 @@ def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
     if config.optimizer is not None:
         limit = config.optimizer.max_tools_to_return
         above.append(lambda inner: ToolOptimizer(inner, limit))
-    if limiter is not None:
-        call_tool = CALL_TOOL if config.optimizer is not None else None
-        above.append(lambda inner: RateLimits(inner, limiter, call_tool))
     return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics(), limiter)
 
 

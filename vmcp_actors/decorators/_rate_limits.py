@@ -9,10 +9,11 @@ and is not decided again, so a limit reached meanwhile loses no answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vmcp_actors.core._explain import PASSES, Explanation, Finding
-from vmcp_actors.core._interface import CoreLayer, UserCore
+from vmcp_actors.core._interface import CoreLayer, PerList, UserCore
 from vmcp_actors.identity import Identity
 from vmcp_actors.limits import RateLimiter
 
@@ -21,11 +22,24 @@ from vmcp_actors.limits import RateLimiter
 class RateLimits(CoreLayer):
     layer_name = "rate limits"
 
-    def __init__(self, inner: UserCore, limiter: RateLimiter, call_tool: str | None = None):
-        """``call_tool``: the optimizer's meta-tool that calls another tool (None: no optimizer)."""
+    def __init__(self, inner: UserCore, limiter: RateLimiter, call_tool: str | None = None,
+                 callable_tools: Callable[[Identity | None, Any], tuple[dict[str, Any], ...]] | None = None):
+        """``call_tool``: the optimizer's meta-tool that calls another tool (None: no
+        optimizer); ``callable_tools``: every tool a client may name (the composite layer's
+        list), which the configured tool names are checked against once per catalog."""
         super().__init__(inner)
         self._limiter = limiter
         self._call_tool = call_tool
+        self._callable_tools = callable_tools
+        self._checked: PerList[None] = PerList()
+
+    def list_tools(self, identity, deadline):
+        listed = self._inner.list_tools(identity, deadline)
+        if self._callable_tools is not None:
+            tools = self._callable_tools(identity, deadline)
+            self._checked.get(tools, lambda: self._limiter.check_names(
+                {tool["name"] for tool in tools} | ({self._call_tool} if self._call_tool else set())))
+        return listed
 
     def limited_tool(self, name: str, arguments: dict[str, Any] | None) -> str:
         """The tool whose buckets a call of ``name`` passes."""

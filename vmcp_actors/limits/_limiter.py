@@ -62,6 +62,7 @@ class RateLimiter:
         self._refused: dict[tuple[str, str], int] = {}  # (kind, tool or "") -> refusals
         self._store_failures = 0
         self._logged_at = -math.inf
+        self._unknown: dict[str, str] = {}  # configured tool name -> why it limits nothing
 
     @property
     def shared(self) -> bool:
@@ -126,6 +127,21 @@ class RateLimiter:
             raise JsonRpcError(INTERNAL_ERROR, "Rate limits cannot be checked right now; try again shortly",
                                {"retryAfterSeconds": STORE_DOWN_RETRY_AFTER}, http_status=503)
 
+    def check_names(self, advertised: set[str]) -> None:
+        """Say (once per name, logged and in the admin state) which configured tools no
+        client can call: tools are discovered per user, so this is known only once a
+        catalog is, not when the config loads."""
+        for index, tool in enumerate(self.config.tools):
+            if tool.name in advertised or tool.name in self._unknown:
+                continue
+            shown = sorted(advertised)
+            names = ", ".join(shown[:30]) + (f", and {len(shown) - 30} more" if len(shown) > 30 else "")
+            message = (f"rateLimiting.tools[{index}].name: no advertised tool is named {tool.name!r}, so it limits "
+                       f"nothing; the advertised tools are: {names or 'none'}")
+            with self._lock:
+                self._unknown[tool.name] = message
+            logger.warning("config: %s", message)
+
     # -- operators ----------------------------------------------------------------------------
 
     def level(self, bucket: Bucket) -> float | None:
@@ -160,4 +176,5 @@ class RateLimiter:
             "refusals": [{"kind": kind, "tool": tool or None, "count": count}
                          for (kind, tool), count in sorted(self.refusals().items())],
             "storeFailures": self.store_failures(),
+            "problems": sorted(self._unknown.values()),
         }
