@@ -1,7 +1,7 @@
 """Decorators over each user's core, and ``stack``, the one place that orders them.
 
-Outermost first: rate limits -> optimizer -> an embedder's layers -> Cedar authz ->
-advertising filter -> composite tools -> aggregated backends (``vmcp_actors.core``). Every layer only subtracts
+Outermost first: optimizer -> an embedder's layers -> Cedar authz -> advertising filter ->
+rate limits -> composite tools -> aggregated backends (``vmcp_actors.core``). Every layer only subtracts
 but composite tools and the optimizer's two meta-tools; an embedder's layer sits behind
 ``SubtractOnly``, which holds it to that. The filter sits above composite tools so steps
 see every backend tool's schema.
@@ -38,7 +38,7 @@ class DecoratorStack:
     config: VmcpConfig
     above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer
     workflow_metrics: WorkflowMetrics
-    limiter: RateLimiter | None = None  # the outermost layer, and composite steps pass their tools' buckets
+    limiter: RateLimiter | None = None  # under the filter; composite steps pass their tools' buckets too
 
     def build(self, backends: Any, client_capabilities: Mapping[str, Any],
               tasks: UserTasks | None = None) -> tuple[UserCore, CompositeTools]:
@@ -48,12 +48,10 @@ class DecoratorStack:
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
                                     self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks,
                                     limiter=self.limiter)
-        outermost: UserCore = AdvertisingFilter(composites, self.config.aggregation)
+        limited: UserCore = composites if self.limiter is None else RateLimits(composites, self.limiter)
+        outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation)
         for wrap in self.above_filter:
             outermost = wrap(outermost)
-        if self.limiter is not None:
-            call_tool = CALL_TOOL if self.config.optimizer is not None else None
-            outermost = RateLimits(outermost, self.limiter, call_tool, composites.list_tools)
         return outermost, composites
 
 

@@ -38,13 +38,17 @@ class StoreFailed(Exception):
 
 
 class _Level:
-    __slots__ = ("lock", "tokens", "at", "gone")
+    __slots__ = ("lock", "tokens", "at", "spec", "gone")
 
-    def __init__(self, tokens: float, at: float):
+    def __init__(self, spec: TokenBucket, at: float):
         self.lock = threading.Lock()
-        self.tokens = tokens
+        self.spec = spec
+        self.tokens = float(spec.max_tokens)
         self.at = at
         self.gone = False  # swept: a decision that raced the sweep takes a fresh level
+
+    def full_again(self, now: float) -> bool:
+        return self.tokens + max(0.0, now - self.at) * self.spec.rate >= self.spec.max_tokens
 
 
 class MemoryBuckets:
@@ -61,7 +65,7 @@ class MemoryBuckets:
         ordered = sorted(range(len(buckets)), key=lambda index: buckets[index].key)
         while True:
             now = self._clock()
-            levels = [self._levels.setdefault(buckets[index].key, _Level(buckets[index].spec.max_tokens, now))
+            levels = [self._levels.setdefault(buckets[index].key, _Level(buckets[index].spec, now))
                       for index in ordered]
             for level in levels:
                 level.lock.acquire()
@@ -95,11 +99,11 @@ class MemoryBuckets:
 
     def sweep(self, idle: float = 3600.0) -> int:
         """Forget buckets untouched for ``idle`` seconds that are full again (a per-user
-        bucket of someone gone); how many were forgotten."""
+        bucket of someone gone: forgetting it changes nothing); how many were forgotten."""
         now, forgotten = self._clock(), 0
         for key, level in list(self._levels.items()):
             with level.lock:
-                if now - level.at >= idle:
+                if now - level.at >= idle and level.full_again(now):
                     level.gone = True
                     self._levels.pop(key, None)
                     forgotten += 1

@@ -170,8 +170,8 @@ class RateLimiter:
             "global": spec(self.config.shared), "perUser": spec(self.config.per_user),
             "globalTokens": levels.get("global"),
             "tools": [{"name": tool.name, "global": spec(tool.shared), "perUser": spec(tool.per_user),
-                       "globalTokens": self._buckets.level(Bucket(f"{self._prefix}t:{tool.name}", "tool", tool.name,
-                                                                  tool.shared)) if tool.shared else None}
+                       "globalTokens": next((self._buckets.level(bucket) for bucket in
+                                             self.buckets_for(None, tool.name, client_call=False)), None)}
                       for tool in self.config.tools],
             "refusals": [{"kind": kind, "tool": tool or None, "count": count}
                          for (kind, tool), count in sorted(self.refusals().items())],
