@@ -15,13 +15,19 @@ The benchmark code, test backends and clients are the working tree's for both si
   both orders (each mode in each position alike); sequential: 1 thread, calls rotated mode
   by mode in the same orders. Per era: after/before throughput and p50 overhead (T3, issue
   9), gateway/direct throughput and overhead per side; with both eras, modern vs legacy.
+  What a config costs: ``--ref HEAD --after-ref HEAD --after-config FILE`` runs the same
+  code on both sides and adds FILE's sections to "after" only (``bench/rate_limits.yaml``:
+  what a rate-limit decision costs per call). ``--redis`` keeps both sides' records in a
+  local redis-server (and so the after side's buckets); ``--users`` puts both behind OIDC
+  (a local IdP), each client thread a user of its own, so ``perUser`` buckets decide.
 * any other benchmark (e.g. ``threads``): whole runs of ``python -m bench.NAME``, sides
   alternating (before, after, after, before, ...) for ``--rounds``; the metrics and
   targets each run records (VMCP_BENCH_RESULTS) side by side, medians over rounds. Extra
   arguments are passed on to it (``threads --idle-release 2s``). ``discovery_eras``
   (issue 22) starts and stops its gateways from each side's tree the same way.
 
-    .venv/bin/python -m bench.compare --ref REF [--after-ref REF] [--rounds N] [--eras legacy,modern] [overhead] [threads ...] [ARGS]
+    .venv/bin/python -m bench.compare --ref REF [--after-ref REF] [--rounds N] [--eras legacy,modern]
+                                      [--after-config FILE] [--redis] [--users] [overhead] [threads ...] [ARGS]
 """
 
 from __future__ import annotations
@@ -33,12 +39,17 @@ import itertools
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from bench._common import (
     GATEWAY_TREE_ENV,
@@ -47,6 +58,7 @@ from bench._common import (
     WATCHDOG_SECONDS,
     Check,
     McpClient,
+    RunningGateway,
     Stats,
     _die_with_parent,
     admin_config,
@@ -66,6 +78,8 @@ from bench._common import (
 from bench.overhead import ERAS, SEQUENTIAL_CALLS, WARMUP, echo
 
 SIDES = ("before", "after")
+SIGNING_KEY_ENV = "VMCP_BENCH_SIGNING_KEY"  # both sides' record key, with --redis
+AUDIENCE = "vmcp-bench"
 ERA_LABELS = {"legacy": "2025-11-25, a session", "modern": "2026-07-28, no session"}
 SCRIPT_TIMEOUT = 300.0  # one run of a benchmark script (bench.threads takes up to ~4 min)
 # T3: "no worse than before", with room for what this shared 2-vCPU machine adds run to run.
@@ -111,24 +125,90 @@ def overhead_orders(eras: Sequence[str]) -> list[list[str]]:
             for triple in itertools.permutations(("direct", *SIDES)) for era_order in era_orders]
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What the two gateways of ``overhead`` run with besides their code: config sections
+    for the after side only, records in Redis, callers who are users."""
+
+    after_config: Mapping[str, Any] = field(default_factory=dict)
+    redis: bool = False
+    users: bool = False
+
+    def describe(self) -> list[str]:
+        return [line for line in (
+            f"after side only: {', '.join(self.after_config)}" if self.after_config else "",
+            "both sides: sessionStorage redis (a local redis-server)" if self.redis else "",
+            "both sides: incomingAuth oidc (a local IdP); each client thread is a user of its own" if self.users else "",
+        ) if line]
+
+
+def merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra``'s sections; a section both have as mappings is merged."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = {**out[key], **value} if isinstance(out.get(key), Mapping) and isinstance(value, Mapping) else value
+    return out
+
+
+@contextlib.contextmanager
+def side_configs(setup: Setup) -> Iterator[tuple[dict[str, dict[str, Any]], Any]]:
+    """Each side's extra config sections, and the IdP that signs the users' tokens (None
+    without ``--users``); the Redis server and the IdP stop on exit."""
+    from tests.idp import LocalIdP
+    from tests.redis_server import RedisServer
+
+    with contextlib.ExitStack() as stack:
+        common: dict[str, Any] = admin_config()
+        idp = None
+        if setup.users:
+            idp = stack.enter_context(LocalIdP("bench-compare-idp"))
+            common["incomingAuth"] = {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}
+        configs = {side: dict(common) for side in SIDES}
+        if setup.redis:
+            redis = RedisServer().start()
+            stack.callback(redis.close)
+            os.environ.setdefault(SIGNING_KEY_ENV, secrets.token_urlsafe(32))
+            for side in SIDES:  # a key prefix each: the two gateways share nothing
+                configs[side] = merged(configs[side], {
+                    "operational": {"signingKeyEnv": SIGNING_KEY_ENV},
+                    "sessionStorage": {"provider": "redis", "address": redis.address, "keyPrefix": f"{side}:"}})
+        configs["after"] = merged(configs["after"], setup.after_config)
+        yield configs, idp
+
+
+def rate_limit_use(gw: RunningGateway) -> dict[str, Any] | None:
+    """The gateway's rate limits as its admin state shows them (None: none configured)."""
+    return admin_state(gw).get("rateLimits")
+
+
 def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
-                     eras: Sequence[str] = ("legacy",)) -> list[Check]:
+                     eras: Sequence[str] = ("legacy",), setup: Setup = Setup()) -> list[Check]:
     modes = [f"{mode}-{era}" for era in eras for mode in ("direct", *SIDES)]
     orders = overhead_orders(eras)  # every mode in every position alike
     per_round = max(1, calls // len(orders))
     with contextlib.ExitStack() as stack:
         backend = stack.enter_context(backend_process("sdk", "echo", "echo"))
-        extra = admin_config()
-        gws = {side: stack.enter_context(gateway({"echo": backend.mcp_url}, tree=trees[side], extra=extra))
+        configs, idp = stack.enter_context(side_configs(setup))
+        gws = {side: stack.enter_context(gateway({"echo": backend.mcp_url}, tree=trees[side], extra=configs[side]))
                for side in SIDES}
         for side in SIDES:
             print(f"{side}: gateway worker {gws[side].pid} runs {gws[side].source}")
+        for line in setup.describe():
+            print(line)
         targets = {}  # mode: (url, tool, a 2026-07-28 client)
         for era in eras:
             targets[f"direct-{era}"] = (backend.mcp_url, "echo", era == "modern")
             for side in SIDES:
                 targets[f"{side}-{era}"] = (gws[side].url, "echo_echo", era == "modern")
-        clients = {mode: [stack.enter_context(McpClient(url, modern=modern)) for _ in range(threads)]
+
+        def headers(mode: str, index: int) -> dict[str, str]:
+            """Thread ``index``'s user, the same one on both sides and in both eras."""
+            if idp is None or mode.startswith("direct-"):
+                return {}
+            return {"Authorization": f"Bearer {idp.issue_token(f'bench-user-{index}', AUDIENCE, expires_in=3600)}"}
+
+        clients = {mode: [stack.enter_context(McpClient(url, modern=modern, headers=headers(mode, index)))
+                          for index in range(threads)]
                    for mode, (url, _, modern) in targets.items()}
 
         def warm(index: int) -> None:
@@ -141,6 +221,7 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
         spoken = {side: admin_state(gws[side]).get("backendEras", {}).get("echo", "unknown") for side in SIDES}
         print("the era each gateway spoke to the backend (admin state backendEras): "
               + ", ".join(f"{side} {spoken[side]}" for side in SIDES))
+        limits_before_run = {side: rate_limit_use(gws[side]) for side in SIDES}
         settle_heap()
 
         latencies: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -177,6 +258,7 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
                 started = time.perf_counter()
                 echo(clients[mode][0], targets[mode][1], f"s{i}")
                 sequential[mode].append(time.perf_counter() - started)
+        limits_after_run = {side: rate_limit_use(gws[side]) for side in SIDES}
 
     conc = {mode: Stats.of(samples) for mode, samples in latencies.items()}
     seq = {mode: Stats.of(samples) for mode, samples in sequential.items()}
@@ -199,7 +281,8 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
     print(table(["mode", "p50", "p99", "mean", "min"], [
         (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.min:.2f} ms")
         for mode, s in seq.items()]))
-    checks: list[Check] = []
+    after_calls = sum(len(latencies[mode]) + len(sequential[mode]) for mode in modes if mode.startswith("after-"))
+    checks: list[Check] = limits_checks(limits_before_run, limits_after_run, setup, after_calls)
     if len(set(spoken.values())) > 1:
         checks.append(Check("both gateways spoke the same era to the backend", ", ".join(spoken.values()),
                             "the same", False))
@@ -262,6 +345,31 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
         checks.append(Check("after: modern p50 overhead (sequential) minus legacy's", f"{gap:+.2f} ms",
                             "<= +0.00 ms", gap <= 0.0))
     return checks
+
+
+def limits_checks(before_run: Mapping[str, dict | None], after_run: Mapping[str, dict | None],
+                  setup: Setup, calls: int) -> list[Check]:
+    """With rate limits on the after side: that they decided the ``calls`` measured there
+    (the global bucket's level went down by about as many: bench/rate_limits.yaml refills
+    a third of a token a second) and refused none, in the store the run claims."""
+    if "rateLimiting" not in setup.after_config:
+        return []
+    start, end = before_run["after"], after_run["after"]
+    if start is None or end is None:
+        return [Check("after: rate limits configured", "none in the admin state", "rateLimits", False)]
+    store = "redis" if setup.redis else "memory"
+    spent = (start["globalTokens"] or 0) - (end["globalTokens"] or 0)
+    refused = sum(row["count"] for row in end["refusals"])
+    print(f"\nafter: rate limits in {end['store']}; global bucket level {start['globalTokens']:.0f} -> "
+          f"{end['globalTokens']:.0f} over the measured calls; refusals {refused}; store failures {end['storeFailures']}")
+    record("after: global tokens spent while measured", round(spent))
+    return [
+        Check("after: the rate limits' store", end["store"], store, end["store"] == store),
+        Check("after: global tokens spent while measured (one per call decided)", f"{spent:.0f}",
+              f">= 0.95 x {calls} calls", spent >= 0.95 * calls),
+        Check("after: calls refused or undecided (store failures)", str(refused + end["storeFailures"]), "0",
+              refused + end["storeFailures"] == 0),
+    ]
 
 
 # ----------------------------------------------------------------------------------
@@ -346,6 +454,13 @@ def main() -> None:
     parser.add_argument("--eras", default="legacy,modern",
                         help="overhead: client eras, legacy (2025-11-25) and/or modern (2026-07-28); "
                              "default both, interleaved in one run")
+    parser.add_argument("--after-config", type=Path, default=None,
+                        help="overhead: a YAML file of config sections added to the after side only "
+                             "(e.g. bench/rate_limits.yaml)")
+    parser.add_argument("--redis", action="store_true",
+                        help="overhead: both sides keep their records in a local redis-server")
+    parser.add_argument("--users", action="store_true",
+                        help="overhead: both sides behind OIDC (a local IdP), a user per client thread")
     parser.add_argument("benchmarks", nargs="*", metavar="NAME", default=["overhead"],
                         help="overhead (default) and/or any bench.NAME that reports targets, e.g. threads, "
                              "discovery_eras")
@@ -360,6 +475,13 @@ def main() -> None:
     if not eras or set(eras) - set(ERAS):
         parser.error(f"--eras: a comma-separated list of {', '.join(ERAS)} (got {args.eras!r})")
 
+    after_config = yaml.safe_load(args.after_config.read_text()) if args.after_config else {}
+    if not isinstance(after_config, dict):
+        parser.error(f"--after-config: {args.after_config} holds no mapping of config sections")
+    setup = Setup(after_config, args.redis, args.users)
+    if (after_config or args.redis or args.users) and set(args.benchmarks) != {"overhead"}:
+        parser.error("--after-config, --redis and --users are options of overhead only")
+
     before = resolve(args.ref)
     after = resolve(args.after_ref) if args.after_ref else None
     labels = {"before": f"{args.ref} = {before[:8]}",
@@ -368,6 +490,7 @@ def main() -> None:
         f"before: {labels['before']} (git archive, served from its extracted tree)",
         f"after: {labels['after']}" + ("" if after else f" ({ROOT}, served from it)"),
         f"benchmarks: {', '.join(args.benchmarks)}" + (f"; passed on: {' '.join(passed_on)}" if passed_on else ""),
+        *([f"--after-config {args.after_config}"] if args.after_config else []), *setup.describe(),
     ])
 
     def body() -> list[Check]:
@@ -379,7 +502,7 @@ def main() -> None:
                 if name == "overhead":
                     faulthandler.dump_traceback_later(WATCHDOG_SECONDS * len(eras), exit=True)
                     print(f"\n######## overhead: before ({labels['before']}) vs after ({labels['after']}) ########\n")
-                    checks += compare_overhead(trees, args.threads, args.calls, eras)
+                    checks += compare_overhead(trees, args.threads, args.calls, eras, setup)
                 else:
                     faulthandler.dump_traceback_later(args.rounds * 2 * (SCRIPT_TIMEOUT + 30), exit=True)
                     checks += compare_script(name, trees, labels, args.rounds, passed_on)

@@ -4,7 +4,7 @@ elicitation step waits as ``input_required`` and is answered with ``tasks/update
 (2026-07-28) or on the stream of ``tasks/result`` (2025-11-25: the TypeScript SDK client's
 task API); a tool error is ``completed`` with ``isError`` in 2026-07-28 and ``failed`` in
 2025; results are kept for ``operational.tasks.resultTTL`` (or less, when the client asks);
-a per-user cap refuses more live tasks. Two workers with Redis: test_composite_tasks_shared."""
+a per-user cap refuses more live tasks, and a worker holding its cap of runs answers 503. Two workers with Redis: test_composite_tasks_shared."""
 
 from __future__ import annotations
 
@@ -127,6 +127,24 @@ def test_live_tasks_are_capped_per_user_and_results_expire(gateway):
     assert gone["error"]["code"] == -32602 and "expired" in gone["error"]["message"]
     modern_rpc(url, "tasks/cancel", {"taskId": second})
     assert task_of(url, second)["status"] == "cancelled"
+
+
+def test_a_worker_at_its_cap_of_runs_answers_503_with_retry_after_in_both_revisions(gateway):
+    from tests.task_backends import modern_post
+
+    served = gateway(maxLivePerWorker=1)
+    first = start_task(served.url, "slow_echo", {"seconds": 30})
+    refused = modern_post(served.url, "tools/call", {"name": "slow_echo", "arguments": {"seconds": 30}})
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
+    assert refused.json()["error"]["data"] == {"maxLiveTasksPerWorker": 1, "retryAfterSeconds": 5}
+    session = served.initialize()
+    legacy = served.post({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "slow_echo", "arguments": {"seconds": 30}, "task": {}}}, session,
+        headers={"MCP-Protocol-Version": "2025-11-25"})
+    assert legacy.status_code == 503 and legacy.headers["Retry-After"] == "5"
+    assert legacy.json()["id"] == 7 and "runs as many tasks as it may (1)" in legacy.json()["error"]["message"]
+    modern_rpc(served.url, "tasks/cancel", {"taskId": first})
+    assert wait_for(served.url, start_task(served.url, "slow_echo", {"seconds": 0.1}), "completed")  # room again
 
 
 def test_cancelling_a_task_cancels_its_step_call_at_the_backend(start_gateway):

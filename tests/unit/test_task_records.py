@@ -118,6 +118,28 @@ def test_a_task_whose_runner_is_gone_reads_as_failed_and_frees_its_place():
     assert refused.value.data == {"maxLiveTasks": 1}
 
 
+def test_a_worker_holding_its_cap_of_runs_refuses_the_next_with_503_and_lets_its_user_go():
+    store = MemoryRecordStore(wall=Clock())
+    tasks = CompositeTasks(store, Signals(), TasksConfig(max_live_per_worker=2), wall=Clock())
+    held, released = [], []
+
+    def hold():
+        held.append(1)
+        return lambda: released.append(1)
+
+    runs = [tasks.begin(f"owner-{n}", f"user-{n}", "careful_echo", 60.0, None, hold) for n in range(2)]
+    with pytest.raises(JsonRpcError) as refused:  # another user: the cap is the worker's, not theirs
+        tasks.begin("owner-9", "user-9", "careful_echo", 60.0, None, hold)
+    assert refused.value.http_status == 503
+    assert refused.value.data == {"maxLiveTasksPerWorker": 2, "retryAfterSeconds": 5}
+    assert "runs as many tasks as it may (2)" in refused.value.message
+    assert len(held) == 3 and len(released) == 1  # the refused call holds its user no longer
+    assert tasks.live_count() == 2 and store.tasks_of("owner-9") == []  # nothing recorded for it
+    tasks._forget(runs[0])  # a run ends: its place is free again
+    tasks.begin("owner-9", "user-9", "careful_echo", 60.0, None, hold)
+    assert tasks.live_count() == 2
+
+
 def test_another_callers_task_and_an_unknown_one_are_the_same_refusal():
     store = MemoryRecordStore(wall=Clock())
     tasks = CompositeTasks(store, Signals(living=("elsewhere",)), TasksConfig(), wall=Clock())
@@ -148,11 +170,14 @@ def test_the_tasks_settings_load_and_a_bad_one_names_its_field():
 
     base = {"name": "t", "backends": [{"name": "b", "url": "http://127.0.0.1:1/mcp"}]}
     loaded = config_from_mapping({**base, "operational": {"tasks": {"resultTTL": "10m", "maxLivePerUser": 5,
-                                                                     "pollInterval": "500ms"}}})
-    assert loaded.operational.tasks == TasksConfig(result_ttl=600.0, max_live_per_user=5, poll_interval=0.5)
+                                                                     "maxLivePerWorker": 300, "pollInterval": "500ms"}}})
+    assert loaded.operational.tasks == TasksConfig(result_ttl=600.0, max_live_per_user=5, max_live_per_worker=300,
+                                                   poll_interval=0.5)
     assert config_from_mapping(base).operational.tasks == TasksConfig()
     with pytest.raises(ConfigError) as refused:
-        config_from_mapping({**base, "operational": {"tasks": {"maxLivePerUser": 0, "resultTTL": "30d", "ttl": 1}}})
+        config_from_mapping({**base, "operational": {"tasks": {"maxLivePerUser": 0, "resultTTL": "30d", "ttl": 1,
+                                                                "maxLivePerWorker": 50_000}}})
     lines = "\n".join(refused.value.errors)
-    for path in ("operational.tasks.maxLivePerUser", "operational.tasks.resultTTL", "operational.tasks.ttl"):
+    for path in ("operational.tasks.maxLivePerUser", "operational.tasks.resultTTL", "operational.tasks.ttl",
+                 "operational.tasks.maxLivePerWorker"):
         assert path in lines, lines

@@ -248,6 +248,7 @@ class TasksConfig:
 
     result_ttl: float = 3600.0  # how long a task's result is kept after it ends (a client may ask less)
     max_live_per_user: int = 20  # tasks under way per user at once; the next is refused
+    max_live_per_worker: int = 2000  # runs one worker holds at once (a thread each); the next is 503
     poll_interval: float = 1.0  # how often clients are told to poll
 
 

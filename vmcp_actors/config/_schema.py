@@ -866,6 +866,8 @@ class TasksSchema(_StrictSchema):
     result_ttl = _Duration(data_key="resultTTL", load_default=3600.0, at_most="168h")
     max_live_per_user = _Integer(data_key="maxLivePerUser", load_default=20,
                                  validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
+    max_live_per_worker = _Integer(data_key="maxLivePerWorker", load_default=2000,
+                                   validate=validate.Range(1, 20_000, error="must be between 1 and 20000"))
     poll_interval = _Duration(data_key="pollInterval", load_default=1.0, at_most="1m")
 
     @post_load

@@ -61,6 +61,7 @@ GATEWAY = ""  # the "backend" of a handle to one of the gateway's own tasks (no 
 RUNNER_GONE = ("The gateway worker that ran this task stopped before it finished; nothing more will come of it. "
                "Call the tool again.")
 RESULT_POLL = 0.1  # seconds between reads of the record while a 2025 client's tasks/result waits
+WORKER_FULL_RETRY_AFTER = 5  # seconds a client is told to wait when this worker holds all the runs it may
 
 
 class TaskSignals(Protocol):
@@ -111,8 +112,10 @@ class CompositeTasks:
 
     def begin(self, owner: str, user: str, tool: str, timeout: float, requested_ttl_ms: Any,
               hold: Callable[[], Callable[[], None]]) -> _LocalRun:
-        """Record a new task of ``owner``'s (refused at the per-user cap) and hold its run's
-        place here; ``start`` gives it its actor."""
+        """Record a new task of ``owner``'s and hold its run's place here; ``start`` gives it
+        its actor. Refused at the per-user cap (-32600), and with 503 and Retry-After when
+        this worker holds ``maxLivePerWorker`` runs: each is a thread, a budget every task
+        of every user shares, and another worker, or this one later, may have room."""
         live = [record for record in self._store.tasks_of(owner) if not record.terminal]
         live = [record for record in live if not self._ended_if_orphaned(record).terminal]
         cap = self.settings.max_live_per_user
@@ -128,9 +131,18 @@ class CompositeTasks:
                             expires=now + timeout + keep, ttl_ms=int(keep * 1000),
                             poll_interval_ms=int(self.settings.poll_interval * 1000))
         run = _LocalRun(record, hold())
-        self._signals.start(self._received)  # alive before the record says it runs here
+        worker_cap = self.settings.max_live_per_worker
         with self._lock:
-            self._runs[record.task_id] = run
+            room = len(self._runs) < worker_cap
+            if room:
+                self._runs[record.task_id] = run
+        if not room:
+            run.release()
+            raise JsonRpcError(INTERNAL_ERROR, f"This gateway worker runs as many tasks as it may ({worker_cap}). "
+                                               "Try again shortly.",
+                               {"maxLiveTasksPerWorker": worker_cap, "retryAfterSeconds": WORKER_FULL_RETRY_AFTER},
+                               http_status=503)
+        self._signals.start(self._received)  # alive before the record says it runs here
         try:
             self._store.put_task(record)
         except Exception:

@@ -65,7 +65,8 @@ class MemoryBuckets:
         ordered = sorted(range(len(buckets)), key=lambda index: buckets[index].key)
         while True:
             now = self._clock()
-            levels = [self._levels.setdefault(buckets[index].key, _Level(buckets[index].spec, now))
+            levels = [self._levels.get(buckets[index].key)
+                      or self._levels.setdefault(buckets[index].key, _Level(buckets[index].spec, now))
                       for index in ordered]
             for level in levels:
                 level.lock.acquire()
