@@ -295,3 +295,50 @@ def test_the_config_reads_toolhives_fields():
         "tool-global-and-shared", "maxTokens-0", "refillPeriod-0", "onStoreError"])
 def test_config_errors_name_their_field(rate_limiting, expected):
     assert config_errors(rate_limiting) == (expected,)
+
+
+TWO_BACKENDS = [{"name": "github", "url": "http://127.0.0.1:1/mcp"}, {"name": "jira", "url": "http://127.0.0.1:2/mcp"}]
+TRIAGE = {"name": "triage", "description": "d", "steps": [{"id": "s", "tool": "github.get_issue"}]}
+
+
+def loads_with(names: list[str], **extra) -> tuple[str, ...]:
+    """The config errors of limits on ``names`` (an empty tuple: it loads)."""
+    settings = {"name": "limited", "backends": TWO_BACKENDS, "compositeTools": [TRIAGE],
+                "rateLimiting": {"tools": [{"name": name, "global": ONE} for name in names]}, **extra}
+    try:
+        config_from_mapping(settings)
+    except ConfigError as refused:
+        return refused.errors
+    return ()
+
+
+def test_a_limited_name_no_tool_can_be_advertised_under_is_an_error_naming_what_tools_are_called():
+    assert loads_with(["github_create_issue", "jira_search", "triage"]) == ()
+    assert loads_with(["gihtub_create_issue", "github_", "triage"]) == (
+        "rateLimiting.tools[0].name: no tool can be advertised as 'gihtub_create_issue', so it would limit "
+        "nothing; tools here are named: triage, github_*, jira_*",
+        "rateLimiting.tools[1].name: no tool can be advertised as 'github_', so it would limit nothing; tools "
+        "here are named: triage, github_*, jira_*")
+
+
+def test_filters_and_hidden_backends_narrow_the_names_a_limit_may_have():
+    aggregation = {"aggregation": {"tools": [  # a filter entry may name a tool by its own name: open_issue is "file"
+        {"workload": "github", "filter": ["create_pr", "open_issue"], "overrides": {"open_issue": {"name": "file"}}},
+        {"workload": "jira", "excludeAll": True}]}}
+    assert loads_with(["github_create_pr", "github_file"], **aggregation) == ()
+    refused = loads_with(["github_open_issue", "github_list_issues", "jira_search"], **aggregation)
+    assert [error.split(":")[0] for error in refused] == [f"rateLimiting.tools[{i}].name" for i in range(3)]
+    assert refused[2].startswith("rateLimiting.tools[2].name: no tool can be advertised as 'jira_search'")
+    assert refused[2].endswith("tools here are named: triage, github_create_pr, github_file")
+    hidden = {"aggregation": {"excludeAllTools": True}}
+    assert loads_with(["triage"], **hidden) == ()
+    assert loads_with(["github_x"], **hidden)[0].endswith("tools here are named: triage")
+
+
+def test_bare_names_under_priority_or_manual_are_left_to_the_discovered_catalog():
+    manual = {"aggregation": {"conflictResolution": "manual"}}
+    assert loads_with(["anything_at_all"], **manual) == ()
+    filtered = {"aggregation": {"conflictResolution": "manual", "tools": [
+        {"workload": "github", "filter": ["create_pr"]}, {"workload": "jira", "excludeAll": True}]}}
+    assert loads_with(["create_pr"], **filtered) == ()
+    assert loads_with(["search"], **filtered)[0].endswith("tools here are named: triage, create_pr")

@@ -23,6 +23,7 @@ from marshmallow import (
 )
 
 from ._composite import CompositeToolSchema, composite_reference_problems
+from ._rate_limits import unadvertisable_limits
 from ._durations import parse_duration
 from ._fields import (
     NotSupportedYet,
@@ -1141,6 +1142,21 @@ class VmcpSchema(_StrictSchema):
             errors["tools"] = tools
         if errors:
             raise ValidationError({"rateLimiting": errors})
+
+    @validates_schema(skip_on_field_errors=False)
+    def _check_limited_tools_can_be_advertised(self, data: dict[str, Any], **kwargs: Any) -> None:
+        limits, aggregation = data.get("rate_limiting"), data.get("aggregation")
+        backends = _backend_names(data)
+        if not isinstance(limits, RateLimitingConfig) or not isinstance(aggregation, AggregationConfig) \
+                or backends is None or None in backends:
+            return
+        composites = [_loaded(composite, "name") for composite in data.get("composite_tools") or ()]
+        if None in composites:
+            return  # a composite whose name did not load may be the one a limit means
+        problems = unadvertisable_limits(limits.tools, aggregation, backends, composites)
+        if problems:
+            raise ValidationError({"rateLimiting": {"tools": {
+                index: {"name": [message]} for index, message in problems.items()}}})
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> VmcpConfig:
