@@ -69,6 +69,16 @@ def test_records_round_trip_encrypted_and_updates_are_transactions(redis_server)
     assert records.delete_user(user).key == user
 
 
+def test_live_tasks_are_indexed_apart_from_ended_ones_in_redis(redis_server):
+    from tests.unit.test_task_records import assert_live_tasks_are_indexed_apart
+
+    records = store(redis_server)
+    assert_live_tasks_are_indexed_apart(records)
+    raw = redis_client.Redis(port=redis_server.port)
+    assert raw.smembers("u:lt:owner") == {b"t2"} and raw.smembers("u:ot:owner") == {b"t1", b"t2"}
+    assert 0 < raw.ttl("u:lt:owner") <= 600
+
+
 def test_redis_down_is_store_unavailable_and_redis_back_is_served(redis_server):
     records = store(redis_server)
     redis_server.stop()

@@ -5,6 +5,8 @@ the memory store forgets an expired one, and a live task whose runner is gone is
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from vmcp_actors.config import TasksConfig
@@ -85,6 +87,35 @@ def test_the_memory_store_forgets_an_expired_task():
     clock.now = 1010.0
     assert store.task("t1") is None and store.tasks_of("owner") == []
     assert store.update_task("t1", lambda current: current) is None
+
+
+def assert_live_tasks_are_indexed_apart(store) -> None:
+    """A store's ``live_tasks_of`` lists an owner's tasks until they end, ``tasks_of`` all of
+    them (any store: memory here, Redis in tests/integration/test_shared_sessions.py)."""
+    for task_id, owner in (("t1", "owner"), ("t2", "owner"), ("t3", "other")):
+        store.put_task(record(task_id, owner=owner, created=1000.0 + int(task_id[1]), expires=time.time() + 600))
+    assert [r.task_id for r in store.live_tasks_of("owner")] == ["t1", "t2"]
+    store.update_task("t1", lambda current: current.ended("completed", "completed", time.time(), result={"content": []}))
+    store.update_task("t2", lambda current: current.progressed("running step 'x'", {}, time.time()))
+    assert [r.task_id for r in store.live_tasks_of("owner")] == ["t2"]
+    assert [r.task_id for r in store.tasks_of("owner")] == ["t1", "t2"]
+    assert [r.task_id for r in store.live_tasks_of("other")] == ["t3"] and store.live_tasks_of("nobody") == []
+
+
+def test_the_memory_store_indexes_live_tasks_apart_and_sweeps_expired_ones_from_every_index():
+    assert_live_tasks_are_indexed_apart(MemoryRecordStore())
+    clock = Clock()
+    store = MemoryRecordStore(wall=clock)
+    store.put_task(record("t1", expires=1010.0))
+    store.put_task(record("t2", expires=1020.0))
+    store.update_task("t1", lambda current: current.ended("failed", "failed", 1001.0))  # kept 60 s from its end
+    clock.now = 1030.0  # t2 expired (never ended: its runner died unseen); t1 is kept until 1061
+    assert [r.task_id for r in store.tasks_of("owner")] == ["t1"] and store.live_tasks_of("owner") == []
+    store.put_task(record("t3", owner="other", expires=2000.0))  # a write sweeps what expired
+    assert store.task("t2") is None and "t2" not in store._tasks
+    clock.now = 1061.0
+    store.put_task(record("t4", owner="other", expires=2000.0))
+    assert set(store._tasks) == {"t3", "t4"} and set(store._owned) == set(store._live) == {"other"}
 
 
 def test_the_memory_store_holds_asked_questions_for_their_time_and_forgets_answered_ones():

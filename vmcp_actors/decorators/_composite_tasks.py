@@ -116,8 +116,8 @@ class CompositeTasks:
         its actor. Refused at the per-user cap (-32600), and with 503 and Retry-After when
         this worker holds ``maxLivePerWorker`` runs: each is a thread, a budget every task
         of every user shares, and another worker, or this one later, may have room."""
-        live = [record for record in self._store.tasks_of(owner) if not record.terminal]
-        live = [record for record in live if not self._ended_if_orphaned(record).terminal]
+        live = [record for record in self._store.live_tasks_of(owner)
+                if not self._ended_if_orphaned(record).terminal]
         cap = self.settings.max_live_per_user
         if len(live) >= cap:
             raise JsonRpcError(INVALID_REQUEST, f"Too many tasks under way: {len(live)} of at most {cap} per user. "

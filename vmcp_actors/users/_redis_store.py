@@ -7,8 +7,9 @@ derived from ``operational.signingKeyEnv``; a backend session id is a credential
 their last write (the directory writes a busy session's last use once a second); a user
 record and its set live twice that, renewed with each of its sessions' writes, so a user
 outlives its last session long enough to be ended. The gateway's own tasks are under
-``{keyPrefix}t:{task id}``, expiring with the record's ``expires``, and a set per owner
-(``{keyPrefix}ot:{owner}``) lists their ids. What a backend's 2025-11-25 task asked,
+``{keyPrefix}t:{task id}``, expiring with the record's ``expires``; a set per owner
+(``{keyPrefix}ot:{owner}``) lists their ids, and another (``{keyPrefix}lt:{owner}``) the
+ids of those not ended, so the per-user cap reads live tasks only. What a backend's 2025-11-25 task asked,
 held for a 2026-07-28 client until it answers, is under ``{keyPrefix}q:{key}``. Updates
 are optimistic transactions (WATCH), so two processes changing one record do not lose
 either change.
@@ -87,6 +88,9 @@ class RedisRecordStore:
 
     def _owner_tasks_key(self, owner: str) -> str:
         return f"{self._prefix}ot:{owner}"
+
+    def _live_tasks_key(self, owner: str) -> str:
+        return f"{self._prefix}lt:{owner}"
 
     def _asked_key(self, key: str) -> str:
         return f"{self._prefix}q:{key}"
@@ -209,10 +213,16 @@ class RedisRecordStore:
     def _write_task(self, pipe: Any, record: TaskRecord) -> None:
         keep = max(1, math.ceil(record.expires - time.time()))
         pipe.set(self._task_key(record.task_id), self._encode("task record", record), ex=keep)
-        pipe.sadd(self._owner_tasks_key(record.owner), record.task_id)
-        # The index outlives every task in it (a later write extends it again).
-        pipe.expire(self._owner_tasks_key(record.owner), keep, gt=True)
-        pipe.expire(self._owner_tasks_key(record.owner), keep, nx=True)
+        indexes, live = [self._owner_tasks_key(record.owner)], self._live_tasks_key(record.owner)
+        if record.terminal:
+            pipe.srem(live, record.task_id)
+        else:
+            indexes.append(live)
+        for index in indexes:
+            pipe.sadd(index, record.task_id)
+            # An index outlives every task in it (a later write extends it again).
+            pipe.expire(index, keep, gt=True)
+            pipe.expire(index, keep, nx=True)
 
     def put_task(self, record: TaskRecord) -> None:
         def work() -> None:
@@ -236,7 +246,14 @@ class RedisRecordStore:
         return self._run(lambda: self._redis.transaction(update, name, value_from_callable=True))
 
     def tasks_of(self, owner: str) -> list[TaskRecord]:
-        records = self._run(lambda: self._indexed(self._owner_tasks_key(owner), self._task_key, self._decode_task))
+        return self._owner_tasks(self._owner_tasks_key(owner), owner)
+
+    def live_tasks_of(self, owner: str) -> list[TaskRecord]:
+        records = self._owner_tasks(self._live_tasks_key(owner), owner)
+        return [record for record in records if not record.terminal]  # ended between the index and the read
+
+    def _owner_tasks(self, index: str, owner: str) -> list[TaskRecord]:
+        records = self._run(lambda: self._indexed(index, self._task_key, self._decode_task))
         return sorted((record for record in records if record.owner == owner), key=lambda record: record.created)
 
     # -- what backends' tasks asked ----------------------------------------------------------

@@ -4,6 +4,7 @@ Values are the frozen records themselves, never live objects."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import threading
 import time
@@ -35,6 +36,7 @@ class RecordStore(Protocol):
     def put_task(self, record: TaskRecord) -> None: ...
     def update_task(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord | None: ...
     def tasks_of(self, owner: str) -> list[TaskRecord]: ...
+    def live_tasks_of(self, owner: str) -> list[TaskRecord]: ...  # not ended, as their records say
     # What a 2025-11-25 backend's task asked (its requests, held for a 2026-07-28 client
     # until answered), under a key the relay derives from the task's handle.
     def asked(self, key: str) -> dict[str, Any] | None: ...
@@ -51,6 +53,9 @@ class MemoryRecordStore:
         self._sessions: dict[str, SessionRecord] = {}
         self._users: dict[UserKey, UserRecord] = {}
         self._tasks: dict[str, TaskRecord] = {}
+        self._owned: dict[str, set[str]] = {}  # owner -> ids of their tasks
+        self._live: dict[str, set[str]] = {}  # owner -> ids of their tasks not ended
+        self._task_expiries: list[tuple[float, str]] = []  # a heap: (expires, task id), stale entries skipped
         self._asked: dict[str, tuple[float, dict[str, Any]]] = {}  # key -> (expires, questions)
         self._wall = wall
 
@@ -100,10 +105,8 @@ class MemoryRecordStore:
 
     def put_task(self, record: TaskRecord) -> None:
         with self._lock:
-            now = self._wall()
-            for task_id in [task_id for task_id, kept in self._tasks.items() if kept.expires <= now]:
-                del self._tasks[task_id]  # expired: swept as new tasks come
-            self._tasks[record.task_id] = record
+            self._sweep_tasks(self._wall())  # expired: swept as new tasks come
+            self._keep_task(record)
 
     def update_task(self, task_id: str, change: Callable[[TaskRecord], TaskRecord]) -> TaskRecord | None:
         """Replace the task's record with ``change(record)`` and return it; None if it is gone."""
@@ -111,14 +114,51 @@ class MemoryRecordStore:
             current = self._tasks.get(task_id)
             if current is None or current.expires <= self._wall():
                 return None
-            self._tasks[task_id] = changed = change(current)
+            changed = change(current)
+            self._keep_task(changed)
             return changed
 
+    def _keep_task(self, record: TaskRecord) -> None:
+        """Under ``_lock``: the record, its owner's indexes, and when it expires."""
+        previous = self._tasks.get(record.task_id)
+        self._tasks[record.task_id] = record
+        self._owned.setdefault(record.owner, set()).add(record.task_id)
+        if record.terminal:
+            self._forget_id(self._live, record.owner, record.task_id)
+        else:
+            self._live.setdefault(record.owner, set()).add(record.task_id)
+        if previous is None or previous.expires != record.expires:
+            heapq.heappush(self._task_expiries, (record.expires, record.task_id))
+
+    def _sweep_tasks(self, now: float) -> None:
+        """Under ``_lock``: drop the records expired by ``now`` (each expiry popped once)."""
+        while self._task_expiries and self._task_expiries[0][0] <= now:
+            _, task_id = heapq.heappop(self._task_expiries)
+            record = self._tasks.get(task_id)
+            if record is not None and record.expires <= now:  # else: a later expiry is in the heap
+                del self._tasks[task_id]
+                self._forget_id(self._owned, record.owner, task_id)
+                self._forget_id(self._live, record.owner, task_id)
+
+    @staticmethod
+    def _forget_id(index: dict[str, set[str]], owner: str, task_id: str) -> None:
+        ids = index.get(owner)
+        if ids is not None:
+            ids.discard(task_id)
+            if not ids:
+                del index[owner]
+
     def tasks_of(self, owner: str) -> list[TaskRecord]:
+        return self._owner_tasks(self._owned, owner)
+
+    def live_tasks_of(self, owner: str) -> list[TaskRecord]:
+        return self._owner_tasks(self._live, owner)
+
+    def _owner_tasks(self, index: dict[str, set[str]], owner: str) -> list[TaskRecord]:
         now = self._wall()
         with self._lock:
-            return sorted((record for record in self._tasks.values() if record.owner == owner and record.expires > now),
-                          key=lambda record: record.created)
+            records = [self._tasks[task_id] for task_id in index.get(owner, ())]
+        return sorted((record for record in records if record.expires > now), key=lambda record: record.created)
 
     def asked(self, key: str) -> dict[str, Any] | None:
         kept = self._asked.get(key)
