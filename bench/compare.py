@@ -221,7 +221,7 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
         spoken = {side: admin_state(gws[side]).get("backendEras", {}).get("echo", "unknown") for side in SIDES}
         print("the era each gateway spoke to the backend (admin state backendEras): "
               + ", ".join(f"{side} {spoken[side]}" for side in SIDES))
-        limits_before_run = {side: rate_limit_use(gws[side]) for side in SIDES}
+        limits_before_run = rate_limit_use(gws["after"])
         settle_heap()
 
         latencies: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -258,7 +258,7 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
                 started = time.perf_counter()
                 echo(clients[mode][0], targets[mode][1], f"s{i}")
                 sequential[mode].append(time.perf_counter() - started)
-        limits_after_run = {side: rate_limit_use(gws[side]) for side in SIDES}
+        limits_after_run = rate_limit_use(gws["after"])
 
     conc = {mode: Stats.of(samples) for mode, samples in latencies.items()}
     seq = {mode: Stats.of(samples) for mode, samples in sequential.items()}
@@ -347,14 +347,13 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
     return checks
 
 
-def limits_checks(before_run: Mapping[str, dict | None], after_run: Mapping[str, dict | None],
-                  setup: Setup, calls: int) -> list[Check]:
-    """With rate limits on the after side: that they decided the ``calls`` measured there
-    (the global bucket's level went down by about as many: bench/rate_limits.yaml refills
-    a third of a token a second) and refused none, in the store the run claims."""
+def limits_checks(start: dict | None, end: dict | None, setup: Setup, calls: int) -> list[Check]:
+    """With rate limits on the after side (its admin state's ``rateLimits`` before and after
+    the measured calls): that they decided the ``calls`` measured there (the global
+    bucket's level went down by about as many: bench/rate_limits.yaml refills a third of a
+    token a second) and refused none, in the store the run claims."""
     if "rateLimiting" not in setup.after_config:
         return []
-    start, end = before_run["after"], after_run["after"]
     if start is None or end is None:
         return [Check("after: rate limits configured", "none in the admin state", "rateLimits", False)]
     store = "redis" if setup.redis else "memory"

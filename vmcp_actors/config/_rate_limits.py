@@ -19,18 +19,17 @@ from ._model import AggregationConfig
 SHOWN_AT_MOST = 30  # names listed in one message
 
 
-def _backend_names(aggregation: AggregationConfig, backend: str) -> tuple[set[str], str | None]:
-    """The names clients can see for ``backend``'s tools: exact names, and a prefix that
-    any name may follow (None when its tools are only those names, or hidden)."""
-    prefix = aggregation.prefix_for(backend) if aggregation.conflict_resolution == "prefix" else ""
+def _tool_names(aggregation: AggregationConfig, backend: str) -> tuple[set[str], str | None]:
+    """The names clients can see for ``backend``'s tools, by the catalog's own naming rules
+    (``advertised_name``, ``is_advertised``): exact names, and a prefix that any name may
+    follow (None when its tools are only those names, or all hidden)."""
     settings = aggregation.tools_for(backend)
-    if aggregation.exclude_all_tools or (settings is not None and settings.exclude_all):
-        return set(), None
     if settings is None or settings.filter is None:
-        return set(), prefix
+        visible = aggregation.is_advertised(backend, "")
+        return set(), aggregation.advertised_name(backend, "") if visible else None
     renames = settings.renames()  # a filter entry may be the backend's own name of a renamed tool
-    return {prefix + renames.get(entry, entry) for entry in settings.filter} | \
-        {prefix + entry for entry in settings.filter if entry not in renames}, None
+    return {aggregation.advertised_name(backend, renames.get(entry, entry)) for entry in settings.filter
+            if aggregation.is_advertised(backend, renames.get(entry, entry), entry)}, None
 
 
 def unadvertisable_limits(tools: Sequence[Any], aggregation: AggregationConfig, backends: Iterable[str],
@@ -38,26 +37,24 @@ def unadvertisable_limits(tools: Sequence[Any], aggregation: AggregationConfig, 
     """``rateLimiting.tools`` entries (by index) whose name no tool can be advertised
     under, each with a message naming what tools can be called here."""
     exact, prefixes = set(composites), []
-    composite_names = sorted(exact)
-    backend_forms = []
+    forms = sorted(exact)  # how tools here are named, for the message
     for backend in backends:
-        names, prefix = _backend_names(aggregation, backend)
+        names, prefix = _tool_names(aggregation, backend)
         exact |= names
         if prefix is not None:
             if prefix == "":
                 return {}  # bare names under priority or manual: any name may be a backend's
             prefixes.append(prefix)
-            backend_forms.append(f"{prefix}*")
-        backend_forms += sorted(names)
+            forms.append(f"{prefix}*")
+        forms += sorted(names)
+    shown = ", ".join(forms[:SHOWN_AT_MOST]) + (f", and {len(forms) - SHOWN_AT_MOST} more"
+                                                 if len(forms) > SHOWN_AT_MOST else "")
     problems = {}
     for index, tool in enumerate(tools):
         name = _loaded(tool, "name")
         if not isinstance(name, str) or name in exact or any(
                 name.startswith(prefix) and len(name) > len(prefix) for prefix in prefixes):
             continue
-        forms = [*composite_names, *backend_forms]
-        shown = ", ".join(forms[:SHOWN_AT_MOST]) + (f", and {len(forms) - SHOWN_AT_MOST} more"
-                                                     if len(forms) > SHOWN_AT_MOST else "")
         problems[index] = (f"no tool can be advertised as {name!r}, so it would limit nothing; tools here are "
                            f"named: {shown or 'nothing (every backend tool is hidden and there are no composites)'}")
     return problems
