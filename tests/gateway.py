@@ -142,16 +142,6 @@ def run_client(url: str, work: Callable[[Any], Awaitable[Any]], mode: str = "leg
 # -- small generic helpers (integration tests) -------------------------------------------
 
 
-def closed_port_url() -> str:
-    """A loopback MCP URL on a port nothing listens on (bound, then released)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/mcp"
-
-
 def list_all(gateway: GatewayServer, session_id: str, method: str, key: str) -> list[dict]:
     """Every item of a ``*/list`` method, following the gateway's ``nextCursor`` to the end."""
     items: list[dict] = []

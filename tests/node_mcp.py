@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.ports import free_port
+
 INSTALL_SCRIPT = "scripts/install-node-mcp"
 TS_CLIENT = Path(__file__).resolve().parent / "node" / "ts_client.mjs"
 EVERYTHING_ENTRY = "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
@@ -63,12 +65,6 @@ def need_node_mcp() -> None:
         pytest.skip(why)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class EverythingServer:
     """server-everything in streamable HTTP mode (or ``transport="sse"``: the 2024-11-05
     HTTP+SSE transport, its stream at ``.sse_url``), as a child process on a loopback port
@@ -77,7 +73,7 @@ class EverythingServer:
 
     def __init__(self, name: str = "everything", transport: str = "streamableHttp") -> None:
         self.name = name
-        self.port = _free_port()
+        self.port = free_port()
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until stop()
         home = node_mcp_home()
         # The server listens on every interface of PORT; it is only ever reached on loopback.

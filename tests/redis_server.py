@@ -10,18 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.ports import free_port
+
 STARTUP_TIMEOUT = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:
     def __init__(self, port: int | None = None):
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self._dir = Path(tempfile.mkdtemp(prefix="vmcp-redis-"))
         self._proc: subprocess.Popen | None = None
 

@@ -25,6 +25,7 @@ import yaml
 
 from tests.backends import sdk_backend
 from tests.gateway import MCP_HEADERS, answer_of, backend_entry, run_client
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin directory
@@ -41,12 +42,6 @@ CONFIG_ERROR = 2
 # ----------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class CliProcess:

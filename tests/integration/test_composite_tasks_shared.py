@@ -15,7 +15,8 @@ import yaml
 
 from tests.backends import sdk_backend
 from tests.gateway import backend_entry
-from tests.integration.test_cli import VMCP, CliProcess, free_port
+from tests.integration.test_cli import VMCP, CliProcess
+from tests.ports import free_port
 from tests.task_backends import modern_rpc
 from vmcp_actors.decorators._composite_tasks import RUNNER_GONE
 

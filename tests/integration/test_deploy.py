@@ -18,7 +18,8 @@ import requests
 
 from tests.backends import sdk_backend
 from tests.gateway import backend_entry
-from tests.integration.test_cli import VMCP, CliProcess, free_port, write_config
+from tests.integration.test_cli import VMCP, CliProcess, write_config
+from tests.ports import free_port
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 KEY_ENV, KEY = "DEPLOY_SIGNING_KEY", "deploy-signing-key-0123456789abcdef"

@@ -12,8 +12,9 @@ import requests
 
 from tests.backends import restartable_backend
 from tests.gateway import backend_entry, wait_until
-from tests.integration.test_cli import VMCP, CliProcess, free_port, write_config
+from tests.integration.test_cli import VMCP, CliProcess, write_config
 from tests.integration.test_identity import INIT
+from tests.ports import free_port
 
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 

@@ -18,7 +18,8 @@ import requests
 from tests.backends import sdk_backend
 from tests.gateway import admin_get, backend_entry, run_client
 from tests.idp import LocalIdP
-from tests.integration.test_cli import CliProcess, free_port, write_config
+from tests.integration.test_cli import CliProcess, write_config
+from tests.ports import free_port
 from vmcp_actors import core as library
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -96,8 +96,9 @@ def test_metrics_may_take_their_own_token(start_gateway, monkeypatch):
 
 
 def test_two_workers_add_up(tmp_path, redis_server):
-    from tests.integration.test_cli import VMCP, CliProcess, free_port, write_config
+    from tests.integration.test_cli import VMCP, CliProcess, write_config
     from tests.integration.test_identity import INIT
+    from tests.ports import free_port
 
     backend = sdk_backend("plain", ["echo"])
     try:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 
 from tests.backends import paged_backend
-from tests.gateway import backend_entry, closed_port_url
+from tests.gateway import backend_entry
+from tests.ports import closed_port_url
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.core import _aggregated as aggregated_module

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.gateway import admin_get, answer_of, wait_until
+from tests.ports import free_port
 from vmcp_actors.backends._stdio import ChildProcesses, user_digest
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.web._installed import EXTENSION_KEY
@@ -143,7 +144,6 @@ def test_a_per_user_backend_fails_only_when_none_of_its_children_answers(script)
 
 
 def test_a_legacy_sse_backend_is_checked_on_its_own_stream(start_gateway):
-    import socket
     import threading
 
     import uvicorn
@@ -155,9 +155,7 @@ def test_a_legacy_sse_backend_is_checked_on_its_own_stream(start_gateway):
     def echo(text: str) -> str:
         return f"echo:{text}"
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     running = uvicorn.Server(uvicorn.Config(server.sse_app(), host="127.0.0.1", port=port, log_level="warning",
                                             timeout_graceful_shutdown=1))
     thread = threading.Thread(target=running.run, daemon=True)

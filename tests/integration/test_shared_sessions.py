@@ -209,7 +209,8 @@ def test_two_gunicorn_workers_serve_one_session_and_survive_a_killed_worker(tmp_
 
     import requests
 
-    from tests.integration.test_cli import VMCP, CliProcess, free_port, write_config
+    from tests.integration.test_cli import VMCP, CliProcess, write_config
+    from tests.ports import free_port
 
     port = free_port()
     path = write_config(tmp_path / "config.yaml", config(backend, redis_server))

@@ -19,9 +19,10 @@ from werkzeug.wrappers import Request, Response
 
 from tests.backends import sdk_backend
 from tests.gateway import backend_entry
-from tests.integration.test_cli import VMCP, CliProcess, free_port
+from tests.integration.test_cli import VMCP, CliProcess
 from tests.integration.test_modern import ALL_CAPABILITIES, _elicit, answer, modern_post
 from tests.mrtr_backends import mrtr_backend
+from tests.ports import free_port
 
 KEY = "a-shared-signing-key-of-32-bytes!"
 HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}

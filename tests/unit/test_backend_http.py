@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 import traceback
@@ -15,6 +14,7 @@ import pytest
 import requests
 import responses
 
+from tests.ports import free_port
 from vmcp_actors.backends._http import McpHttpClient, PostResult, _split_lines
 from vmcp_actors.exceptions import (
     BackendError,
@@ -69,11 +69,7 @@ def post(client: McpHttpClient, message: dict = REQUEST, **kwargs) -> PostResult
 
 
 def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return free_port()
 
 
 # --------------------------------------------------------------------------- answers

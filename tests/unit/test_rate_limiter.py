@@ -5,12 +5,12 @@ unreachable; and the ``rateLimiting`` config's errors, each naming its field."""
 from __future__ import annotations
 
 import logging
-import socket
 import types
 
 import pytest
 import redis
 
+from tests.ports import free_port
 from vmcp_actors.config import (
     RateLimitingConfig,
     TokenBucket,
@@ -188,9 +188,7 @@ def test_sweep_keeps_an_idle_bucket_that_is_not_full_again():
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_port()
 
 
 def unreachable(on_store_error: str) -> RateLimiter:
