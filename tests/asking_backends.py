@@ -76,10 +76,12 @@ class AskingBackend(SdkBackend):
             return f"added {tool}"
 
         async def wait(ctx: Context) -> str:
-            """Wait until cancelled (or 30 s)."""
+            """Wait until cancelled (or 30 s); progress 0 first (to a caller that asked for
+            progress) says the call has arrived."""
             import anyio
 
             try:
+                await ctx.report_progress(0, message="waiting")
                 await anyio.sleep(30)
             except anyio.get_cancelled_exc_class():
                 backend.cancelled.set()

@@ -162,6 +162,20 @@ def admin_get(gateway: GatewayServer, path: str = "/admin/state", token: str | N
     return requests.get(gateway.base + path, headers=headers, timeout=30)
 
 
+def close_stream(response: requests.Response) -> None:
+    """Close a streamed response that another thread may be reading. A plain close() waits
+    for that thread's read to return (the socket's buffer lock), which on a quiet stream is
+    the server's next keep-alive, seconds away; shutting the socket down ends the read now."""
+    import contextlib
+    import os
+    import socket
+
+    with contextlib.suppress(OSError, ValueError):  # ValueError: closed already (no file number)
+        with socket.socket(fileno=os.dup(response.raw.fileno())) as sock:  # the same socket, its own fd
+            sock.shutdown(socket.SHUT_RDWR)
+    response.close()
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
     """Poll ``condition`` until it is truthy; its last value (falsy after the timeout)."""
     import time

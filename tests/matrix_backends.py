@@ -192,10 +192,12 @@ def _add_wait(server: Any, cancelled: Any) -> None:
     from mcp.server.mcpserver import Context
 
     async def wait(ctx: Context) -> str:
-        """Wait until cancelled (or 30 s)."""
+        """Wait until cancelled (or 30 s); progress 0 first (to a caller that asked for
+        progress) says the call has arrived."""
         import anyio
 
         try:
+            await ctx.report_progress(0, message="waiting")
             await anyio.sleep(30)
         except anyio.get_cancelled_exc_class():
             cancelled.set()

@@ -12,15 +12,18 @@ A scenario::
      "logLevel": "debug",                                     # the client's log opt-in on 2026-07-28
      "canned": CANNED,                                        # what those callbacks answer
      "steps": [{"op": "tools/list"}, {"op": "tools/call", "name": "echo", "arguments": {...},
-                "progress": true, "timeout": 5, "cancelAfter": 0.5}, ...]}
+                "progress": true, "timeout": 5, "cancelOnProgress": true}, ...]}
 
 Steps: ``tools/list``, ``prompts/list``, ``resources/list``, ``resources/templates/list``
 (each followed through ``nextCursor`` to the end, the items under the list's key),
-``tools/call``, ``prompts/get`` (``name``, ``arguments``), ``resources/read`` (``uri``),
-``completion/complete`` (``ref``, ``argument``, ``context``), ``logging/setLevel``
-(``level``), ``watch`` (``lists``: list changes, ``resources``: URIs to hear updates of),
-``wait`` (``method``, ``count``, ``timeout``: until that many such notifications came),
-``sleep`` (``seconds``).
+``tools/call`` (``cancelOnProgress`` with ``progress``: cancelled at its first progress
+notification, when the server has the call), ``prompts/get`` (``name``, ``arguments``),
+``resources/read`` (``uri``), ``completion/complete`` (``ref``, ``argument``, ``context``),
+``logging/setLevel`` (``level``), ``watch`` (``lists``: list changes, ``resources``: URIs to
+hear updates of), ``wait`` (``method``, ``count``, ``timeout``: until that many such
+notifications came), ``streams`` (``timeout``: until the server has answered the session's
+standalone stream, so what it sends from then on reaches the client; at once on 2026-07-28,
+which has none: ``watch`` returns once its ``subscriptions/listen`` is acknowledged).
 
 ``logging/setLevel`` and ``watch`` are each done the way the negotiated revision offers:
 a 2025 session sends ``logging/setLevel`` and ``resources/subscribe`` (list changes come
@@ -46,6 +49,8 @@ from typing import Any
 
 import mcp
 from mcp import types
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 CANNED: dict[str, Any] = {
     "model": "test-model",
@@ -72,6 +77,12 @@ class _PyDriver:
         self.client: mcp.Client | None = None
         self.listening = contextlib.AsyncExitStack()
         self.drains: list[asyncio.Task] = []
+        self.standalone_open = asyncio.Event()  # the server answered the session's GET
+
+    async def observe_response(self, response: Any) -> None:
+        """An HTTP response hook: the SDK opens the standalone stream in the background."""
+        if response.request.method == "GET" and response.status_code == 200:
+            self.standalone_open.set()
 
     # -- what the client answers and hears ------------------------------------------------
 
@@ -129,21 +140,29 @@ class _PyDriver:
     async def call_tool(self, step: dict[str, Any]) -> dict[str, Any]:
         outcome: dict[str, Any] = {}
         progress: list[dict[str, Any]] = []
+        first_progress = asyncio.Event()  # the server has the call
 
         async def on_progress(value: float, total: float | None, message: str | None) -> None:
             progress.append({key: item for key, item in
                              (("progress", value), ("total", total), ("message", message)) if item is not None})
+            first_progress.set()
 
-        call = self.client.call_tool(step["name"], step.get("arguments", {}),
-                                     progress_callback=on_progress if step.get("progress") else None)
-        cancel_after = step.get("cancelAfter")
-        try:
-            result = await asyncio.wait_for(call, cancel_after if cancel_after is not None else step.get("timeout", 30))
-            outcome["result"] = _dump(result)
-        except TimeoutError:
-            outcome["cancelled" if cancel_after is not None else "timeout"] = True
-        except mcp.MCPError as error:
-            outcome["error"] = _dump(error.error)
+        call = asyncio.ensure_future(self.client.call_tool(
+            step["name"], step.get("arguments", {}), progress_callback=on_progress if step.get("progress") else None))
+        progressed = asyncio.ensure_future(first_progress.wait()) if step.get("cancelOnProgress") else None
+        await asyncio.wait({call} | ({progressed} if progressed else set()), timeout=step.get("timeout", 30),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if progressed is not None:
+            progressed.cancel()
+        if not call.done():
+            call.cancel()  # the SDK tells the server (notifications/cancelled, or the request's stream closed)
+            with contextlib.suppress(asyncio.CancelledError, mcp.MCPError):
+                await call
+            outcome["cancelled" if first_progress.is_set() and progressed is not None else "timeout"] = True
+        elif isinstance(call.exception(), mcp.MCPError):
+            outcome["error"] = _dump(call.exception().error)
+        else:
+            outcome["result"] = _dump(call.result())
         if step.get("progress"):
             outcome["progress"] = progress
         return outcome
@@ -190,8 +209,12 @@ class _PyDriver:
                 return await self.call_tool(step)
             if op == "wait":
                 return await self.wait(step)
-            if op == "sleep":
-                await asyncio.sleep(step["seconds"])
+            if op == "streams":
+                if self.handshake_era:
+                    try:
+                        await asyncio.wait_for(self.standalone_open.wait(), step.get("timeout", 5))
+                    except TimeoutError:
+                        return {"timeout": True}
                 return {}
             if op == "watch":
                 return {"result": await self.watch(step)}
@@ -223,8 +246,11 @@ class _PyDriver:
 
     async def run(self, url: str, mode: str) -> dict[str, Any]:
         out: dict[str, Any] = {"steps": []}
+        http = create_mcp_http_client()  # the SDK's own, with a hook that sees the standalone stream open
+        http.event_hooks["response"].append(self.observe_response)
         try:
-            async with mcp.Client(url, mode=mode, **self.client_args()) as client:
+            async with http, mcp.Client(streamable_http_client(url, http_client=http), mode=mode,
+                                        **self.client_args()) as client:
                 self.client = client
                 out["protocolVersion"] = client.protocol_version
                 out["initialize"] = {"capabilities": _dump(client.server_capabilities),

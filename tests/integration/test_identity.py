@@ -31,9 +31,9 @@ from tests.gateway import (
     GatewayServer,
     admin_get,
     answer_of,
-    closed_port_url,
 )
 from tests.idp import TOKEN_EXCHANGE_GRANT, LocalIdP
+from tests.ports import closed_port_url
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.edge import _auth as web_auth
 from vmcp_actors.exceptions import ConfigError

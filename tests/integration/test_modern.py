@@ -23,6 +23,7 @@ from tests.gateway import (
     MCP_HEADERS,
     admin_get,
     backend_entry,
+    close_stream,
     sse_messages,
     wait_until,
 )
@@ -423,7 +424,7 @@ class Listener:
         return self.messages.get(timeout=timeout)
 
     def close(self) -> None:
-        self.response.close()
+        close_stream(self.response)
 
 
 def test_subscriptions_listen_acknowledges_and_delivers_list_changes_and_resource_updates(start_gateway):

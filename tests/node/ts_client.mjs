@@ -136,8 +136,13 @@ async function callTool(step, outcome) {
     const progress = [];
     const controller = new AbortController();
     const options = { timeout: (step.timeout ?? 30) * 1000, signal: controller.signal };
-    if (step.progress) options.onprogress = (p) => progress.push(p);
-    if (step.cancelAfter !== undefined) setTimeout(() => controller.abort("cancelled by the test"), step.cancelAfter * 1000);
+    if (step.progress) {
+        options.onprogress = (p) => {
+            progress.push(p);
+            // The first progress says the server has the call: cancel it now.
+            if (step.cancelOnProgress) controller.abort("cancelled by the test");
+        };
+    }
     try {
         outcome.result = await client.callTool({ name: step.name, arguments: step.arguments ?? {} }, undefined, options);
     } catch (error) {
@@ -152,7 +157,7 @@ async function run(step) {
     try {
         if (step.op === "tools/call") await callTool(step, outcome);
         else if (step.op === "wait") Object.assign(outcome, await waitFor(step.method, step.count ?? 1, step.timeout ?? 5));
-        else if (step.op === "sleep") await new Promise((resolve) => setTimeout(resolve, step.seconds * 1000));
+        else if (step.op === "streams") Object.assign(outcome, await standaloneStreamOpen(step.timeout ?? 5));
         else if (STEPS[step.op]) outcome.result = await STEPS[step.op](step);
         else outcome.error = { client: `unknown step ${step.op}` };
     } catch (error) {
@@ -161,7 +166,24 @@ async function run(step) {
     return outcome;
 }
 
-const transport = new StreamableHTTPClientTransport(new URL(url));
+// The session's standalone stream (GET) is open once the server has answered it: what the
+// server sends from then on reaches this client. The SDK opens it in the background.
+let streamOpened;
+const streamOpen = new Promise((resolve) => { streamOpened = resolve; });
+
+async function observingFetch(input, init) {
+    const response = await fetch(input, init);
+    if ((init?.method ?? "GET") === "GET" && response.ok) streamOpened();
+    return response;
+}
+
+function standaloneStreamOpen(seconds) {
+    let timer;
+    const late = new Promise((resolve) => { timer = setTimeout(() => resolve({ timeout: true }), seconds * 1000); });
+    return Promise.race([streamOpen.then(() => ({})), late]).finally(() => clearTimeout(timer));
+}
+
+const transport = new StreamableHTTPClientTransport(new URL(url), { fetch: observingFetch });
 const out = { steps: [] };
 try {
     await client.connect(transport);

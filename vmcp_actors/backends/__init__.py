@@ -31,6 +31,7 @@ from vmcp_actors.backends._models import (
     ConnectionState,
     DiscoveredBackend,
     Handshake,
+    StreamsReady,
     plain_json,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "ConnectionSnapshot",
     "ConnectionState",
     "Handshake",
+    "StreamsReady",
     "McpHttpClient",
     "plain_json",
     "PostResult",

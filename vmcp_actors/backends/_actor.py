@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from vmcp_actors.backends._channel import BackendChannel
-from vmcp_actors.backends._http import Abort
+from vmcp_actors.backends._http import STREAM_OPEN, Abort
 from vmcp_actors.backends._models import (
     ConnectionSnapshot,
     ConnectionState,
@@ -117,6 +117,7 @@ class BackendConnection(PooledActor):
         self._stream_identity: Identity | None = None
         self._stream_uris: frozenset[str] = frozenset()
         self._listener: _StreamListener | None = None
+        self._stream_waiters: list[cf.Future[None]] = []  # stream_ready() asked before there was a listener
         self._no_stream_on: str | None = None  # the backend session that answered 405 to GET
         self._relisten_after = RELISTEN_AFTER
         self._relisten: TimerHandle | None = None
@@ -138,6 +139,7 @@ class BackendConnection(PooledActor):
 
     def on_stop(self) -> None:
         self._stop_listening()
+        self._settle_stream_waiters()
         self._state = ConnectionState.CLOSED
         self._channel.publish_handshake(None)
         handshake = result_or_none(self._handshake)
@@ -186,6 +188,20 @@ class BackendConnection(PooledActor):
             self._listen()
         elif not self._takes_requests():
             self._stop_listening()
+
+    def stream_ready(self) -> cf.Future[None]:
+        """Settles once the standalone stream this connection wants is open (the backend
+        has it: nothing it sends from then on is lost), or once it will not open now: none
+        wanted, the backend offers none, the handshake or the stream failed, or the
+        connection closed. Asked after want_stream, so a client's stream or subscription is
+        answered only when what the backend sends for it reaches the gateway."""
+        listener = self._listener
+        if listener is not None:
+            return listener.opened
+        waiter: cf.Future[None] = cf.Future()
+        self._stream_waiters.append(waiter)
+        self._hand_over_stream_waiters()
+        return waiter
 
     def discover(self, identity: Identity | None) -> cf.Future[DiscoveredBackend]:
         """The backend's lists, fetched anew (a discovery in flight is shared)."""
@@ -267,6 +283,12 @@ class BackendConnection(PooledActor):
 
     def _listen(self) -> None:
         """Open the standalone stream if it is wanted and not open (after the handshake)."""
+        try:
+            self._open_listener()
+        finally:
+            self._hand_over_stream_waiters()
+
+    def _open_listener(self) -> None:
         if not (self._stream_wanted or self._takes_requests()) or self._on_stream is None \
                 or self._state is ConnectionState.CLOSED or self._listener is not None or self._relisten is not None:
             return
@@ -281,6 +303,26 @@ class BackendConnection(PooledActor):
         self._listener = _StreamListener(self._name, self._channel, handshake, identity,
                                          self._on_stream, lambda ended: tell_quietly(ref, ended), self._stream_uris)
         self._listener.start()
+
+    def _hand_over_stream_waiters(self) -> None:
+        """Waiters follow the listener's opening; with none, they wait only for a
+        handshake under way (it listens once it settles), else they are settled."""
+        if not self._stream_waiters:
+            return
+        if self._listener is not None:
+            opened = self._listener.opened
+            for waiter in self._stream_waiters:
+                opened.add_done_callback(lambda _, waiter=waiter: _settle(waiter))
+            self._stream_waiters.clear()
+            return
+        handshake_pending = self._handshake is not None and not self._handshake.done()
+        if not (handshake_pending and self._state is not ConnectionState.CLOSED):
+            self._settle_stream_waiters()
+
+    def _settle_stream_waiters(self) -> None:
+        waiters, self._stream_waiters = self._stream_waiters, []
+        for waiter in waiters:
+            _settle(waiter)
 
     def _stop_listening(self) -> None:
         if self._relisten is not None:
@@ -381,6 +423,7 @@ class BackendConnection(PooledActor):
     def _fail(self, error: BaseException) -> None:
         self._state = ConnectionState.FAILED
         self._last_error = describe_failure(self._name, error)
+        self._hand_over_stream_waiters()
 
     def _report(self, make_message: Callable[[cf.Future[Any]], Any]) -> Callable[[cf.Future[Any]], None]:
         """A done-callback that tells this actor ``make_message(future)`` (never blocks)."""
@@ -466,6 +509,7 @@ class _StreamListener:
         self._deliver = deliver
         self._ended = ended
         self._abort = Abort()
+        self.opened: cf.Future[None] = cf.Future()  # settled once the backend has the stream, or it ended
 
     def start(self) -> None:
         threading.Thread(target=self._run, name=f"vmcp-stream-{self.backend}", daemon=True).start()
@@ -478,7 +522,10 @@ class _StreamListener:
         outcome = "ended"
         try:
             for message in self._channel.listen(self._identity, self._handshake, self._abort, self._resource_uris):
-                self._deliver(self.backend, message)
+                if message is STREAM_OPEN:
+                    _settle(self.opened)
+                else:
+                    self._deliver(self.backend, message)
         except BackendSessionExpired:
             outcome = "expired"
         except BackendHTTPError as exc:
@@ -490,9 +537,17 @@ class _StreamListener:
             logger.exception("backend %r stream failed", self.backend)
             outcome = "failed"
         finally:
+            _settle(self.opened)
             if self._abort.aborted:
                 outcome = "stopped"
             self._ended(_ListenerEnded(self, outcome, time.monotonic() - started))
+
+
+def _settle(future: cf.Future[None]) -> None:
+    try:
+        future.set_result(None)
+    except cf.InvalidStateError:
+        pass  # settled already
 
 
 def _failed(future: cf.Future[Any]) -> bool:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vmcp_actors.backends._http import Abort, PostResult
+from vmcp_actors.backends._http import STREAM_OPEN, Abort, PostResult
 from vmcp_actors.exceptions import (
     BackendCancelled,
     BackendError,
@@ -198,6 +198,7 @@ class MessageBus:
             self._unlisten(inbox)
             return
         try:
+            yield STREAM_OPEN  # registered: nothing the backend sends from now on is missed
             while True:
                 kind, value = inbox.get()
                 if stopped.is_set() or kind == _LOST:

@@ -30,7 +30,7 @@ import pykka
 
 from vmcp_actors import __version__
 from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
-from vmcp_actors.backends._http import Abort, McpHttpClient
+from vmcp_actors.backends._http import STREAM_OPEN, Abort, McpHttpClient
 from vmcp_actors.backends._models import Handshake, compose_instructions
 from vmcp_actors.concurrency import (
     ASK_TIMEOUT,
@@ -755,8 +755,8 @@ class BackendChannel:
 
     def listen(self, identity: Identity | None, handshake: Handshake, abort: Abort,
                resource_uris: frozenset[str] = frozenset()) -> Iterator[Any]:
-        """The backend's standalone stream: notifications (dicts) and BackendRequests,
-        until the backend ends it or ``abort`` is called. A 2026-07-28 backend's is its
+        """The backend's standalone stream: STREAM_OPEN once the backend has it, then
+        notifications (dicts) and BackendRequests, until the backend ends it or ``abort`` is called. A 2026-07-28 backend's is its
         answer to ``subscriptions/listen`` for every list change and ``resource_uris``."""
         headers = self.headers_for(identity)
         request = None
@@ -767,9 +767,13 @@ class BackendChannel:
         for message in self._client.listen(session_id=handshake.session_id, protocol_version=handshake.protocol_version,
                                            extra_headers=headers, abort=abort, connect_timeout=self.timeout,
                                            request=request):
+            if message is STREAM_OPEN:
+                yield message
+                continue
             if handshake.is_modern:
                 message = _without_subscription_id(message)
                 if message.get("method") == "notifications/subscriptions/acknowledged":
+                    yield STREAM_OPEN
                     continue
             yield self._incoming(message, handshake, headers)
 

@@ -76,6 +76,17 @@ _ERROR_BODY_PREFIX = 200
 _ERROR_BODY_LIMIT = 64 * 1024  # a JSON-RPC error body bigger than this is not read
 
 
+class _StreamOpen:
+    def __repr__(self) -> str:
+        return "STREAM_OPEN"
+
+
+# What a standalone stream yields first, once the backend has it (its GET answered, its
+# subscriptions/listen acknowledged, a stdio link listening): from then on nothing the
+# backend sends on it is lost.
+STREAM_OPEN = _StreamOpen()
+
+
 class Abort:
     """Ends an exchange or a stream from another thread (a cancelled call, a listener no
     longer needed): its socket is shut down, so a read blocked on it returns at once. Before
@@ -367,7 +378,8 @@ class McpHttpClient:
     ) -> Iterator[dict]:
         """Open the backend's standalone stream (GET), or with ``request`` its answer to
         that POST (``subscriptions/listen`` on a 2026-07-28 backend), and yield each
-        message on it until the backend ends it or ``abort`` is called. A backend that
+        message on it until the backend ends it or ``abort`` is called (a GET's
+        STREAM_OPEN first, once the backend answered it). A backend that
         offers no stream answers 405: BackendHTTPError with that status."""
         deadline = time.monotonic() + connect_timeout
         if request is None:
@@ -383,6 +395,8 @@ class McpHttpClient:
         try:
             if not abort.attach(resp):
                 return
+            if request is None:
+                yield STREAM_OPEN  # a 2026-07-28 listen is open once acknowledged (BackendChannel.listen)
             self._set_read_timeout(resp, None)  # waits for events as long as it is wanted
             for event in iter_sse_events(_split_lines(self._iter_stream(resp))):
                 if event.data.strip():

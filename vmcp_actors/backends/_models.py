@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Mapping
+
+import pykka
 
 
 class ConnectionState(str, Enum):
@@ -117,3 +121,25 @@ def compose_instructions(said: Mapping[str, str | None]) -> str | None:
     if len(given) <= 1:
         return given[0][1] if given else None
     return "\n\n".join(f"## {name}\n\n{text}" for name, text in given)
+
+
+@dataclass(frozen=True)
+class StreamsReady:
+    """When the backend streams a user's client stream or subscription wants are open:
+    one answer per BackendConnection (a pykka future of its stream_ready())."""
+
+    answers: tuple[Any, ...]
+
+    def wait(self, seconds: float) -> bool:
+        """Wait at most ``seconds`` for every stream; whether all were open (or will not
+        open) in time. A slow backend costs the wait, never a failure: its stream opens later."""
+        give_up = time.monotonic() + seconds
+        for answer in self.answers:
+            try:
+                ready = answer.get(timeout=max(0.0, give_up - time.monotonic()))
+                ready.result(timeout=max(0.0, give_up - time.monotonic()))
+            except (pykka.Timeout, cf.TimeoutError):
+                return False
+            except pykka.ActorDeadError:
+                continue
+        return True

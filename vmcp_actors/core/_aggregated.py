@@ -298,7 +298,8 @@ class AggregatedBackends:
         if self._record_subscription is not None:
             self._record_subscription(subscriber, uri, True)
         with self._user_answering():
-            self._user.subscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
+            streams = self._user.subscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
+        streams.wait(deadline.cap(ASK_TIMEOUT))  # subscribed once the update can reach the gateway
         return {}
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:

@@ -368,7 +368,9 @@ class McpService:
             return answer
         try:
             user = lease.user or self._revive(lease.session.user, identity, lifetime)
-            self._ask(user.proxy.stream_opened(session_id, identity))
+            # Answered once the backends' streams are open too: what a backend sends after
+            # the client has its stream reaches it, as on a direct connection.
+            self._ask(user.proxy.stream_opened(session_id, identity)).wait(ASK_TIMEOUT)
         except BaseException:
             self._live.close_stream(stream)
             raise
@@ -573,7 +575,9 @@ class McpService:
             self._unsubscribe_all(user, identity, listen_id, subscribed)
 
         lifetime.ends_with(closed)
-        self._ask(user.proxy.stream_opened(listen_id, identity))
+        # Acknowledged once the backends' streams are open too: what a backend sends after the
+        # acknowledgment reaches this stream (the specification's promise to the client).
+        self._ask(user.proxy.stream_opened(listen_id, identity)).wait(ASK_TIMEOUT)
         if watch is not None:
             watch.push_to(stream.push)
             watch.start()

@@ -52,6 +52,7 @@ from vmcp_actors.backends import (
     Handshake,
     McpHttpClient,
     OutgoingAuth,
+    StreamsReady,
     describe_failure,
 )
 from vmcp_actors.backends._stdio import ChildProcesses
@@ -481,20 +482,22 @@ class UserActor(pykka.ThreadingActor):
 
     # -- outside any call: streams, subscriptions, list changes ------------------------
 
-    def stream_opened(self, session_id: str, identity: Identity | None) -> None:
+    def stream_opened(self, session_id: str, identity: Identity | None) -> StreamsReady:
         self._identity = identity
         self._streams.pop(session_id, None)
         self._streams[session_id] = None  # the latest stream last
         self._update_streams()
+        return self._streams_ready()
 
     def stream_closed(self, session_id: str) -> None:
         self._streams.pop(session_id, None)
         self._update_streams()
 
-    def subscribed(self, session_id: str, uri: str) -> None:
+    def subscribed(self, session_id: str, uri: str) -> StreamsReady:
         """(The caller wrote it to the session's record.)"""
         self._subscribers.setdefault(uri, set()).add(session_id)
         self._update_streams()
+        return self._streams_ready()
 
     def unsubscribed(self, session_id: str, uri: str) -> bool:
         """True when no session of the user is subscribed to ``uri`` any more."""
@@ -583,11 +586,17 @@ class UserActor(pykka.ThreadingActor):
             owner = catalog.route_resource(uri) if catalog is not None else None
             if owner is not None:
                 uris.setdefault(owner, set()).add(uri)
-        if wanted == self._stream_wanted and uris == self._stream_uris:
-            return
-        self._stream_wanted, self._stream_uris = wanted, uris
-        for name, connection in self._connections.items():
-            connection.want_stream(wanted, self._identity, frozenset(uris.get(name, ())))
+        if wanted != self._stream_wanted or uris != self._stream_uris:
+            self._stream_wanted, self._stream_uris = wanted, uris
+            for name, connection in self._connections.items():
+                connection.want_stream(wanted, self._identity, frozenset(uris.get(name, ())))
+
+    def _streams_ready(self) -> StreamsReady:
+        """When the backend streams wanted now are open (asked after want_stream: each
+        connection's inbox takes the two in that order)."""
+        if not self._stream_wanted:
+            return StreamsReady(())
+        return StreamsReady(tuple(connection.stream_ready() for connection in self._connections.values()))
 
     def _unsubscribe(self, session_id: str, uri: str) -> bool:
         sessions = self._subscribers.get(uri)
