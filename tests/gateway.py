@@ -162,6 +162,36 @@ def admin_get(gateway: GatewayServer, path: str = "/admin/state", token: str | N
     return requests.get(gateway.base + path, headers=headers, timeout=30)
 
 
+class StreamReader:
+    """The messages of a streamed SSE response, read on a thread into ``messages``."""
+
+    def __init__(self, response: requests.Response):
+        import queue
+
+        self.response = response
+        self.messages: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        import json
+
+        from vmcp_actors.protocol.sse import iter_sse_events
+
+        try:
+            for event in iter_sse_events(line.decode() if isinstance(line, bytes) else line
+                                         for line in self.response.iter_lines()):
+                if event.data.strip():
+                    self.messages.put(json.loads(event.data))
+        except Exception:  # noqa: BLE001 - the stream was closed by the test
+            pass
+
+    def next(self, timeout: float = 10.0) -> dict:
+        return self.messages.get(timeout=timeout)
+
+    def close(self) -> None:
+        close_stream(self.response)
+
+
 def close_stream(response: requests.Response) -> None:
     """Close a streamed response that another thread may be reading. A plain close() waits
     for that thread's read to return (the socket's buffer lock), which on a quiet stream is

@@ -7,9 +7,7 @@ wire itself is the point."""
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
-import threading
 from typing import Any
 
 import mcp
@@ -21,14 +19,13 @@ from tests.asking_backends import WATCHED_URI, asking_backend
 from tests.backends import sdk_backend
 from tests.gateway import (
     MCP_HEADERS,
+    StreamReader,
     admin_get,
     backend_entry,
-    close_stream,
     sse_messages,
     wait_until,
 )
 from tests.mrtr_backends import header_backend, mrtr_backend
-from vmcp_actors.protocol.sse import iter_sse_events
 
 MODERN = "2026-07-28"
 META = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {},
@@ -402,29 +399,12 @@ def test_a_composite_elicitation_step_answers_a_modern_client_with_input_require
 # -- 6. subscriptions/listen ----------------------------------------------------------------------
 
 
-class Listener:
+class Listener(StreamReader):
     """A subscriptions/listen stream read on a thread: its messages arrive in ``messages``."""
 
     def __init__(self, url: str, notifications: dict, request_id: Any = "sub-1"):
-        self.response = modern_post(url, "subscriptions/listen", {"notifications": notifications},
-                                    request_id=request_id, stream=True)
-        self.messages: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for event in iter_sse_events(line.decode() if isinstance(line, bytes) else line
-                                         for line in self.response.iter_lines()):
-                if event.data.strip():
-                    self.messages.put(json.loads(event.data))
-        except Exception:  # noqa: BLE001 - the stream was closed by the test
-            pass
-
-    def next(self, timeout: float = 10.0) -> dict:
-        return self.messages.get(timeout=timeout)
-
-    def close(self) -> None:
-        close_stream(self.response)
+        super().__init__(modern_post(url, "subscriptions/listen", {"notifications": notifications},
+                                     request_id=request_id, stream=True))
 
 
 def test_subscriptions_listen_acknowledges_and_delivers_list_changes_and_resource_updates(start_gateway):

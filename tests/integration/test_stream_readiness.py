@@ -6,14 +6,11 @@ is to open its stream (here it answers its GET half a second late)."""
 
 from __future__ import annotations
 
-import json
-import queue
-import threading
-
 import pytest
+import requests
 
 from tests.asking_backends import WATCHED_URI, AskingBackend
-from tests.gateway import MCP_HEADERS, backend_entry, close_stream
+from tests.gateway import MCP_HEADERS, StreamReader, backend_entry
 from tests.integration.test_modern import Listener, answer, modern_post
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -68,7 +65,7 @@ def test_an_update_right_after_the_listen_acknowledgment_reaches_the_stream(star
 def test_an_update_right_after_the_standalone_stream_is_answered_reaches_it(start_gateway, slow_backend):
     gateway = start_gateway(config(slow_backend))
     session = gateway.initialize()
-    stream = StandaloneStream(gateway.url, session)  # returns once the gateway has answered the GET
+    stream = standalone_stream(gateway.url, session)  # returns once the gateway has answered the GET
     try:
         assert "result" in gateway.rpc(session, "resources/subscribe", {"uri": WATCHED_URI})
         touched = gateway.rpc(session, "tools/call", {"name": "asking_touch", "arguments": {"uri": WATCHED_URI}})
@@ -79,35 +76,12 @@ def test_an_update_right_after_the_standalone_stream_is_answered_reaches_it(star
         stream.close()
 
 
-class StandaloneStream:
-    """A 2025 session's standalone stream, read on a thread."""
-
-    def __init__(self, url: str, session: str):
-        import requests
-
-        from vmcp_actors.protocol.sse import iter_sse_events
-
-        self.response = requests.get(url, headers={**MCP_HEADERS, "Accept": "text/event-stream",
-                                                   "Mcp-Session-Id": session}, stream=True, timeout=30)
-        assert self.response.status_code == 200, self.response.text
-        self.messages: queue.Queue = queue.Queue()
-
-        def read() -> None:
-            try:
-                for event in iter_sse_events(line.decode() if isinstance(line, bytes) else line
-                                             for line in self.response.iter_lines()):
-                    if event.data.strip():
-                        self.messages.put(json.loads(event.data))
-            except Exception:  # noqa: BLE001 - the stream was closed by the test
-                pass
-
-        threading.Thread(target=read, daemon=True).start()
-
-    def next(self, timeout: float) -> dict:
-        return self.messages.get(timeout=timeout)
-
-    def close(self) -> None:
-        close_stream(self.response)
+def standalone_stream(url: str, session: str) -> StreamReader:
+    """A 2025 session's standalone stream (GET), returned once the gateway has answered it."""
+    response = requests.get(url, headers={**MCP_HEADERS, "Accept": "text/event-stream", "Mcp-Session-Id": session},
+                            stream=True, timeout=30)
+    assert response.status_code == 200, response.text
+    return StreamReader(response)
 
 
 def test_a_backend_that_never_answers_its_stream_delays_the_answer_only_boundedly():
