@@ -28,15 +28,16 @@ from tests.gateway import (
     admin_get,
     answer_of,
     backend_entry,
-    closed_port_url,
     list_all,
     run_client,
     sse_messages,
 )
+from tests.ports import closed_port_url
 
 ADMIN_ENV = "VMCP_TEST_EDGE_ADMIN_TOKEN"
 ADMIN_TOKEN = "edge-admin-token-4f1c"
 TOLERATED = ("resources/list", "resources/templates/list", "prompts/list")
+WAIT = 30.0  # for what takes milliseconds: generous, so a loaded machine does not fail a test
 
 
 def _call(gateway, session_id, name, arguments=None, request_id=1, meta=None):
@@ -238,7 +239,7 @@ def test_concurrent_calls_after_a_backend_restart_reinitialize_once(start_gatewa
         assert backend.initialize_count == 1
 
         backend.forget_sessions()
-        backend.delay = 0.2  # the six calls all hit the 404 before any renewal finishes
+        backend.hang = True  # held until all six are in: they all hit the 404 before any renewal
         answers: dict[int, dict] = {}
 
         def call(i: int) -> None:
@@ -247,8 +248,12 @@ def test_concurrent_calls_after_a_backend_restart_reinitialize_once(start_gatewa
         threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
         for thread in threads:
             thread.start()
+        try:
+            backend.wait_for("tools/call", count=1 + 6, timeout=WAIT)
+        finally:
+            backend.hang = False
         for thread in threads:
-            thread.join(timeout=30)
+            thread.join(timeout=WAIT)
         assert {i: _text(answers[i]) for i in range(6)} == {i: f"restartable:{i}" for i in range(6)}
         assert backend.initialize_count == 2
 
@@ -262,7 +267,7 @@ def test_per_backend_timeout_is_a_clean_error_and_spares_the_others(start_gatewa
             {
                 "name": "t",
                 "backends": [backend_entry("slow", slow), backend_entry("fast", fast)],
-                "operational": {"timeouts": {"default": "10s", "perWorkload": {"slow": "500ms"}}},
+                "operational": {"timeouts": {"default": "30s", "perWorkload": {"slow": "500ms"}}},
             }
         )
         sid = gateway.initialize()
@@ -270,12 +275,13 @@ def test_per_backend_timeout_is_a_clean_error_and_spares_the_others(start_gatewa
 
         started = time.monotonic()
         response = gateway.post(
-            {"jsonrpc": "2.0", "id": 42, "method": "tools/call", "params": {"name": "slow_sleep", "arguments": {"seconds": 2}}},
+            {"jsonrpc": "2.0", "id": 42, "method": "tools/call", "params": {"name": "slow_sleep", "arguments": {"seconds": 60}}},
             sid,
         )
         elapsed = time.monotonic() - started
         answer = answer_of(response)
-        assert elapsed < 1.5, elapsed
+        # The slow backend's 500 ms, not the 30 s default (nor the 60 s sleep).
+        assert 0.5 <= elapsed < 15, elapsed
         assert answer["id"] == 42
         assert answer["error"]["code"] == -32001, answer
         message = answer["error"]["message"]
@@ -357,7 +363,7 @@ def test_concurrent_calls_reusing_a_client_id_get_unique_backend_ids(start_gatew
         gateway = start_gateway({"name": "t", "backends": [backend_entry("d", backend)]})
         sid = gateway.initialize()
         assert "d_sleep" in _tool_names(gateway, sid)
-        backend.delay = 0.3  # keep the ten calls in flight together
+        backend.hang = True  # held until all ten are in: in flight together
 
         answers: dict[int, requests.Response] = {}
 
@@ -370,8 +376,12 @@ def test_concurrent_calls_reusing_a_client_id_get_unique_backend_ids(start_gatew
         threads = [threading.Thread(target=call, args=(i,)) for i in range(10)]
         for thread in threads:
             thread.start()
+        try:
+            backend.wait_for("tools/call", count=10, timeout=WAIT)
+        finally:
+            backend.hang = False
         for thread in threads:
-            thread.join(timeout=30)
+            thread.join(timeout=WAIT)
 
         for i in range(10):
             answer = answer_of(answers[i])
@@ -524,7 +534,7 @@ def test_opening_a_session_contacts_no_backend(start_gateway):
         assert backend.received == []
         sid = gateway.initialize()
         assert gateway.rpc(sid, "ping") == {"jsonrpc": "2.0", "id": 1, "result": {}}
-        time.sleep(0.2)
+        time.sleep(0.2)  # the absence under test: a contact the session set off would come within this
         assert backend.received == []
         assert backend.initialize_count == 0
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from typing import Any
 
 import mcp
 import pytest
-from mcp import types
 
-from tests.asking_backends import asking_backend
+from tests.asking_backends import AskingBackend, asking_backend
 from tests.backends import RawMcpBackend, _echo_tools
 from tests.gateway import admin_get, backend_entry, wait_until
 from tests.integration.test_client_requests import _elicitation, _roots, _sampling
@@ -36,6 +37,40 @@ def config(backend: Any, **extra: Any) -> dict:
     return {"name": "t", "backends": [backend_entry("asking", backend)], "admin": {"tokenEnv": ADMIN_ENV}, **extra}
 
 
+def roots_on_cue(backend: AskingBackend) -> threading.Event:
+    """Give ``backend`` (not started yet) a tool ``roots_on_cue``: it answers at once, and asks
+    for the client's roots (roots/list outside any call) when the test sets the returned event;
+    ``.events`` says what came back and how long it took. (The shared ``roots_later`` asks
+    0.3 s after answering, which on a busy machine can come before the client has gone.)"""
+    from mcp.server.mcpserver import Context
+
+    cue = threading.Event()
+    asking: list[asyncio.Task] = []  # kept from the garbage collector
+
+    async def roots_on_cue(ctx):
+        """Answer at once; ask for the client's roots on the test's cue."""
+        session = ctx.session
+
+        async def ask() -> None:
+            if not await asyncio.to_thread(cue.wait, 30):
+                backend.events.append("never cued")
+                return
+            started = time.monotonic()
+            try:
+                result = await session.list_roots()
+                outcome = "roots: " + ",".join(str(root.uri) for root in result.roots)
+            except Exception as error:  # noqa: BLE001 - recorded for the test
+                outcome = f"refused: {error}"
+            backend.events.append(f"{outcome} after {time.monotonic() - started:.1f} s")
+
+        asking.append(asyncio.get_running_loop().create_task(ask()))
+        return "asking on cue"
+
+    roots_on_cue.__annotations__ = {"ctx": Context, "return": str}  # real types: the SDK looks for Context
+    backend.server.add_tool(roots_on_cue)
+    return cue
+
+
 def calls(names: list[str], prefix: str = "", mode: str = "legacy", **client_args: Any):
     """Each tool called once with the SDK client, in order: (is_error, first text) each, or
     ("refused", code, message) for a JSON-RPC error."""
@@ -54,6 +89,10 @@ def calls(names: list[str], prefix: str = "", mode: str = "legacy", **client_arg
             return results
 
     return lambda url: asyncio.run(main(url))
+
+
+def users(gateway) -> list[dict]:
+    return admin_get(gateway, token=ADMIN_TOKEN).json()["users"]
 
 
 def connections(gateway) -> list[dict]:
@@ -88,7 +127,7 @@ def test_2026_clients_and_2025_sessions_that_take_nothing_get_2026_backend_sessi
         through = calls(["ask_llm", "touch"], PREFIX, mode="auto", **CALLBACKS)(gateway.url)
         assert through == direct and direct[0][0] == "refused" and direct[1] == (False, "touched test://x"), direct
         list_tools(gateway, open_session(gateway))  # a 2025 session that declares nothing
-        found = wait_until(lambda: len(connections(gateway)) == 2 and connections(gateway))
+        found = wait_until(lambda: len(connections(gateway)) == 2 and connections(gateway), timeout=20)
         assert found, connections(gateway)
         assert {(c["protocolVersion"], c["prefersLegacy"]) for c in found} == {("2026-07-28", False)}
         assert all("answers server/discover" in c["protocolReason"] for c in found)
@@ -96,14 +135,21 @@ def test_2026_clients_and_2025_sessions_that_take_nothing_get_2026_backend_sessi
 
 def test_a_request_outside_any_call_with_nowhere_to_go_is_refused_at_once_and_logged(start_gateway, caplog):
     caplog.set_level(logging.WARNING, logger="vmcp_actors")
-    with asking_backend() as backend:
+    backend = AskingBackend("asking")
+    cue = roots_on_cue(backend)
+    with backend.start():
         gateway = start_gateway(config(backend))
-        assert calls(["roots_later"], PREFIX, mode="legacy", list_roots_callback=_roots)(gateway.url) == [
-            (False, "asking later")]  # the client leaves at once: no call in flight, no stream
-        refused = wait_until(lambda: [e for e in backend.events if e.startswith("refused")], timeout=10)
+        assert calls(["roots_on_cue"], PREFIX, mode="legacy", list_roots_callback=_roots)(gateway.url) == [
+            (False, "asking on cue")]
+        # The client has gone: no call of its user in flight, no stream open. Then the backend asks.
+        assert wait_until(lambda: [(user["inFlight"], user["standaloneStreams"]) for user in users(gateway)] == [(0, 0)],
+                          timeout=20), users(gateway)
+        cue.set()
+        refused = wait_until(lambda: [e for e in backend.events if e.startswith("refused")], timeout=20)
         assert refused, backend.events
         assert "no call of this user is in flight" in refused[0]
-        assert float(refused[0].rsplit(" after ", 1)[1].split()[0]) < 2.0  # at once, not a timeout
+        # at once, not after the 30 s backend timeout a wait for an answer would take
+        assert float(refused[0].rsplit(" after ", 1)[1].split()[0]) < 10.0
         assert any("outside a call" in record.getMessage() and "roots/list" in record.getMessage()
                    for record in caplog.records)
 
@@ -114,9 +160,16 @@ def test_a_request_outside_a_call_goes_to_the_standalone_stream_when_two_calls_a
 
         async def main() -> str:
             async with mcp.Client(gateway.url, mode="legacy", **CALLBACKS) as client:
-                waiting = asyncio.ensure_future(client.call_tool(PREFIX + "wait", {}))
-                await asyncio.sleep(0.5)  # two calls in flight on the backend session: no one call takes it
+                arrived = asyncio.Event()  # the backend's wait reports progress 0 once the call reached it
+
+                async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                    arrived.set()
+
+                waiting = asyncio.ensure_future(client.call_tool(PREFIX + "wait", {}, progress_callback=on_progress))
                 try:
+                    # With wait in flight on the backend session, roots makes two: no one call takes
+                    # the backend's roots/list.
+                    await asyncio.wait_for(arrived.wait(), 20)
                     result = await asyncio.wait_for(client.call_tool(PREFIX + "roots", {}), 20)
                 finally:
                     waiting.cancel()
@@ -129,8 +182,8 @@ def test_a_request_outside_a_call_goes_to_the_standalone_stream_when_two_calls_a
 def test_a_2026_client_gets_a_backends_request_outside_the_call_as_input_required(start_gateway):
     """The backend speaks only 2025 here (as the TypeScript reference server does) and sends
     roots/list on its standalone stream: the one call in flight answers input_required."""
-    from tests.eras import start_in_era
     from tests.asking_backends import AskingBackend
+    from tests.eras import start_in_era
 
     backend = start_in_era(AskingBackend("asking"), "legacy")
     try:

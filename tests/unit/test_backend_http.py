@@ -450,6 +450,10 @@ def test_delete_session_swallows_expired_deadline(rsps, client):
 # --------------------------------------------------------------------------- real sockets
 
 
+TRICKLE_INTERVAL = 0.1
+TRICKLE_EVENTS = 100  # 10 s: a client without a total deadline reads on until then
+
+
 class _Handler(BaseHTTPRequestHandler):
     connections: list[int] = []  # replaced per server
     stop: threading.Event
@@ -469,17 +473,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunked_sse(request)
 
     def _trickle(self):
-        # HTTP/1.0, no length, no chunking: a stream that never ends, one event per 0.2 s.
+        # HTTP/1.0, no length, no chunking: a stream that does not end (for 10 s), one event
+        # per 0.1 s, so no single read ever waits long.
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         n = 0
         try:
-            while not self.stop.is_set():
+            while not self.stop.is_set() and n < TRICKLE_EVENTS:
                 n += 1
                 self.wfile.write(encode_sse_event(note(n)).encode())
                 self.wfile.flush()
-                self.stop.wait(0.2)
+                self.stop.wait(TRICKLE_INTERVAL)
         except OSError:
             pass  # the client went away
         self.close_connection = True
@@ -527,7 +532,9 @@ def test_total_deadline_on_trickling_sse_stream(server):
     finally:
         c.close()
     elapsed = time.monotonic() - start
-    assert 0.55 <= elapsed < 1.2, elapsed
+    # Not before the deadline; and well before the 10 s the stream lasts, which a client
+    # timing only each read would wait out.
+    assert 0.55 <= elapsed < TRICKLE_INTERVAL * TRICKLE_EVENTS / 2, elapsed
     assert str(info.value) == f"backend {NAME!r} did not answer within 0.6s"
     # Events are handed over as they arrive, not when a read buffer fills up.
     assert len(seen) >= 2 and seen[0] == note(1)

@@ -23,6 +23,7 @@ from tests.backends import (
 from vmcp_actors.demo._serve import serve_asgi_in_thread  # noqa: E402
 
 ACCEPT = "application/json, text/event-stream"
+WAIT = 30.0  # for answers that take milliseconds: generous, so a loaded machine does not fail a test
 
 
 # -- a tiny raw client ----------------------------------------------------------------
@@ -38,7 +39,7 @@ class RawClient:
         self.next_id = 1
         self.http = requests.Session()
 
-    def post(self, payload, timeout=5.0):
+    def post(self, payload, timeout=WAIT):
         headers = {"Accept": ACCEPT, "Content-Type": "application/json"}
         if self.session_id:
             headers["Mcp-Session-Id"] = self.session_id
@@ -56,7 +57,7 @@ class RawClient:
         assert self.notify("notifications/initialized").status_code == 202
         return response.json()["result"]
 
-    def request(self, method, params=None, timeout=5.0):
+    def request(self, method, params=None, timeout=WAIT):
         payload = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
         if params is not None:
             payload["params"] = params
@@ -121,7 +122,7 @@ def test_served_app_serves_and_stops_idempotently():
 
     with serve_asgi_in_thread(app) as served:
         assert served.port > 0 and served.url == f"http://127.0.0.1:{served.port}"
-        assert requests.get(served.url, timeout=5).text == "hi"
+        assert requests.get(served.url, timeout=WAIT).text == "hi"
     assert not served.running
     served.stop()  # idempotent
     with pytest.raises(requests.ConnectionError):
@@ -217,9 +218,9 @@ def test_raw_session_rules_and_recording(started):
     assert backend.methods()[:2] == ["initialize", "notifications/initialized"]
 
     # No session header -> 400, unknown -> 404, GET -> 405.
-    no_session = requests.post(backend.mcp_url, json={"jsonrpc": "2.0", "id": 9, "method": "ping"}, timeout=5)
+    no_session = requests.post(backend.mcp_url, json={"jsonrpc": "2.0", "id": 9, "method": "ping"}, timeout=WAIT)
     assert no_session.status_code == 400
-    assert requests.get(backend.mcp_url, timeout=5).status_code == 405
+    assert requests.get(backend.mcp_url, timeout=WAIT).status_code == 405
 
     # Restart: the old session is gone; one re-initialize works again.
     assert backend.initialize_count == 1
@@ -231,9 +232,9 @@ def test_raw_session_rules_and_recording(started):
 
     # DELETE ends the session.
     session_id = client.session_id
-    assert requests.delete(backend.mcp_url, headers={"Mcp-Session-Id": session_id}, timeout=5).status_code == 200
+    assert requests.delete(backend.mcp_url, headers={"Mcp-Session-Id": session_id}, timeout=WAIT).status_code == 200
     assert backend.deleted_sessions == [session_id]
-    assert requests.delete(backend.mcp_url, headers={"Mcp-Session-Id": session_id}, timeout=5).status_code == 404
+    assert requests.delete(backend.mcp_url, headers={"Mcp-Session-Id": session_id}, timeout=WAIT).status_code == 404
     assert client.request("ping").status_code == 404
 
 
@@ -294,26 +295,38 @@ def test_erroring_lists_backend_http_status(started):
 
 
 def test_delayed_backend_overlaps_concurrent_requests(started):
-    backend = started(delayed_backend(delay=0.3, name="slow"))
+    backend = started(delayed_backend(delay=0.0, name="slow"))
     client = RawClient(backend)
     client.initialize()
+    backend.clear_received()
+    backend.delay = 1.0  # the handshake was not delayed; the five calls are
     results = []
+    received_at_first_answer = []  # how many calls the backend held when the first one was answered
+    lock = threading.Lock()
+    together = threading.Barrier(5, timeout=WAIT)
 
     def call(i):
         other = RawClient(backend)
         other.session_id = client.session_id
+        together.wait()
         body = other.request("tools/call", {"name": "echo", "arguments": {"text": str(i)}}).json()
-        results.append(body["result"]["content"][0]["text"])
+        with lock:
+            if not received_at_first_answer:
+                received_at_first_answer.append(len(backend.requests("tools/call")))
+            results.append(body["result"]["content"][0]["text"])
 
     start = time.monotonic()
     threads = [threading.Thread(target=call, args=(i,)) for i in range(5)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(5)
+        thread.join(WAIT)
     elapsed = time.monotonic() - start
     assert sorted(results) == [f"slow:{i}" for i in range(5)]
-    assert 0.3 <= elapsed < 1.2, elapsed  # five 0.3 s requests overlap
+    assert elapsed >= 1.0, elapsed  # each one waited its delay
+    # The five overlap: all of them were in the backend, waiting, before any was answered.
+    assert received_at_first_answer == [5]
+    backend.delay = 0.0
     slept = client.result("tools/call", {"name": "sleep", "arguments": {"seconds": 0.05}})
     assert slept["content"][0]["text"] == "slept"
 
@@ -323,19 +336,21 @@ def test_hanging_backend_never_answers_and_stops_promptly():
     try:
         with pytest.raises(requests.Timeout):
             RawClient(backend).request("initialize", {"protocolVersion": "2025-06-18"}, timeout=0.3)
+        backend.wait_for("initialize", timeout=WAIT)
         assert backend.methods() == ["initialize"]  # recorded although never answered
 
         # A request still in flight while stopping must not hold stop() up.
         pending = threading.Thread(
-            target=lambda: _swallow(lambda: RawClient(backend).request("initialize", {}, timeout=10)), daemon=True
+            target=lambda: _swallow(lambda: RawClient(backend).request("initialize", {}, timeout=60)), daemon=True
         )
         pending.start()
-        backend.wait_for("initialize", count=2)
+        backend.wait_for("initialize", count=2, timeout=WAIT)
     finally:
         start = time.monotonic()
         backend.stop()
-        assert time.monotonic() - start < 3.0
-    pending.join(3)
+        # Held up, stop() would join the server thread for 5 s, then force it and join again.
+        assert time.monotonic() - start < 4.0
+    pending.join(WAIT)  # well before its own 60 s timeout: it ended because the backend stopped
     assert not pending.is_alive()
 
 

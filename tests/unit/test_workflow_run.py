@@ -10,7 +10,8 @@ from typing import Any
 import pykka
 import pytest
 
-from vmcp_actors.concurrency import Deadline, call_later
+from tests.gateway import wait_until
+from vmcp_actors.concurrency import Deadline, TimerHandle, call_later
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.workflows import (
     CompositeTool,
@@ -25,7 +26,7 @@ from vmcp_actors.workflows import (
 )
 from vmcp_actors.workflows.engine import WorkflowCancelled, WorkflowRun, validate_params
 
-WAIT = 5.0
+WAIT = 15.0  # generous: every wait on it ends as soon as what it waits for happens
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +44,8 @@ def structured(value: dict[str, Any]) -> dict[str, Any]:
 
 
 class FakeCaller:
-    """Tools are functions ``(arguments) -> result``; records every call with its times."""
+    """Tools are functions ``(arguments) -> result``; records every call (when it is made)
+    with its times."""
 
     def __init__(self, tools: dict[str, Any], schemas: dict[str, dict[str, Any]] | None = None):
         self.tools = tools
@@ -61,6 +63,8 @@ class FakeCaller:
         """Returns at once, as the real caller does; the tool runs on a thread of its own
         (and its answer is dropped when the run cancelled the call meanwhile)."""
         outcome: cf.Future[dict[str, Any]] = cf.Future()
+        with self.lock:
+            self.calls.append((tool, arguments))
 
         def run() -> None:
             try:
@@ -79,7 +83,6 @@ class FakeCaller:
 
     def _call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            self.calls.append((tool, arguments))
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         start = time.monotonic()
@@ -95,6 +98,14 @@ def sleeper(seconds: float, result: dict[str, Any] | None = None):
     def tool(arguments):
         time.sleep(seconds)
         return result or structured({"slept": seconds, **arguments})
+    return tool
+
+
+def held(release: threading.Event, result: dict[str, Any] | None = None):
+    """A tool that answers once the test sets ``release``."""
+    def tool(arguments):
+        assert release.wait(WAIT), "the test never released the tool"
+        return result or structured(dict(arguments))
     return tool
 
 
@@ -166,36 +177,44 @@ def test_sequential_chain_passes_output_through_templates():
 
 
 def test_independent_steps_run_in_parallel():
-    caller = FakeCaller({"s": sleeper(0.5)})
+    all_three = threading.Barrier(3, timeout=WAIT)  # passes only while the three calls are in flight together
+
+    def together(arguments):
+        all_three.wait()
+        return structured({})
+
+    caller = FakeCaller({"s": together})
     tool = composite(Step("x", "s"), Step("y", "s"), Step("z", "s"))
-    started = time.monotonic()
     result = outcome(tool, caller)
-    elapsed = time.monotonic() - started
-    assert result["isError"] is False
-    assert 0.5 <= elapsed < 1.0, elapsed
+    assert result["isError"] is False, result
     assert caller.max_in_flight == 3
 
 
 def test_max_parallel_one_runs_steps_one_at_a_time():
-    caller = FakeCaller({"s": sleeper(0.1)})
+    caller = FakeCaller({"s": sleeper(0.05)})  # long enough for calls to overlap, were they allowed to
     tool = composite(Step("x", "s"), Step("y", "s"), Step("z", "s"), max_parallel=1)
     started = time.monotonic()
     outcome(tool, caller)
-    assert time.monotonic() - started >= 0.3
+    assert time.monotonic() - started >= 0.15
     assert caller.max_in_flight == 1
 
 
 def test_diamond_runs_the_join_after_both_branches():
     order: list[str] = []
+    right_done = threading.Event()
 
-    def tool_named(name, delay=0.0):
+    def tool_named(name, after: threading.Event | None = None):
         def tool(arguments):
-            time.sleep(delay)
+            if after is not None:
+                assert after.wait(WAIT), f"{name} ran alone"  # both branches run at once
             order.append(name)
+            if name == "right":
+                right_done.set()
             return structured({"from": name})
         return tool
 
-    caller = FakeCaller({"top": tool_named("top"), "left": tool_named("left", 0.1),
+    # left finishes after right: the join waits for the branch that ends last
+    caller = FakeCaller({"top": tool_named("top"), "left": tool_named("left", after=right_done),
                          "right": tool_named("right"), "join": tool_named("join")})
     tool = composite(
         Step("top", "top"),
@@ -306,33 +325,75 @@ def test_is_error_result_counts_as_a_failure():
 
 
 def test_step_timeout_fails_the_step_and_ignores_the_late_answer():
-    caller = FakeCaller({"slow": sleeper(1.0), "t": echo})
+    release = threading.Event()  # the slow tool answers only after the run's result is in
+    caller = FakeCaller({"slow": held(release), "t": echo})
     tool = composite(
         Step("slow", "slow", timeout=0.1, on_error=OnError("continue")),
         Step("after", "t", {"error": "{{ steps.slow.error }}"}, depends_on=("slow",)),
     )
-    started = time.monotonic()
-    result = outcome(tool, caller)
-    assert time.monotonic() - started < 0.6
+    ref, future = run(tool, caller)
+    result = future.result(timeout=WAIT)
     assert "timed out after 0.1 s" in result["structuredContent"]["error"]
+    release.set()  # the late answer
+    assert wait_until(lambda: not ref.is_alive(), timeout=WAIT)
+    assert [name for name, _ in caller.calls] == ["slow", "t"]
 
 
 def test_workflow_timeout_returns_an_error_result():
-    caller = FakeCaller({"slow": sleeper(1.0)})
-    started = time.monotonic()
+    release = threading.Event()  # the step answers only after the run's result is in
+    caller = FakeCaller({"slow": held(release)})
     result = outcome(composite(Step("s", "slow"), timeout=0.2), caller)
-    assert time.monotonic() - started < 0.7
+    release.set()
     assert result["isError"] is True
     assert "timed out after 0.2 s" in result["content"][0]["text"]
+
+
+class MissesItsDeadline(FakeCaller):
+    """A backend call that fails as the gateway's HTTP client fails it: once its deadline
+    has passed, with the backend's "did not answer" error."""
+
+    def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
+        failed: cf.Future[dict[str, Any]] = cf.Future()
+        self.calls.append((tool, arguments))
+        call_later(deadline.remaining(), lambda: failed.set_exception(
+            RuntimeError(f"backend 'work' did not answer within {deadline.remaining():g}s")))
+        return failed
+
+
+def no_timers(delay: float, fn: Any) -> TimerHandle:
+    """Timers that never fire: the call's own failure is all the run hears of its deadline."""
+    return TimerHandle()
+
+
+@pytest.mark.parametrize(("step_timeout", "run_timeout", "said"), [
+    (0.2, 60, "step 'slow' failed: timed out after 0.2 s"),
+    (60, 0.2, "composite tool 'c' timed out after 0.2 s"),
+])
+def test_a_call_failing_at_its_deadline_reads_as_the_timeout_whichever_is_heard_first(step_timeout, run_timeout,
+                                                                                       said):
+    # The run's timer and the call's deadline fall on one instant; here the call's failure
+    # always comes first, and the run says what its own timer would have said.
+    tool = composite(Step("slow", "slow", timeout=step_timeout), timeout=run_timeout)
+    result = outcome(tool, MissesItsDeadline({}), schedule=no_timers)
+    assert result["isError"] is True and said in result["content"][0]["text"], result
+    assert "did not answer" not in result["content"][0]["text"]
 
 
 # -- forEach -----------------------------------------------------------------------------
 
 
 def test_for_each_collects_outputs_in_item_order_within_max_parallel():
+    second_done = threading.Event()
+
     def double(arguments):
-        time.sleep(0.05 * (5 - arguments["index"]))  # later items finish first
-        return structured({"double": arguments["value"] * 2, "index": arguments["index"]})
+        if arguments["index"] == 0:
+            assert second_done.wait(WAIT), "item 1 never ran beside item 0"  # a later item finishes first
+        else:
+            time.sleep(0.02)  # long enough for items to overlap, were more than two let run at once
+        answer = structured({"double": arguments["value"] * 2, "index": arguments["index"]})
+        if arguments["index"] == 1:
+            second_done.set()
+        return answer
 
     caller = FakeCaller({"double": double})
     tool = composite(Step(
@@ -498,9 +559,7 @@ def test_status_snapshot_while_running_and_cancel_on_stop():
     ref = WorkflowRun.start(tool, {}, caller, run_id="run-9")
     proxy = ref.proxy()
     future = proxy.result().get(timeout=WAIT)
-    deadline = time.monotonic() + WAIT
-    while proxy.status().get(timeout=WAIT)["steps"]["wait"] != "running" and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_until(lambda: proxy.status().get(timeout=WAIT)["steps"]["wait"] == "running", timeout=WAIT)
     status = proxy.status().get(timeout=WAIT)
     assert status["composite"] == "c" and status["runId"] == "run-9"
     assert status["steps"] == {"first": "completed", "wait": "running", "later": "pending"}
@@ -521,20 +580,14 @@ def test_cancel_fails_the_result_and_stops_the_run():
     proxy.cancel().get(timeout=WAIT)
     with pytest.raises(WorkflowCancelled):
         future.result(timeout=WAIT)
-    deadline = time.monotonic() + WAIT
-    while ref.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not ref.is_alive()
+    assert wait_until(lambda: not ref.is_alive(), timeout=WAIT)
     release.set()
 
 
 def test_the_run_stops_itself_once_settled():
     ref, future = run(composite(Step("s", "t")), FakeCaller({"t": echo}))
     future.result(timeout=WAIT)
-    deadline = time.monotonic() + WAIT
-    while ref.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not ref.is_alive()
+    assert wait_until(lambda: not ref.is_alive(), timeout=WAIT)
 
 
 def test_nested_output_properties_build_an_object_and_values_left_empty_are_absent():
@@ -614,13 +667,10 @@ def test_templates_reading_names_the_context_lacks_are_composite_problems():
 def test_a_failed_run_is_logged_once_with_the_composite_the_step_and_why(caplog):
     caplog.set_level("DEBUG", logger="vmcp_actors.workflows.engine")
     caller = FakeCaller({"bad": failing("backend down")})
-    result = outcome(composite(Step("broken", "bad")), caller)
-    assert result["isError"] is True
-    # The run logs on its own thread, which may still be writing when the outcome arrives.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not any(r.name == "vmcp_actors.workflows.engine" for r in caplog.records):
-        time.sleep(0.01)
-    time.sleep(0.05)  # a second line, were there one, would follow at once
+    ref, future = run(composite(Step("broken", "bad")), caller)
+    assert future.result(timeout=WAIT)["isError"] is True
+    # The run logs on its own thread after the outcome arrives; once it has stopped, it logs no more.
+    assert wait_until(lambda: not ref.is_alive(), timeout=WAIT)
     lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows.engine"]
     assert len(lines) == 1 and lines[0].levelname == "WARNING"
     assert "composite 'c' run" in lines[0].getMessage() and "step 'broken' failed: backend down" in lines[0].getMessage()
@@ -727,7 +777,9 @@ def test_decline_and_cancel_follow_their_action(action, policy, ran_deploy, fail
 
 
 def test_skip_remaining_lets_steps_in_flight_finish_skips_the_rest_and_completes():
-    caller = AskingCaller({"slow": sleeper(0.3), "deploy": echo, "notify": echo}, None)
+    release_slow = threading.Event()
+    caller = AskingCaller({"slow": held(release_slow, structured({"slept": 0.3})), "deploy": echo, "notify": echo},
+                          None)
     tool = composite(
         Step("slow", "slow", {"n": 1}),  # independent of the question: already running
         confirm_step(on_decline="skip_remaining"),
@@ -745,6 +797,8 @@ def test_skip_remaining_lets_steps_in_flight_finish_skips_the_rest_and_completes
     ref = WorkflowRun.start(tool, {"app": "web"}, caller, run_id="r", on_progress=lambda *e: progress.append(e))
     assert caller.asked_event.wait(WAIT)
     caller.pending[0].set_result({"action": "decline"})
+    assert wait_until(lambda: len(progress) == 3, timeout=WAIT)  # the rest is skipped while slow still runs
+    release_slow.set()
     result = ref.proxy().result().get(timeout=WAIT).result(timeout=WAIT)
     assert result["structuredContent"] == {
         "answer": {"action": "decline", "content": {}, "skipped": True},
@@ -760,12 +814,11 @@ def test_skip_remaining_lets_steps_in_flight_finish_skips_the_rest_and_completes
 
 def test_a_user_who_declines_is_logged_at_info_not_as_a_gateway_problem(caplog):
     caplog.set_level("INFO", logger="vmcp_actors.workflows.engine")
-    outcome(composite(confirm_step(), deploy_step()), AskingCaller({"deploy": echo}, {"action": "decline"}),
-            {"app": "web"})
-    # The run logs on its own thread, which may still be writing when the outcome arrives.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not any(r.name == "vmcp_actors.workflows.engine" for r in caplog.records):
-        time.sleep(0.01)
+    ref, future = run(composite(confirm_step(), deploy_step()), AskingCaller({"deploy": echo}, {"action": "decline"}),
+                      {"app": "web"})
+    future.result(timeout=WAIT)
+    # The run logs on its own thread after the outcome arrives; once it has stopped, it logs no more.
+    assert wait_until(lambda: not ref.is_alive(), timeout=WAIT)
     lines = [record for record in caplog.records if record.name == "vmcp_actors.workflows.engine"]
     assert [record.levelname for record in lines] == ["INFO"]
     assert "step 'confirm' failed: the user declined (onDecline is abort)" in lines[0].getMessage()
@@ -788,7 +841,8 @@ def test_a_client_that_cannot_be_asked_fails_the_step_by_name_at_once():
     result = outcome(composite(confirm_step(), deploy_step()), caller, {"app": "web"})
     assert result["isError"] and texts_of(result) == (
         "composite tool 'c': step 'confirm' needs the client to support elicitation, and it did not declare it")
-    assert time.monotonic() - started < 2 and caller.calls == []
+    # at once: not after the step's 300 s wait for an answer
+    assert time.monotonic() - started < 10 and caller.calls == []
 
 
 def test_a_caller_that_raises_instead_of_answering_fails_the_step():
@@ -838,13 +892,14 @@ def test_accept_without_content_reads_as_empty_content():
 def test_an_unanswered_elicitation_times_out_and_a_late_answer_is_ignored():
     caller = AskingCaller({"deploy": echo}, None)
     started = time.monotonic()
-    result = outcome(composite(confirm_step(timeout=0.3, on_error=OnError("retry", retry_count=2, retry_delay=0)),
-                               deploy_step()), caller, {"app": "web"})
+    ref, future = run(composite(confirm_step(timeout=0.3, on_error=OnError("retry", retry_count=2, retry_delay=0)),
+                                deploy_step()), caller, {"app": "web"})
+    result = future.result(timeout=WAIT)
     assert texts_of(result) == ("composite tool 'c': step 'confirm' failed: timed out after 0.3 s without an answer "
                                 "(a timeout counts as a cancel; onCancel is abort)")
-    assert time.monotonic() - started < 3 and len(caller.asked) == 1  # a person is not asked twice
+    assert time.monotonic() - started >= 0.3 and len(caller.asked) == 1  # a person is not asked twice
     caller.pending[0].set_result({"action": "accept", "content": {"confirm": True}})  # too late: nothing happens
-    time.sleep(0.1)
+    assert wait_until(lambda: not ref.is_alive(), timeout=WAIT)  # a run that stopped calls nothing more
     assert caller.calls == []
 
 

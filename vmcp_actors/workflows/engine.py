@@ -114,6 +114,7 @@ class _CallDone:
     index: int | None  # the forEach iteration, None for a plain step
     result: Any = None  # the CallToolResult dict, when the call returned
     error: str | None = None  # when it raised
+    late: bool = False  # it raised at or after its deadline: the step's or the run's timeout, not the backend
 
 
 @dataclass(frozen=True)
@@ -283,18 +284,23 @@ class WorkflowRun(pykka.ThreadingActor):
         elif isinstance(message, _StepTimedOut):
             running = self._running.get(message.step_id)
             if running is not None and running.attempt == message.attempt:
-                step = self._steps[message.step_id]
-                if step.type == "elicitation":
-                    self._not_accepted(step, "timeout")
-                else:
-                    self._attempt_failed(step, f"timed out after {step.timeout:g} s")
+                self._timed_out(self._steps[message.step_id])
         elif isinstance(message, _Relaunch):
             running = self._running.get(message.step_id)
             if running is not None and running.attempt == message.attempt:
                 self._launch(self._steps[message.step_id], running, delay=0.0)
         elif isinstance(message, _RunTimedOut):
-            self._settle(result=error_result(
-                f"composite tool {self._tool.name!r} timed out after {self._tool.timeout:g} s"), state="failed")
+            self._run_timed_out()
+
+    def _timed_out(self, step: Step) -> None:
+        if step.type == "elicitation":
+            self._not_accepted(step, "timeout")
+        else:
+            self._attempt_failed(step, f"timed out after {step.timeout:g} s")
+
+    def _run_timed_out(self) -> None:
+        self._settle(result=error_result(
+            f"composite tool {self._tool.name!r} timed out after {self._tool.timeout:g} s"), state="failed")
 
     # -- scheduling ------------------------------------------------------------------------
 
@@ -394,7 +400,8 @@ class WorkflowRun(pykka.ThreadingActor):
                 return  # the run ended and cancelled it
             error = done.exception()
             tell_quietly(actor_ref, _CallDone(step.id, attempt, index, None if error else done.result(),
-                                              None if error is None else _describe(error)))
+                                              None if error is None else _describe(error),
+                                              late=error is not None and deadline.expired))
 
         self._calls = [call for call in self._calls if not call.done()] + [future]
         on_settled(future, report)
@@ -485,6 +492,14 @@ class WorkflowRun(pykka.ThreadingActor):
         if running is None or running.attempt != message.attempt:
             return  # a timed-out or superseded attempt answering late
         step = self._steps[message.step_id]
+        if message.late:
+            # The call's deadline is the step's (or the run's) timer's instant: whichever of the
+            # two reaches this actor first, the run says the same.
+            if self._deadline.expired:
+                self._run_timed_out()
+            else:
+                self._timed_out(step)
+            return
         failure = message.error if message.error is not None else _result_error(message.result)
         where = "" if message.index is None else f"item {message.index}: "
         if failure is not None:
