@@ -110,9 +110,15 @@ def test_two_sessions_eliciting_at_once_each_get_their_own_request(start_gateway
     with asking_backend() as backend:
         gateway = start_gateway(_config(("asking", backend)))
 
+        asked: set[str] = set()
+        both_asked = asyncio.Event()
+
         async def session(name: str) -> str:
             async def elicit(context: Any, params: Any) -> types.ElicitResult:
-                await asyncio.sleep(0.2)  # both requests are out at once
+                asked.add(name)
+                if len(asked) == 2:
+                    both_asked.set()
+                await asyncio.wait_for(both_asked.wait(), 20)  # answered once both requests are out at once
                 return types.ElicitResult(action="accept", content={"name": f"{name} answering {params.message}"})
 
             async with mcp.Client(gateway.url, mode="legacy", elicitation_callback=elicit) as client:
@@ -137,11 +143,14 @@ def _open(gateway, capabilities: dict) -> str:
 class _Call:
     """A tools/call whose SSE answer is read event by event on a thread of its own."""
 
-    def __init__(self, gateway, session_id: str, name: str, arguments: dict, request_id: Any = 1):
+    def __init__(self, gateway, session_id: str, name: str, arguments: dict, request_id: Any = 1,
+                 progress_token: str | None = None):
         self.events: list[dict] = []
         self.done = threading.Event()
-        message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-                   "params": {"name": name, "arguments": arguments}}
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if progress_token is not None:
+            params["_meta"] = {"progressToken": progress_token}
+        message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
         # The headers come with the first event (JSON or SSE is decided then): post on the thread.
         threading.Thread(target=self._read, args=(gateway, session_id, message), daemon=True).start()
 
@@ -202,13 +211,14 @@ def test_bad_answers_are_refused_and_change_nothing_then_a_good_one_goes_through
 def test_a_late_answer_within_the_deadline_works_and_a_missing_one_fails_the_call_in_time(start_gateway):
     with asking_backend() as backend:
         config = _config(("asking", backend))
-        config["operational"] = {"timeouts": {"default": "2s"}}
+        config["operational"] = {"timeouts": {"default": "2.5s"}}
         gateway = start_gateway(config)
         session_id = _open(gateway, ELICITING)
+        assert "result" in gateway.rpc(session_id, "tools/list")  # discovered: the deadlines below are the answers'
 
         late = _Call(gateway, session_id, "asking_ask_user", {"question": "late"})
         asked = late.request("elicitation/create")
-        time.sleep(1.0)
+        time.sleep(1.0)  # the answer is late (what is tested), but well within the 2.5 s deadline
         assert _answer(gateway, session_id, asked["id"], {"action": "decline"}).status_code == 202
         assert late.answer()["result"]["content"][0]["text"] == "decline"
 
@@ -216,7 +226,9 @@ def test_a_late_answer_within_the_deadline_works_and_a_missing_one_fails_the_cal
         silent = _Call(gateway, session_id, "asking_ask_user", {"question": "silent"}, request_id=2)
         asked = silent.request("elicitation/create")
         final = silent.answer()
-        assert time.monotonic() - started < 4
+        # Failed by its 2.5 s deadline: nothing else would end it (the backend waits for the
+        # client's answer without a limit; answer() gives up after 20 s).
+        assert time.monotonic() - started < 10
         assert "error" in final or final["result"].get("isError"), final
         # The gateway answered the backend for the silent client: its request is gone.
         assert _answer(gateway, session_id, asked["id"], {"action": "decline"}).status_code == 400
@@ -236,7 +248,8 @@ def test_the_clients_stream_closing_answers_what_it_was_asked(start_gateway):
         asked = next(json.loads(event.data) for event in iter_sse_events(lines) if event.data.strip())
         assert asked["method"] == "elicitation/create"
         response.close()  # the client goes away before answering
-        wait_until(lambda: _answer(gateway, session_id, asked["id"], {"action": "decline"}).status_code == 400, 10)
+        assert wait_until(
+            lambda: _answer(gateway, session_id, asked["id"], {"action": "decline"}).status_code == 400, 10)
         assert gateway.rpc(session_id, "ping", request_id=3)["result"] == {}
 
 
@@ -247,14 +260,13 @@ def test_cancelling_a_call_reaches_the_backend_and_frees_the_thread(start_gatewa
     with asking_backend() as backend:
         gateway = start_gateway(_config(("asking", backend)))
         session_id = _open(gateway, {})
-        call = _Call(gateway, session_id, "asking_wait", {}, request_id="slow-1")
-        time.sleep(0.5)  # the backend is waiting
-        started = time.monotonic()
+        call = _Call(gateway, session_id, "asking_wait", {}, request_id="slow-1", progress_token="w")
+        assert call.request("notifications/progress")  # the backend is waiting (it said so)
         cancelled = gateway.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                   "params": {"requestId": "slow-1", "reason": "changed my mind"}}, session_id)
         assert cancelled.status_code == 202
         assert backend.cancelled.wait(10)  # the backend heard it under its own id
-        assert call.done.wait(10) and time.monotonic() - started < 5
+        assert call.done.wait(10)  # freed well before the backend's own 30 s wait would have ended
         assert all("result" not in event for event in call.events)  # no answer to a cancelled call
         assert gateway.rpc(session_id, "ping", request_id=2)["result"] == {}
 
@@ -295,20 +307,29 @@ def test_subscriptions_reach_exactly_the_sessions_that_subscribed(start_gateway)
         assert gateway.rpc(subscriber, "resources/subscribe", {"uri": WATCHED_URI})["result"] == {}
         assert backend.subscriptions == [("subscribe", WATCHED_URI)]
 
-        for uri in (WATCHED_URI, OTHER_URI):
+        def touch(uri: str) -> None:
             gateway.rpc(bystander, "tools/call", {"name": "asking_touch", "arguments": {"uri": uri}})
-        wait_until(lambda: "notifications/resources/updated" in streams[subscriber].methods())
-        time.sleep(0.3)
-        updates = [m["params"]["uri"] for m in streams[subscriber].messages
-                   if m.get("method") == "notifications/resources/updated"]
-        assert updates == [WATCHED_URI]
-        assert "notifications/resources/updated" not in streams[bystander].methods()
+
+        def updates(session_id: str) -> list[str]:
+            return [m["params"]["uri"] for m in streams[session_id].messages
+                    if m.get("method") == "notifications/resources/updated"]
+
+        # The backend sends its updates in order on one stream: once the last one arrived, an
+        # update for the other URI would have arrived before it.
+        for uri in (WATCHED_URI, OTHER_URI, WATCHED_URI):
+            touch(uri)
+        assert wait_until(lambda: len(updates(subscriber)) >= 2, 10), updates(subscriber)
+        assert updates(subscriber) == [WATCHED_URI, WATCHED_URI]
+        assert updates(bystander) == []
 
         assert gateway.rpc(subscriber, "resources/unsubscribe", {"uri": WATCHED_URI})["result"] == {}
         assert backend.subscriptions[-1] == ("unsubscribe", WATCHED_URI)
-        gateway.rpc(bystander, "tools/call", {"name": "asking_touch", "arguments": {"uri": WATCHED_URI}})
-        time.sleep(0.5)
-        assert len([m for m in streams[subscriber].messages if m.get("method") == "notifications/resources/updated"]) == 1
+        # The same order tells what stopped: a subscription to the other URI is the marker.
+        assert gateway.rpc(subscriber, "resources/subscribe", {"uri": OTHER_URI})["result"] == {}
+        for uri in (WATCHED_URI, OTHER_URI):
+            touch(uri)
+        assert wait_until(lambda: OTHER_URI in updates(subscriber), 10), updates(subscriber)
+        assert updates(subscriber) == [WATCHED_URI, WATCHED_URI, OTHER_URI]
         for stream in streams.values():
             stream.close()
 
@@ -324,7 +345,9 @@ def test_subscribing_to_an_unknown_resource_is_a_clear_error(start_gateway):
 
 
 @pytest.mark.parametrize("strategy", ["prefix", "priority", "manual"])
-def test_a_list_change_refreshes_that_backend_and_tells_the_client_once(start_gateway, strategy):
+def test_a_list_change_refreshes_that_backend_and_tells_the_client_once(start_gateway, strategy, monkeypatch):
+    # Changes this close together make one refresh: wide enough for two calls under load.
+    monkeypatch.setattr("vmcp_actors.users._actor.LIST_CHANGES_SETTLE", 0.5)
     with asking_backend() as asking, sdk_backend("plain", ["echo", "whoami"]) as plain:
         aggregation: dict[str, Any] = {"conflictResolution": strategy,
                                        "tools": [{"workload": "plain", "filter": ["echo"]}]}
@@ -337,14 +360,13 @@ def test_a_list_change_refreshes_that_backend_and_tells_the_client_once(start_ga
         session_id = _open(gateway, {})
         before = {tool["name"] for tool in gateway.rpc(session_id, "tools/list")["result"]["tools"]}
         assert name("grow") in before and "plain_whoami" not in before and "whoami" not in before
-        stream = _Stream(gateway, session_id)
-        time.sleep(0.3)  # the backend streams are open
+        stream = _Stream(gateway, session_id)  # answered once the backends' streams are open too
 
         for tool in ("first_new", "second_new"):  # two changes close together
             answer = gateway.rpc(session_id, "tools/call", {"name": name("grow"), "arguments": {"tool": tool}})
             assert "result" in answer, answer
-        wait_until(lambda: "notifications/tools/list_changed" in stream.methods(), 10)
-        time.sleep(0.6)
+        assert wait_until(lambda: "notifications/tools/list_changed" in stream.methods(), 10)
+        time.sleep(0.6)  # an absence: a second notification would come within this
         assert stream.methods().count("notifications/tools/list_changed") == 1
         after = {tool["name"] for tool in gateway.rpc(session_id, "tools/list", request_id=9)["result"]["tools"]}
         assert after - before == {name("first_new"), name("second_new")}
@@ -364,9 +386,9 @@ def test_backend_streams_open_only_while_needed(start_gateway):
 
         assert listeners() == 0
         stream = _Stream(gateway, session_id)
-        wait_until(lambda: listeners() == 1)
+        assert wait_until(lambda: listeners() == 1, 10)
         stream.close()
-        wait_until(lambda: listeners() == 0, 10)
+        assert wait_until(lambda: listeners() == 0, 10)
 
 
 # -- resuming a call's stream ---------------------------------------------------------------

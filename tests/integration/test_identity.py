@@ -31,6 +31,7 @@ from tests.gateway import (
     GatewayServer,
     admin_get,
     answer_of,
+    wait_until,
 )
 from tests.idp import TOKEN_EXCHANGE_GRANT, LocalIdP
 from tests.ports import closed_port_url
@@ -55,8 +56,6 @@ INIT = {
 
 
 # -- fixtures and helpers -----------------------------------------------------------------------
-
-
 
 
 @pytest.fixture
@@ -429,7 +428,7 @@ def test_configured_jwks_url_skips_discovery(start_gateway, idp, servers):
 def test_jwks_is_fetched_lazily_and_cached(start_gateway, idp, servers):
     plain = servers(header_backend("plain"))
     gateway = start_gateway(gateway_config({"plain": plain}, incoming=oidc(idp, jwksUrl=idp.jwks_url)))
-    time.sleep(0.1)
+    time.sleep(0.1)  # an absence (no fetch at start): nothing to wait for, only time to let one happen
     assert idp.jwks_fetches == 0
     Caller(gateway, idp.issue_token("alice", AUD)).open()
     assert idp.jwks_fetches == 1
@@ -466,7 +465,7 @@ def test_unknown_kids_cannot_hammer_the_idp(start_gateway, idp, servers):
 
 
 def test_unknown_kid_refetch_is_allowed_again_after_the_interval(start_gateway, idp, servers, monkeypatch):
-    monkeypatch.setattr(web_auth, "MIN_JWKS_REFETCH", 0.5)
+    monkeypatch.setattr(web_auth, "MIN_JWKS_REFETCH", 1.0)  # the five below fit in it, even under load
     plain = servers(header_backend("plain"))
     gateway = start_gateway(gateway_config({"plain": plain}, incoming=oidc(idp, jwksUrl=idp.jwks_url)))
     Caller(gateway, idp.issue_token("alice", AUD)).open()
@@ -474,9 +473,13 @@ def test_unknown_kid_refetch_is_allowed_again_after_the_interval(start_gateway, 
         gateway.post(INIT, headers=bearer(with_header(idp.issue_token("m", AUD), kid=f"x{i}")))
     fetches = idp.jwks_fetches
     assert fetches <= 2
-    time.sleep(0.6)
     new_kid = idp.rotate_rsa_key()
-    assert gateway.post(INIT, headers=bearer(idp.issue_token("alice", AUD, kid=new_kid))).status_code == 200
+
+    def accepted() -> bool:
+        return gateway.post(INIT, headers=bearer(idp.issue_token("alice", AUD, kid=new_kid))).status_code == 200
+
+    # Refused without a fetch until the interval has passed; then one refetch finds the new key.
+    assert wait_until(accepted, timeout=10, interval=0.1)
     assert idp.jwks_fetches == fetches + 1
 
 
@@ -496,7 +499,7 @@ class FailingJwksIdP(LocalIdP):
 
 
 def test_failing_jwks_endpoint_is_not_hammered_by_every_request(start_gateway, servers, monkeypatch):
-    monkeypatch.setattr(web_auth, "JWKS_RETRY_AFTER_FAILURE", 0.5)
+    monkeypatch.setattr(web_auth, "JWKS_RETRY_AFTER_FAILURE", 1.0)  # the twenty below fit in two, even under load
     provider = FailingJwksIdP().start()
     try:
         plain = servers(header_backend("plain"))
@@ -504,10 +507,16 @@ def test_failing_jwks_endpoint_is_not_hammered_by_every_request(start_gateway, s
         for i in range(20):
             response = gateway.post(INIT, headers=bearer(provider.issue_token(f"user{i}", AUD)))
             assert response.status_code == 503, response.text
-        assert provider.jwks_fetches <= 2
+        fetches = provider.jwks_fetches
+        assert fetches <= 2
         provider.jwks_down = False
-        time.sleep(0.6)
-        assert gateway.post(INIT, headers=bearer(provider.issue_token("alice", AUD))).status_code == 200
+
+        def accepted() -> bool:
+            return gateway.post(INIT, headers=bearer(provider.issue_token("alice", AUD))).status_code == 200
+
+        # Refused without a fetch until the retry is due; then one fetch, and the keys are there.
+        assert wait_until(accepted, timeout=10, interval=0.1)
+        assert provider.jwks_fetches == fetches + 1
     finally:
         provider.stop()
 
@@ -526,7 +535,7 @@ def test_session_hijack_gets_404_like_an_unknown_session(start_gateway, idp, ser
     assert text_of(alice.call(sid, "jira_issues")) == "jira:issues:alice"
     seen_by_backend = len(jira.received)
     exchanges = len(idp.exchanges)
-    time.sleep(0.4)
+    time.sleep(0.4)  # real time: the session's idle clock, checked below, has run this long
 
     call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "jira_issues", "arguments": {}}}
     hijack = bob.post(call, sid)
@@ -803,7 +812,7 @@ def test_exchanged_token_is_renewed_shortly_before_expiry(start_gateway, idp, se
     assert text_of(alice.call(sid, "jira_issues")) == "jira:issues:alice"
     assert len(idp.successful_exchanges()) == 1
     first = idp.successful_exchanges()[0].at
-    time.sleep(max(0.0, first + 1.9 - time.monotonic()))
+    time.sleep(max(0.0, first + 1.9 - time.monotonic()))  # real time: past the renewal point (1.8 s)
     assert text_of(alice.call(sid, "jira_issues")) == "jira:issues:alice"
     exchanges = idp.successful_exchanges()
     assert len(exchanges) == 2
@@ -1024,10 +1033,10 @@ def test_discovery_cache_ttl_zero_disables_it(start_gateway, idp, servers, monke
 
 def test_discovery_cache_entry_expires_after_the_ttl(start_gateway, idp, servers, monkeypatch):
     monkeypatch.setenv("VMCP_ADMIN_TOKEN", ADMIN_TOKEN)
-    jira, gateway = _cache_gateway(start_gateway, idp, servers, ttl="400ms")
+    jira, gateway = _cache_gateway(start_gateway, idp, servers, ttl="200ms")
     alice = Caller(gateway, idp.issue_token("alice", AUD))
     assert alice.tools(alice.open()) == ["jira_issues"]
-    time.sleep(0.5)
+    time.sleep(0.3)  # real time: past the entry's TTL
     assert alice.tools(alice.open()) == ["jira_issues"]
     assert len(received(jira, "tools/list")) == 2
 
@@ -1065,7 +1074,7 @@ def test_no_backend_or_idp_is_contacted_at_start_with_auth(start_gateway, idp, s
     gateway = start_gateway(gateway_config({"jira": jira, "svc": svc}, incoming=oidc(idp), outgoing={
         "backends": {"jira": exchange(idp, "jira-api"), "svc": {"type": "header_injection", "headerInjection": {
             "headerName": "X-Api-Key", "headerValueEnv": "SVC_API_KEY"}}}}))
-    time.sleep(0.3)
+    time.sleep(0.3)  # an absence (no contact at start): nothing to wait for, only time to let one happen
     assert (idp.discovery_fetches, idp.jwks_fetches, idp.token_requests) == (0, 0, 0)
     assert (jira.received, jira.rejections, svc.received, svc.rejections) == ([], [], [], [])
     alice = Caller(gateway, idp.issue_token("alice", AUD))
@@ -1078,7 +1087,7 @@ def test_no_backend_or_idp_is_contacted_at_start_with_auth(start_gateway, idp, s
 def test_no_backend_is_contacted_at_start_without_auth(start_gateway, servers):
     a = servers(restartable_backend("a"))
     gateway = start_gateway(gateway_config({"a": a}))
-    time.sleep(0.3)
+    time.sleep(0.3)  # an absence (no contact at start): nothing to wait for, only time to let one happen
     assert a.received == []
     assert requests.get(gateway.base + "/readyz", timeout=10).status_code == 200
     assert Caller(gateway).open()

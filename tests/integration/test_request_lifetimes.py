@@ -5,10 +5,12 @@ after taking a hold lets go of it. Real SDK backend, real gateway over HTTP."""
 from __future__ import annotations
 
 import json
-import time
+import threading
 
+import anyio
 import pytest
 import requests
+from mcp.server.mcpserver import Context
 
 from tests.backends import sdk_backend
 from tests.gateway import MCP_HEADERS, backend_entry, wait_until
@@ -32,30 +34,64 @@ def _in_flight(gateway, session_id: str) -> int:
     return next(activity["inFlight"] for record, activity in rows if record.session_id == session_id)
 
 
-def test_a_call_whose_client_dropped_keeps_its_lease_and_user_until_it_ends(start_gateway, plain):
-    gateway = start_gateway({"name": "t", "backends": [backend_entry("plain", plain)],
-                             "operational": {"userIdleTimeout": "200ms", "sessionTTL": "60s"}})
-    session_id = gateway.initialize("2025-11-25")
-    response = requests.post(gateway.url, json={
-        "jsonrpc": "2.0", "id": 7, "method": "tools/call",
-        "params": {"name": "plain_progress", "arguments": {"steps": 6, "delay": 0.5}, "_meta": {"progressToken": "p"}}},
-        headers={**MCP_HEADERS, "Mcp-Session-Id": session_id}, stream=True, timeout=30)
-    events = iter_sse_events(response.iter_lines())
-    priming = next(events)
-    assert priming.id and priming.data == ""
-    first = next(events)
-    assert json.loads(first.data)["method"] == "notifications/progress"
-    response.close()  # the client leaves; the 2025-11-25 call goes on for a resume
+def _live_users(gateway) -> set[UserKey]:
+    return {user.key for user in _directory(gateway).live_users()}
 
-    time.sleep(1.0)  # well past userIdleTimeout: an idle user would have been released by now
-    assert _in_flight(gateway, session_id) == 1
-    assert any(user.key.label == "anonymous" for user in _directory(gateway).live_users())
 
-    resumed = requests.get(gateway.url, headers={**MCP_HEADERS, "Mcp-Session-Id": session_id,
-                                                 "Last-Event-ID": first.id}, stream=True, timeout=30)
-    rest = [json.loads(event.data) for event in iter_sse_events(resumed.iter_lines()) if event.data.strip()]
-    assert rest[-1]["id"] == 7 and rest[-1]["result"]["content"][0]["text"] == "done"
-    wait_until(lambda: _in_flight(gateway, session_id) == 0, 5)
+class _HeldProgress:
+    """An official-SDK tool, ``held``: progress 1/2, then it waits until ``release`` is set
+    (or 30 s), progress 2/2, and 'done'."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def held(self, ctx: Context) -> str:
+        """Report progress, wait to be released, answer 'done'."""
+        await ctx.report_progress(1, 2, "step 1/2")
+        with anyio.move_on_after(30):
+            while not self.release.is_set():
+                await anyio.sleep(0.01)
+        await ctx.report_progress(2, 2, "step 2/2")
+        return "done"
+
+
+def test_a_call_whose_client_dropped_keeps_its_lease_and_user_until_it_ends(start_gateway):
+    call = _HeldProgress()
+    with sdk_backend("plain", ["echo"], extra_tools=[call.held]) as plain:
+        gateway = start_gateway({"name": "t", "backends": [backend_entry("plain", plain)],
+                                 "operational": {"userIdleTimeout": "200ms", "sessionTTL": "60s"}})
+        session_id = gateway.initialize("2025-11-25")
+        try:
+            response = requests.post(gateway.url, json={
+                "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "plain_held", "arguments": {}, "_meta": {"progressToken": "p"}}},
+                headers={**MCP_HEADERS, "Mcp-Session-Id": session_id}, stream=True, timeout=30)
+            events = iter_sse_events(response.iter_lines())
+            priming = next(events)
+            assert priming.id and priming.data == ""
+            first = next(events)
+            assert json.loads(first.data)["method"] == "notifications/progress"
+            response.close()  # the client leaves; the 2025-11-25 call goes on for a resume
+            (user,) = _live_users(gateway)
+
+            # Another user (its client declares roots), used after the call began, then left
+            # idle: once it is released, an idle user of the call would have been too.
+            other = gateway.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {"roots": {}},
+                "clientInfo": {"name": "other", "version": "1"}}}).headers["Mcp-Session-Id"]
+            assert "result" in gateway.rpc(other, "tools/list")
+            (other_user,) = _live_users(gateway) - {user}
+            assert wait_until(lambda: other_user not in _live_users(gateway), timeout=10)
+            assert _in_flight(gateway, session_id) == 1
+            assert user in _live_users(gateway) and user.label == "anonymous"
+        finally:
+            call.release.set()
+
+        resumed = requests.get(gateway.url, headers={**MCP_HEADERS, "Mcp-Session-Id": session_id,
+                                                     "Last-Event-ID": first.id}, stream=True, timeout=30)
+        rest = [json.loads(event.data) for event in iter_sse_events(resumed.iter_lines()) if event.data.strip()]
+        assert rest[-1]["id"] == 7 and rest[-1]["result"]["content"][0]["text"] == "done"
+        assert wait_until(lambda: _in_flight(gateway, session_id) == 0, 10)
 
 
 def test_a_hold_taken_on_the_last_try_is_released_and_the_request_served(start_gateway, plain, monkeypatch):

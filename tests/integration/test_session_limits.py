@@ -6,13 +6,14 @@ the request gets 503 with Retry-After. All show in the admin state and the logs.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pykka
 import pytest
 
-from tests.backends import restartable_backend, sdk_backend
+from tests.backends import RawMcpBackend, restartable_backend, sdk_backend
 from tests.gateway import admin_get, backend_entry
 from tests.idp import LocalIdP
 from tests.integration.test_identity import INIT, bearer
@@ -57,10 +58,41 @@ def limits(gateway) -> dict:
     return admin_get(gateway, token=ADMIN_TOKEN).json()["sessionLimits"]
 
 
+def hold_calls(raw: RawMcpBackend) -> threading.Event:
+    """Every tools/call the raw backend gets waits until the returned event is set (or 30 s),
+    then answers as before: a call in flight for as long as a test needs one."""
+    release = threading.Event()
+    answer = raw.handlers["tools/call"]
+
+    async def held(call):
+        for _ in range(3000):
+            if release.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return await answer(call)
+
+    raw.handlers["tools/call"] = held
+    return release
+
+
+def call_in_flight(gateway, raw: RawMcpBackend, session_id: str, tool: str, release: threading.Event):
+    """A held call of ``tool`` on ``session_id`` (on a thread of its own), once the backend has it."""
+    call = threading.Thread(target=gateway.rpc, args=(session_id, "tools/call", {
+        "name": tool, "arguments": {"text": "held"}}))
+    call.start()
+    try:
+        raw.wait_for("tools/call", timeout=10)  # the call is in flight
+    except BaseException:
+        release.set()
+        call.join(timeout=30)
+        raise
+    return call
+
+
 def test_at_the_cap_the_least_recently_used_idle_session_is_evicted(start_gateway, backend, caplog):
     gateway = start_gateway(config(backend, maxSessions=2))
     first, second = gateway.initialize(), gateway.initialize()
-    time.sleep(0.01)
+    time.sleep(0.01)  # distinct last-use times even on a coarse clock
     assert ping(gateway, first) == 200  # first is now the more recently used
     third = open_session(gateway)
     assert third.status_code == 200
@@ -70,22 +102,22 @@ def test_at_the_cap_the_least_recently_used_idle_session_is_evicted(start_gatewa
     assert any("evicted: operational.maxSessions (2) reached" in r.getMessage() for r in caplog.records)
 
 
-def test_when_every_session_is_busy_a_new_one_gets_503_with_retry_after(start_gateway, backend):
-    gateway = start_gateway(config(backend, maxSessions=1))
-    busy = gateway.initialize()
-    call = threading.Thread(target=gateway.rpc, args=(busy, "tools/call", {"name": "plain_sleep",
-                                                                            "arguments": {"seconds": 1.5}}))
-    call.start()
-    try:
-        time.sleep(0.5)  # the call is in flight
-        refused = open_session(gateway)
-        assert refused.status_code == 503
-        assert refused.headers["Retry-After"] == "5"
-        assert refused.json()["error"]["data"] == {"limit": "maxSessions"}
-    finally:
-        call.join(timeout=10)
-    assert open_session(gateway).status_code == 200  # idle again: it makes room
-    assert limits(gateway)["refused"] == 1 and limits(gateway)["evicted"] == 1
+def test_when_every_session_is_busy_a_new_one_gets_503_with_retry_after(start_gateway):
+    with restartable_backend("plain") as raw:
+        release = hold_calls(raw)
+        gateway = start_gateway(config(raw, maxSessions=1))
+        busy = gateway.initialize()
+        call = call_in_flight(gateway, raw, busy, "plain_echo", release)
+        try:
+            refused = open_session(gateway)
+            assert refused.status_code == 503
+            assert refused.headers["Retry-After"] == "5"
+            assert refused.json()["error"]["data"] == {"limit": "maxSessions"}
+        finally:
+            release.set()
+            call.join(timeout=30)
+        assert open_session(gateway).status_code == 200  # idle again: it makes room
+        assert limits(gateway)["refused"] == 1 and limits(gateway)["evicted"] == 1
 
 
 def test_a_caller_at_their_own_cap_evicts_their_own_session_only(start_gateway, backend):
@@ -190,19 +222,18 @@ def test_when_every_live_user_is_busy_another_user_gets_503_with_retry_after(sta
     with restartable_backend() as raw:
         gateway = start_gateway({"name": "limits", "backends": [backend_entry("rs", raw)],
                                  "operational": {"maxLiveUsers": 1}, "admin": {"tokenEnv": ADMIN_ENV}})
+        release = hold_calls(raw)
         busy = _open_as(gateway, {})
-        call = threading.Thread(target=gateway.rpc, args=(busy, "tools/call", {"name": "rs_sleep",
-                                                                                "arguments": {"seconds": 1.5}}))
-        call.start()
+        call = call_in_flight(gateway, raw, busy, "rs_echo", release)  # its user cannot be released
         try:
-            time.sleep(0.5)  # the call is in flight: its user cannot be released
             refused = gateway.post({**INIT, "params": {**INIT["params"], "capabilities": {"roots": {}}}})
             assert refused.status_code == 503
             assert refused.headers["Retry-After"] == "5"
             assert refused.json()["error"]["data"] == {"limit": "maxLiveUsers"}
             assert "users at once" in refused.json()["error"]["message"]
         finally:
-            call.join(timeout=10)
+            release.set()
+            call.join(timeout=30)
         other = _open_as(gateway, {"roots": {}})  # idle again: it makes room
         assert "result" in _echo(gateway, other, "x") and "result" in _echo(gateway, busy, "y")
         limits_now = admin_get(gateway, token=ADMIN_TOKEN).json()["liveUserLimits"]
@@ -215,17 +246,16 @@ def test_a_released_sessions_revival_refused_at_the_cap_keeps_its_session(start_
     with restartable_backend() as raw:
         gateway = start_gateway({"name": "limits", "backends": [backend_entry("rs", raw)],
                                  "operational": {"maxLiveUsers": 1}, "admin": {"tokenEnv": ADMIN_ENV}})
+        release = hold_calls(raw)
         waiting = _open_as(gateway, {})
         busy = _open_as(gateway, {"roots": {}})  # releases the first user
-        call = threading.Thread(target=gateway.rpc, args=(busy, "tools/call", {"name": "rs_sleep",
-                                                                                "arguments": {"seconds": 1.5}}))
-        call.start()
+        call = call_in_flight(gateway, raw, busy, "rs_echo", release)
         try:
-            time.sleep(0.5)
             refused = gateway.post({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, waiting)
             assert refused.status_code == 503 and refused.json()["id"] == 5
         finally:
-            call.join(timeout=10)
+            release.set()
+            call.join(timeout=30)
         assert "result" in _echo(gateway, waiting, "later")
         sessions = admin_get(gateway, token=ADMIN_TOKEN).json()["sessions"]
         assert all(row["inFlight"] == 0 for row in sessions)  # the refused request held nothing

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
 
+import anyio
 import pykka
 
 from tests.backends import (
+    INTERNAL_ERROR,
     SHARED_README_URI,
-    delayed_backend,
+    RawMcpBackend,
+    RpcError,
     hanging_backend,
     restartable_backend,
     sdk_backend,
+    text_result,
+    tool_def,
 )
-from tests.gateway import backend_entry, list_all, run_client, wait_until
+from tests.gateway import admin_get, backend_entry, list_all, run_client, wait_until
+from vmcp_actors.core import _aggregated as aggregated_module
 from vmcp_actors.users import _actor as session_module
+
+ADMIN_ENV, ADMIN_TOKEN = "SESSIONS_ADMIN_TOKEN", "sessions-adm1n-Vb7"
 
 
 def _call(gateway, session_id, name, arguments=None, request_id=1):
@@ -35,6 +43,85 @@ def _delete(gateway, session_id):
     import requests
 
     return requests.delete(gateway.url, headers={"Mcp-Session-Id": session_id}, timeout=10)
+
+
+def _session_ids(gateway) -> set[str]:
+    """The sessions the gateway holds, read from the admin state (touches none of them)."""
+    return {row["id"] for row in admin_get(gateway, token=ADMIN_TOKEN).json()["sessions"]}
+
+
+class _HeldCalls:
+    """An official-SDK tool, ``held``, that keeps every call in it until ``release`` is set and
+    counts them: the backend's own view of how many calls are in flight (``now``, ``peak``)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.now = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    async def held(self) -> str:
+        """Wait until the test releases the call, then answer 'slept'."""
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            with anyio.fail_after(30):  # a test that never releases still ends
+                while not self.release.is_set():
+                    await anyio.sleep(0.01)
+        finally:
+            with self._lock:
+                self.now -= 1
+        return "slept"
+
+
+class _RecoveringBackend(RawMcpBackend):
+    """A raw backend with ``echo(text)``. While ``down`` its tools/list fails at once; once
+    up, every tools/list hangs until the test ends it: ``release`` answers every one (now and
+    later), ``fail_held()`` fails those hanging now. A discovery of it is seen in flight."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, {"tools/list": self._list, "tools/call": self._call})
+        self.down = True
+        self.release = threading.Event()
+        self._failing: list[threading.Event] = []
+        self._holding = 0
+        self._held_lock = threading.Lock()
+
+    @property
+    def holding(self) -> int:
+        """How many tools/list requests hang now."""
+        with self._held_lock:
+            return self._holding
+
+    def fail_held(self) -> None:
+        with self._held_lock:
+            for failing in self._failing:
+                failing.set()
+
+    def stop(self) -> None:
+        self.release.set()  # nothing hangs past the backend's end
+        super().stop()
+
+    async def _list(self, call) -> dict:
+        if self.down:
+            raise RpcError(INTERNAL_ERROR, f"{self.name} is down")
+        failing = threading.Event()
+        with self._held_lock:
+            self._failing.append(failing)
+            self._holding += 1
+        try:
+            while not (self.release.is_set() or failing.is_set()):
+                await asyncio.sleep(0.01)
+        finally:
+            with self._held_lock:
+                self._holding -= 1
+        if not self.release.is_set():
+            raise RpcError(INTERNAL_ERROR, f"{self.name} is still down")
+        return {"tools": [tool_def("echo", "Echo text back", text="string")]}
+
+    def _call(self, call) -> dict:
+        return text_result(f"{self.name}:{call.params['arguments']['text']}")
 
 
 # -- 1. aggregation ---------------------------------------------------------------------------
@@ -159,11 +246,24 @@ def test_config_order_does_not_change_the_lists(start_gateway):
 
 
 def test_a_slow_backend_does_not_change_the_order(start_gateway):
-    with delayed_backend(delay=0.0, name="first") as first, delayed_backend(delay=0.0, name="second") as second:
+    with restartable_backend("first") as first, restartable_backend("second") as second:
         config = {"name": "t", "backends": [backend_entry("first", first), backend_entry("second", second)]}
+        listed = first.handlers["tools/list"]
+        slow = {"first": True}
+
+        async def after_second(call):
+            if slow["first"]:  # "first" answers last: once "second" was asked for its list, and a moment after
+                with anyio.move_on_after(10):
+                    while not second.requests("tools/list"):
+                        await asyncio.sleep(0.01)
+                await asyncio.sleep(0.05)
+            return listed(call)
+
+        first.handlers["tools/list"] = after_second
         orders = []
-        for delay in (0.4, 0.0):
-            first.delay = delay  # "first" answers last when delayed
+        for first_slow in (True, False):
+            slow["first"] = first_slow
+            second.clear_received()
             gateway = start_gateway(config)
             sid = gateway.initialize()
             orders.append(_names(list_all(gateway, sid, "tools/list", "tools")))
@@ -179,7 +279,8 @@ def test_a_hanging_backend_does_not_block_other_backends_or_sessions(start_gatew
             {
                 "name": "t",
                 "backends": [backend_entry("hanging", hanging), backend_entry("good", good)],
-                "operational": {"timeouts": {"default": "20s"}},
+                # Longer than the client's own 30 s: a call stuck behind the hanging one fails.
+                "operational": {"timeouts": {"default": "60s"}},
             }
         )
         hanging.hang = False  # let discovery through, then hang every later request
@@ -194,15 +295,15 @@ def test_a_hanging_backend_does_not_block_other_backends_or_sessions(start_gatew
             target=lambda: outcome.setdefault("answer", _call(gateway, sid, "hanging_echo", {"text": "zz"})), daemon=True
         )
         stuck.start()
-        hanging.wait_for("tools/call", timeout=5)
+        hanging.wait_for("tools/call", timeout=10)
 
-        started = time.monotonic()
+        # The hanging call ends only when released below (or after its 60 s timeout): answers
+        # that come while it is in flight were not queued behind it.
         for i in range(5):
             assert _text(_call(gateway, sid, "good_echo", {"text": str(i)}, request_id=10 + i)) == f"good:{i}"
         assert _text(_call(gateway, other, "good_echo", {"text": "o"})) == "good:o"
         assert gateway.rpc(other, "ping") == {"jsonrpc": "2.0", "id": 1, "result": {}}
-        assert time.monotonic() - started < 5.0
-        assert stuck.is_alive()  # the hanging call was in flight all along
+        assert stuck.is_alive() and "answer" not in outcome  # the hanging call was in flight all along
 
         hanging.hang = False  # release it: it completes normally
         stuck.join(timeout=10)
@@ -210,26 +311,29 @@ def test_a_hanging_backend_does_not_block_other_backends_or_sessions(start_gatew
 
 
 def test_concurrent_calls_on_one_session_and_backend_overlap(start_gateway):
-    with sdk_backend("alpha", tools=("sleep",)) as alpha:
+    calls = _HeldCalls()
+    with sdk_backend("alpha", tools=(), extra_tools=[calls.held]) as alpha:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("alpha", alpha)]})
         sid = gateway.initialize()
-        assert _names(list_all(gateway, sid, "tools/list", "tools")) == ["alpha_sleep"]
+        assert _names(list_all(gateway, sid, "tools/list", "tools")) == ["alpha_held"]
 
         answers: dict[int, dict] = {}
 
         def call(i):
-            answers[i] = _call(gateway, sid, "alpha_sleep", {"seconds": 0.5}, request_id=i)
+            answers[i] = _call(gateway, sid, "alpha_held", request_id=i)
 
         threads = [threading.Thread(target=call, args=(i,)) for i in range(10)]
-        started = time.monotonic()
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join(timeout=30)
-        elapsed = time.monotonic() - started
+        try:
+            # Every call is in the backend at once: none waits for another to end first.
+            assert wait_until(lambda: calls.peak == 10, timeout=20), calls.peak
+        finally:
+            calls.release.set()
+            for thread in threads:
+                thread.join(timeout=30)
         assert sorted(answers) == list(range(10))
         assert all(_text(answers[i]) == "slept" and answers[i]["id"] == i for i in range(10)), answers
-        assert elapsed < 3.0, elapsed
 
 
 # -- 4. isolation ----------------------------------------------------------------------------------
@@ -255,17 +359,28 @@ def test_sessions_of_one_user_share_its_backend_session_until_the_last_one_ends(
         assert raw.deleted_sessions == [] and raw.initialize_count == 1
 
         assert _delete(gateway, two).status_code == 200
-        assert wait_until(lambda: raw.deleted_sessions, timeout=5) == [backend_session]
+        assert wait_until(lambda: raw.deleted_sessions, timeout=10) == [backend_session]
         assert raw.sessions == {}
 
 
 # -- 5. reaping --------------------------------------------------------------------------------------
 
 
+# Short, yet far longer than the pause between two requests of a test, even under load.
+SESSION_TTL = "600ms"
+
+
+def _reaping_gateway(start_gateway, monkeypatch, backend, name: str):
+    """A gateway that reaps sessions idle for SESSION_TTL, with an admin view of its sessions."""
+    monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
+    return start_gateway({"name": "t", "backends": [backend_entry(name, backend)],
+                          "operational": {"sessionTTL": SESSION_TTL}, "admin": {"tokenEnv": ADMIN_ENV}})
+
+
 def test_idle_sessions_are_reaped_and_their_actors_stopped(start_gateway):
     with restartable_backend() as raw:
         gateway = start_gateway(
-            {"name": "t", "backends": [backend_entry("rs", raw)], "operational": {"sessionTTL": "300ms"}}
+            {"name": "t", "backends": [backend_entry("rs", raw)], "operational": {"sessionTTL": SESSION_TTL}}
         )
         baseline = len(pykka.ActorRegistry.get_all())  # the gateway
         sid = gateway.initialize()
@@ -273,86 +388,130 @@ def test_idle_sessions_are_reaped_and_their_actors_stopped(start_gateway):
         assert len(pykka.ActorRegistry.get_all()) == baseline + 2  # session + one backend connection
         (backend_session,) = raw.sessions
 
-        time.sleep(1.0)
+        # Left alone past its TTL, the session is reaped: its actors stop (watched without a
+        # request, which would use the session), then it is gone for its client too.
+        assert wait_until(lambda: len(pykka.ActorRegistry.get_all()) == baseline, timeout=10)
         response = gateway.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid)
         assert response.status_code == 404
-        assert wait_until(lambda: len(pykka.ActorRegistry.get_all()) == baseline, timeout=5)
-        assert wait_until(lambda: raw.deleted_sessions, timeout=5) == [backend_session]
+        assert wait_until(lambda: raw.deleted_sessions, timeout=10) == [backend_session]
 
 
-def test_a_session_in_use_is_not_reaped(start_gateway):
+def test_a_session_in_use_is_not_reaped(start_gateway, monkeypatch):
     with restartable_backend() as raw:
-        gateway = start_gateway(
-            {"name": "t", "backends": [backend_entry("rs", raw)], "operational": {"sessionTTL": "300ms"}}
-        )
+        gateway = _reaping_gateway(start_gateway, monkeypatch, raw, "rs")
         sid = gateway.initialize()
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            assert gateway.rpc(sid, "ping") == {"jsonrpc": "2.0", "id": 1, "result": {}}
-            time.sleep(0.1)
+        idle = gateway.initialize()  # younger than sid, and never used
+        pings: list = []
+        stop = threading.Event()
+
+        def use() -> None:  # sid pinged back to back: used all the time
+            while not stop.is_set():
+                try:
+                    pings.append(gateway.rpc(sid, "ping"))
+                except Exception as error:  # noqa: BLE001 - checked below
+                    pings.append(repr(error))
+
+        pinger = threading.Thread(target=use)
+        pinger.start()
+        try:
+            # Once the reaper took the idle session, sid would have gone too, had sessions
+            # gone by age rather than by use (sid is the older).
+            assert wait_until(lambda: idle not in _session_ids(gateway), timeout=20)
+        finally:
+            stop.set()
+            pinger.join(timeout=30)
+        assert pings and all(ping == {"jsonrpc": "2.0", "id": 1, "result": {}} for ping in pings), pings[-3:]
         assert _text(_call(gateway, sid, "rs_echo", {"text": "alive"})) == "restartable:alive"
         assert raw.deleted_sessions == []
 
 
-def test_a_session_with_a_call_in_flight_is_not_reaped(start_gateway):
+def test_a_session_with_a_call_in_flight_is_not_reaped(start_gateway, monkeypatch):
     """A call that outlasts the TTL keeps its session: the session is busy, not idle."""
-    with sdk_backend("alpha", tools=("sleep",)) as alpha:
-        gateway = start_gateway(
-            {"name": "t", "backends": [backend_entry("alpha", alpha)], "operational": {"sessionTTL": "300ms"}}
-        )
+    calls = _HeldCalls()
+    with sdk_backend("alpha", tools=(), extra_tools=[calls.held]) as alpha:
+        gateway = _reaping_gateway(start_gateway, monkeypatch, alpha, "alpha")
         sid = gateway.initialize()
-        assert _names(list_all(gateway, sid, "tools/list", "tools")) == ["alpha_sleep"]
-        answer = _call(gateway, sid, "alpha_sleep", {"seconds": 1.0}, request_id=7)
+        assert _names(list_all(gateway, sid, "tools/list", "tools")) == ["alpha_held"]
+        answer: dict = {}
+        call = threading.Thread(target=lambda: answer.update(_call(gateway, sid, "alpha_held", request_id=7)))
+        call.start()
+        try:
+            assert wait_until(lambda: calls.now == 1, timeout=10)  # the call is in the backend
+            idle = gateway.initialize()  # used last after sid was, then left alone
+            # Once the reaper took the idle session, sid (idle for longer, but for its call)
+            # would have gone too.
+            assert wait_until(lambda: idle not in _session_ids(gateway), timeout=10)
+            assert sid in _session_ids(gateway)
+        finally:
+            calls.release.set()
+            call.join(timeout=30)
         assert answer.get("result", {}).get("content", [{}])[0].get("text") == "slept", answer
         # and the session is still there right after the long call
         assert gateway.rpc(sid, "ping", request_id=8) == {"jsonrpc": "2.0", "id": 8, "result": {}}
 
 
-def _alpha_and_hanging(start_gateway, alpha, hanging, hanging_timeout: str):
-    """A gateway over a good backend and a hanging one with a short timeout; a new session id."""
-    gateway = start_gateway({
-        "name": "t",
-        "backends": [backend_entry("alpha", alpha), backend_entry(hanging.name, hanging)],
-        "operational": {"timeouts": {"perWorkload": {hanging.name: hanging_timeout}}},
-    })
+def _alpha_and(start_gateway, alpha, other):
+    """A gateway over a good backend and another one; a new session id. The backends' timeout
+    is longer than the client's own 30 s: a request that waits for a hanging one fails."""
+    gateway = start_gateway({"name": "t", "backends": [backend_entry("alpha", alpha), backend_entry(other.name, other)],
+                             "operational": {"timeouts": {"default": "60s"}}})
     return gateway, gateway.initialize()
 
 
+def _quick_retries(monkeypatch) -> None:
+    """A backend missing from the catalog is retried on the next request (as soon as it may
+    be), and every request may remind the user of it."""
+    monkeypatch.setattr(session_module, "RETRY_FAILED_AFTER", 0.05)
+    monkeypatch.setattr(aggregated_module, "REMIND_RETRY_EVERY", 0.01)
+
+
+def _tool_names(gateway, sid) -> list[str]:
+    answer = gateway.rpc(sid, "tools/list")
+    assert "result" in answer, answer
+    return [t["name"] for t in answer["result"]["tools"]]
+
+
 def test_a_backend_that_failed_discovery_joins_the_session_when_it_recovers(start_gateway, monkeypatch):
-    monkeypatch.setattr(session_module, "RETRY_FAILED_AFTER", 0.2)
-    with sdk_backend("alpha", tools=("echo",)) as alpha, hanging_backend(name="flaky") as flaky:
-        gateway, sid = _alpha_and_hanging(start_gateway, alpha, flaky, "200ms")
-        first = gateway.rpc(sid, "tools/list")
-        assert [t["name"] for t in first["result"]["tools"]] == ["alpha_echo"]
+    _quick_retries(monkeypatch)
+    with sdk_backend("alpha", tools=("echo",)) as alpha, _RecoveringBackend("flaky").start() as flaky:
+        gateway, sid = _alpha_and(start_gateway, alpha, flaky)
+        assert _tool_names(gateway, sid) == ["alpha_echo"]  # flaky failed its discovery
 
-        flaky.hang = False  # the backend recovers
-        time.sleep(0.3)
-        # The retry runs in the background: requests meanwhile are served at once from the
-        # current catalog, and once the retry lands the recovered backend's tools appear.
-        started = time.monotonic()
-        gateway.rpc(sid, "tools/list")
-        assert time.monotonic() - started < 0.5
+        flaky.down = False  # the backend recovers; its lists hang until released
+        # The retry runs in the background: a request reminds the user, the retry goes out,
+        # and requests meanwhile are served at once from the current catalog (a request that
+        # waited for the retry would wait for the release below: the client gives up first).
+        assert wait_until(lambda: _tool_names(gateway, sid) == ["alpha_echo"] and flaky.holding == 1, timeout=10)
+        assert _tool_names(gateway, sid) == ["alpha_echo"] and flaky.holding == 1
 
-        def flaky_listed():
-            names = [t["name"] for t in gateway.rpc(sid, "tools/list")["result"]["tools"]]
-            return "flaky_echo" in names
-
-        assert wait_until(flaky_listed, timeout=5)
+        flaky.release.set()  # once the retry lands, the recovered backend's tools appear
+        assert wait_until(lambda: "flaky_echo" in _tool_names(gateway, sid), timeout=10)
         answer = gateway.rpc(sid, "tools/call", {"name": "flaky_echo", "arguments": {"text": "back"}})
-        assert "error" not in answer
+        assert _text(answer) == "flaky:back"
 
 
 def test_a_hanging_backend_delays_no_request_after_the_first_discovery(start_gateway, monkeypatch):
-    monkeypatch.setattr(session_module, "RETRY_FAILED_AFTER", 0.05)
-    with sdk_backend("alpha", tools=("echo",)) as alpha, hanging_backend(name="stuck") as stuck:
-        gateway, sid = _alpha_and_hanging(start_gateway, alpha, stuck, "300ms")
-        gateway.rpc(sid, "tools/list")  # pays for the first discovery once
-        for _ in range(5):
-            time.sleep(0.1)
-            started = time.monotonic()
+    _quick_retries(monkeypatch)
+    with sdk_backend("alpha", tools=("echo",)) as alpha, _RecoveringBackend("stuck").start() as stuck:
+        gateway, sid = _alpha_and(start_gateway, alpha, stuck)
+
+        def echoed() -> bool:
             answer = gateway.rpc(sid, "tools/call", {"name": "alpha_echo", "arguments": {"text": "x"}})
-            assert "error" not in answer
-            assert time.monotonic() - started < 0.25  # retries of 'stuck' run in the background
+            assert "error" not in answer, answer
+            return True
+
+        assert _tool_names(gateway, sid) == ["alpha_echo"]  # the first discovery: stuck fails it at once
+        stuck.down = False  # from now on stuck hangs: each retry of it stays in flight until failed
+        for retry in range(1, 4):
+            # A call reminds the user of stuck; its retry goes out and hangs...
+            assert wait_until(lambda: echoed() and len(stuck.requests("tools/list")) == 1 + retry, timeout=10)
+            # ...and calls go on being answered while it does (a call that waited for it
+            # would wait until fail_held below: the client gives up first).
+            for _ in range(3):
+                assert echoed()
+            assert stuck.holding == 1
+            stuck.fail_held()  # that retry fails; a later call reminds the user again
+            assert wait_until(lambda: stuck.holding == 0, timeout=10)
 
 
 def _template_completing_backend(name: str):

@@ -4,8 +4,8 @@ signed; one deadline per request; the fixes found while reshaping."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
 
 import pykka
 import pytest
@@ -100,7 +100,7 @@ def _released_after_a_call(start_gateway, raw, cache_ttl: str):
         "userIdleTimeout": "200ms", "sessionTTL": "30s", "discoveryCacheTTL": cache_ttl}})
     sid = gateway.initialize()
     assert _text(gateway, sid, "rs_echo", "before") == "restartable:before"
-    assert wait_until(lambda: not _actors("UserActor") and not _actors("BackendConnection"), timeout=5)
+    assert wait_until(lambda: not _actors("UserActor") and not _actors("BackendConnection"), timeout=10)
     return gateway, sid
 
 
@@ -134,9 +134,9 @@ def test_ending_a_released_users_last_session_ends_its_backend_session(start_gat
         sid = gateway.initialize()
         assert _text(gateway, sid, "rs_echo") == "restartable:x"
         (backend_session,) = raw.sessions
-        assert wait_until(lambda: not _actors("UserActor"), timeout=5)
+        assert wait_until(lambda: not _actors("UserActor"), timeout=10)
         assert requests.delete(gateway.url, headers={"Mcp-Session-Id": sid}, timeout=10).status_code == 200
-        assert wait_until(lambda: raw.deleted_sessions, timeout=5) == [backend_session]
+        assert wait_until(lambda: raw.deleted_sessions, timeout=10) == [backend_session]
         assert not _actors("UserActor")  # ended without starting its actors again
 
 
@@ -187,16 +187,30 @@ def test_a_configured_signing_key_is_read_from_the_environment(start_gateway, mo
 
 
 def test_a_request_whose_deadline_ends_mid_discovery_answers_in_time(start_gateway):
-    """Discovery needs three 0.4 s round trips; the request's deadline is 1 s. It answers
-    by its deadline, discovery goes on, and the next request is served from it."""
-    with delayed_backend(delay=0.4) as slow:
+    """The backend's list is held until the first request has answered; the request's
+    deadline is 1 s. It answers by its deadline, discovery goes on, and the next request is
+    served from it."""
+    # Every round trip takes 0.3 s: the held list goes out late enough to be released well
+    # within its own 1 s timeout.
+    with delayed_backend(delay=0.3) as slow:
+        answered = threading.Event()
+        tool_list = slow.handlers["tools/list"]
+
+        async def held_list(call):
+            while not answered.is_set():
+                await asyncio.sleep(0.01)
+            return tool_list(call)
+
+        slow.handlers["tools/list"] = held_list
         gateway = start_gateway({"name": "t", "backends": [backend_entry("slow", slow)],
                                  "operational": {"timeouts": {"default": "1s"}}})
         sid = gateway.initialize()
-        started = time.monotonic()
-        response = gateway.post({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, sid)
-        elapsed = time.monotonic() - started
-        assert elapsed < 1.1, elapsed
+        try:
+            response = gateway.post({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}, sid)
+        finally:
+            answered.set()
+        # Discovery could not have ended before this answer: the request gave up waiting for it
+        # at its deadline (-32001), not after it.
         assert response.status_code == 200
         assert response.json()["error"]["code"] == -32001, response.text
 
@@ -204,8 +218,9 @@ def test_a_request_whose_deadline_ends_mid_discovery_answers_in_time(start_gatew
             answer = gateway.rpc(sid, "tools/list")
             return "result" in answer and [t["name"] for t in answer["result"]["tools"]]
 
-        assert wait_until(listed, timeout=5) == ["slow_echo", "slow_sleep"]
-        assert slow.initialize_count == 1  # the discovery that outlived the first request
+        assert wait_until(listed, timeout=10) == ["slow_echo", "slow_sleep"]
+        # the discovery that outlived the first request
+        assert slow.initialize_count == 1 and len(slow.requests("tools/list")) == 1
 
 
 def test_concurrent_requests_during_discovery_share_it(start_gateway):
@@ -218,7 +233,7 @@ def test_concurrent_requests_during_discovery_share_it(start_gateway):
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(10)
+            thread.join(30)
         assert all("result" in answer for answer in answers.values()), answers
         assert slow.initialize_count == 1 and len(slow.requests("tools/list")) == 1
 
@@ -229,9 +244,11 @@ def test_concurrent_requests_during_discovery_share_it(start_gateway):
 def test_a_streamed_answer_whose_body_is_never_read_still_finishes_the_request(monkeypatch):
     """Bookkeeping in the response's close hook: an unread SSE body must not leave its
     session 'in flight' forever (it would never be reaped)."""
+    monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
     with sse_backend() as sse:
         app = create_app(start_runtime(config_from_mapping({"name": "t", "backends": [backend_entry("sse", sse)],
-                                                            "operational": {"sessionTTL": "300ms"}})))
+                                                            "operational": {"sessionTTL": "400ms"},
+                                                            "admin": {"tokenEnv": ADMIN_ENV}})))
         try:
             client = app.test_client()
             headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -244,31 +261,36 @@ def test_a_streamed_answer_whose_body_is_never_read_still_finishes_the_request(m
             assert streamed.mimetype == "text/event-stream"
             streamed.close()  # the server closes the response without reading the body
 
-            def reaped():
-                probe = client.post("/mcp", headers={**headers, "Mcp-Session-Id": sid},
-                                    json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
-                return probe.status_code == 404
+            def sessions() -> list[str]:  # the admin view: a request on the session would use it
+                state = client.get("/admin/state", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                return [row["id"] for row in state.get_json()["sessions"]]
 
-            time.sleep(0.5)
-            assert wait_until(reaped, timeout=3, interval=0.1)
+            assert wait_until(lambda: sid not in sessions(), timeout=10)  # reaped: nothing left in flight
+            probe = client.post("/mcp", headers={**headers, "Mcp-Session-Id": sid},
+                                json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+            assert probe.status_code == 404
         finally:
             stop_app(app)
 
 
 def test_initialize_does_not_wait_for_the_users_actors_to_start(start_gateway, monkeypatch):
     original = UserActor.on_start if hasattr(UserActor, "on_start") else None
+    release, started = threading.Event(), threading.Event()
 
-    def slow_start(self):
-        time.sleep(1.5)
+    def held_start(self):
+        release.wait(30)  # the user's actor starts only when the test lets it
+        started.set()
         if original is not None:
             original(self)
 
-    monkeypatch.setattr(UserActor, "on_start", slow_start)
+    monkeypatch.setattr(UserActor, "on_start", held_start)
     with restartable_backend() as raw:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)]})
-        started = time.monotonic()
-        sid = gateway.initialize()
-        assert time.monotonic() - started < 0.5
+        try:
+            sid = gateway.initialize()
+            assert not started.is_set()  # initialized while the user's actor was still starting
+        finally:
+            release.set()
         assert _text(gateway, sid, "rs_echo") == "restartable:x"  # served once the actor runs
 
 
