@@ -9,13 +9,20 @@ a per-user cap refuses more live tasks, and a worker holding its cap of runs ans
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import pytest
 
 from tests import node_mcp
 from tests.backends import sdk_backend
-from tests.gateway import backend_entry
-from tests.integration.test_composite_tasks_shared import CAREFUL_ECHO, SLOW_ECHO, start_task, task_of, wait_for
+from tests.gateway import backend_entry, wait_until
+from tests.integration.test_composite_tasks_shared import (
+    CAREFUL_ECHO,
+    SLOW_ECHO,
+    start_task,
+    task_of,
+    wait_for,
+)
 from tests.task_backends import client_capabilities, modern_rpc
 from tests.ts_tasks import run_ts_tasks
 
@@ -88,10 +95,8 @@ def test_a_tool_error_is_completed_in_2026_and_failed_in_2025(gateway):
     created = served.rpc(session, "tools/call", {"name": "doomed", "arguments": {}, "task": {"ttl": 5000}})
     legacy = created["result"]["task"]
     assert legacy["ttl"] == 5000  # the client asked for less than the configured TTL
-    deadline = time.monotonic() + 10
-    while served.rpc(session, "tasks/get", {"taskId": legacy["taskId"]})["result"]["status"] == "working":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    assert wait_until(lambda: served.rpc(session, "tasks/get", {"taskId": legacy["taskId"]})["result"]["status"]
+                      != "working", timeout=10, interval=0.05)
     assert served.rpc(session, "tasks/get", {"taskId": legacy["taskId"]})["result"]["status"] == "failed"
     result = served.rpc(session, "tasks/result", {"taskId": legacy["taskId"]})["result"]
     assert result["isError"] is True  # what the call itself would have answered
@@ -121,10 +126,12 @@ def test_live_tasks_are_capped_per_user_and_results_expire(gateway):
     assert "2 of at most 2" in refused["error"]["message"]
     modern_rpc(url, "tasks/cancel", {"taskId": first})
     third = start_task(url, "slow_echo", {"seconds": 0.1})  # an ended task frees its place
-    assert wait_for(url, third, "completed")["ttlMs"] == 1000
-    time.sleep(1.2)
-    gone = modern_rpc(url, "tasks/get", {"taskId": third})
-    assert gone["error"]["code"] == -32602 and "expired" in gone["error"]["message"]
+    done = wait_for(url, third, "completed")
+    assert done["ttlMs"] == 1000
+    ended = datetime.fromisoformat(done["lastUpdatedAt"]).timestamp()  # to the ms, rounded down
+    gone = wait_until(lambda: modern_rpc(url, "tasks/get", {"taskId": third}).get("error"), timeout=10, interval=0.05)
+    assert time.time() - ended >= 1.0  # kept for its resultTTL from its end, not less
+    assert gone and gone["code"] == -32602 and "expired" in gone["message"], gone
     modern_rpc(url, "tasks/cancel", {"taskId": second})
     assert task_of(url, second)["status"] == "cancelled"
 

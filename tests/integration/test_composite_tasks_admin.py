@@ -74,7 +74,7 @@ def test_a_task_waiting_for_input_shows_in_admin_state_page_and_metrics_until_it
     final = wait_until(completed_task, timeout=10)
     assert final and "plain:hi" in final["result"]["content"][0]["text"], final
 
-    assert wait_until(lambda: admin_state(gateway)["tasks"] == [], timeout=5)
+    assert wait_until(lambda: admin_state(gateway)["tasks"] == [], timeout=10)
     assert all(user["tasks"] == [] for user in admin_state(gateway)["users"])
     metrics = scrape(gateway.base)
     assert value(metrics, "vmcp_composite_tasks", composite="careful_echo") == 0

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 import redis as redis_client
 import yaml
 
 from tests.backends import sdk_backend
-from tests.gateway import backend_entry
+from tests.gateway import backend_entry, wait_until
 from tests.integration.test_cli import VMCP, CliProcess
 from tests.ports import free_port
-from tests.task_backends import modern_rpc
+from tests.task_backends import modern_rpc, poll_task
 from vmcp_actors.decorators._composite_tasks import RUNNER_GONE
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -65,14 +64,10 @@ def task_of(url: str, handle: str) -> dict:
     return answer["result"]
 
 
-def wait_for(url: str, handle: str, *statuses: str, within: float = 20.0) -> dict:
-    deadline = time.monotonic() + within
-    while True:
-        task = task_of(url, handle)
-        if task["status"] in statuses or time.monotonic() > deadline:
-            assert task["status"] in statuses, task
-            return task
-        time.sleep(0.1)
+def wait_for(url: str, handle: str, *statuses: str, within: float = 30.0) -> dict:
+    task = poll_task(url, handle, statuses, timeout=within)
+    assert task["status"] in statuses, task
+    return task
 
 
 def start_task(url: str, tool: str, arguments: dict) -> str:
@@ -110,10 +105,7 @@ def test_a_cancel_on_the_other_worker_stops_the_run(start_gateway, backend, redi
     assert modern_rpc(second.url, "tasks/cancel", {"taskId": handle})["result"]["resultType"] == "complete"
     cancelled = task_of(first.url, handle)
     assert cancelled["status"] == "cancelled" and "result" not in cancelled
-    deadline = time.monotonic() + 10
-    while runner.live_count() and time.monotonic() < deadline:  # the signal reaches the runner through Redis
-        time.sleep(0.05)
-    assert runner.live_count() == 0
+    assert wait_until(lambda: runner.live_count() == 0, timeout=10)  # the signal reaches the runner through Redis
     assert task_of(second.url, handle)["status"] == "cancelled"  # the run's own end did not overwrite it
 
 
@@ -124,13 +116,15 @@ def test_a_task_whose_worker_was_killed_reads_as_failed_on_the_other(tmp_path, s
     port = free_port()
     with CliProcess([VMCP, "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port)], tmp_path,
                     "runner", env={KEY_ENV: KEY}) as runner:
+        survivor = start_gateway(settings)  # while the runner boots
         runner.wait_ready(f"http://127.0.0.1:{port}")
         url = f"http://127.0.0.1:{port}/mcp"
-        survivor = start_gateway(settings)
         handle = start_task(url, "slow_echo", {"seconds": 60})
         assert wait_for(survivor.url, handle, "working")["taskId"] == handle
         os.killpg(runner.proc.pid, signal.SIGKILL)  # the gunicorn master and its worker, no goodbye
         runner.proc.wait(timeout=10)
-        failed = wait_for(survivor.url, handle, "failed", within=15)
+        # the behaviour under test: the runner's heartbeat key lapses (it had 5 s left at most,
+        # vmcp_actors.users._task_signals.HEARTBEAT_TTL), then the task reads as failed
+        failed = wait_for(survivor.url, handle, "failed", within=30)
     assert failed["error"]["message"] == RUNNER_GONE and failed["statusMessage"] == RUNNER_GONE
     assert task_of(survivor.url, handle) == failed  # written once, read alike after

@@ -11,10 +11,20 @@ Needs ``scripts/install-node-mcp`` (skips without it, fails under CI).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from tests.gateway import answer_of
-from tests.ts_tasks import research_scenario, run_ts_tasks
+from tests.gateway import answer_of, wait_until
+from tests.task_backends import (
+    TERMINAL,
+    client_capabilities,
+    listen,
+    modern_rpc,
+    poll_task,
+    task_backend,
+)
+from tests.ts_tasks import comparable, outcome_diff, research_scenario, run_ts_tasks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,9 +37,13 @@ def gateway(start_gateway, everything):
 
 
 def test_the_task_api_gives_through_the_gateway_what_it_gives_directly(everything, gateway):
-    direct = run_ts_tasks(everything.mcp_url, research_scenario())
-    through = run_ts_tasks(gateway.url, research_scenario(f"{BACKEND}_simulate-research-query"))
-    assert through == direct
+    # side by side: each waits out the research task's four one-second stages (sessions of
+    # server-everything keep their tasks apart: test_ts_tasks_direct runs two at once too)
+    with ThreadPoolExecutor(2) as pool:
+        direct = pool.submit(run_ts_tasks, everything.mcp_url, research_scenario())
+        through = pool.submit(run_ts_tasks, gateway.url, research_scenario(f"{BACKEND}_simulate-research-query"))
+        direct, through = comparable(direct.result()), comparable(through.result())
+    assert through == direct, outcome_diff(direct, through)
 
 
 def test_a_handle_that_is_not_the_gateways_or_not_the_callers_is_refused(gateway, everything):
@@ -60,8 +74,6 @@ def test_tasks_are_declared_to_2025_11_25_sessions_only(gateway):
 
 @pytest.fixture
 def jobs():
-    from tests.task_backends import task_backend
-
     with task_backend("jobs", delay=0.3, job_seconds=0.2) as backend:
         yield backend
 
@@ -72,8 +84,6 @@ def jobs_gateway(start_gateway, jobs):
 
 
 def test_a_modern_task_is_relayed_under_a_handle_and_its_input_goes_back(jobs_gateway, jobs):
-    from tests.task_backends import modern_rpc
-
     url = jobs_gateway.url
     created = modern_rpc(url, "tools/call", {"name": "jobs_confirm_delete", "arguments": {"filename": "a.txt"}})
     task = created["result"]
@@ -94,7 +104,6 @@ def test_a_modern_task_is_relayed_under_a_handle_and_its_input_goes_back(jobs_ga
 
 def test_a_modern_handle_is_the_callers_only(start_gateway, jobs):
     from tests.idp import LocalIdP
-    from tests.task_backends import client_capabilities, modern_rpc
 
     idp = LocalIdP("tasks-idp").start()
     try:
@@ -120,8 +129,6 @@ def test_a_modern_handle_is_the_callers_only(start_gateway, jobs):
 
 
 def test_a_client_without_the_extension_gets_no_task(jobs_gateway, jobs):
-    from tests.task_backends import client_capabilities, modern_rpc
-
     url = jobs_gateway.url
     plain = client_capabilities(tasks=False)
     answered = modern_rpc(url, "tools/call", {"name": "jobs_delayed_echo", "arguments": {"text": "x", "seconds": 0.1}},
@@ -147,8 +154,6 @@ def test_a_2025_client_gets_a_modern_backends_task_in_its_own_revision(jobs_gate
 def test_task_creation_and_its_ends_are_audited(start_gateway, jobs, tmp_path):
     import json
 
-    from tests.task_backends import modern_rpc
-
     path = tmp_path / "audit.log"
     gateway = start_gateway({"name": "t", "backends": [{"name": "jobs", "url": jobs.mcp_url}],
                              "audit": {"enabled": True, "logFile": str(path)}})
@@ -165,8 +170,6 @@ def test_task_creation_and_its_ends_are_audited(start_gateway, jobs, tmp_path):
 
 
 def test_a_listen_stream_hears_the_tasks_it_names(jobs_gateway, jobs):
-    from tests.task_backends import client_capabilities, listen, modern_rpc
-
     url = jobs_gateway.url
     handle = modern_rpc(url, "tools/call", {"name": "jobs_delayed_echo",
                                             "arguments": {"text": "w", "seconds": 0.6}})["result"]["taskId"]
@@ -185,27 +188,22 @@ def test_a_listen_stream_hears_the_tasks_it_names(jobs_gateway, jobs):
 
 
 def test_a_modern_client_gets_a_2025_backends_task_as_the_extension_has_it(gateway, everything):
-    import time
-
-    from tests.task_backends import modern_rpc
-
     created = modern_rpc(gateway.url, "tools/call", {"name": f"{BACKEND}_simulate-research-query",
                                                      "arguments": {"topic": "rust"}})["result"]
     assert created["resultType"] == "task" and "ttlMs" in created and "ttl" not in created
     handle = created["taskId"]
-    deadline = time.monotonic() + 30
-    while True:
-        state = modern_rpc(gateway.url, "tasks/get", {"taskId": handle})["result"]
-        assert state["taskId"] == handle and state["resultType"] == "complete"
-        if state["status"] == "completed" or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert state["status"] == "completed" and "Research Report: rust" in state["result"]["content"][0]["text"]
+    states: list[dict] = []
+
+    def completed() -> bool:
+        states.append(modern_rpc(gateway.url, "tasks/get", {"taskId": handle})["result"])
+        assert states[-1]["taskId"] == handle and states[-1]["resultType"] == "complete"  # on every poll
+        return states[-1]["status"] == "completed"
+
+    assert wait_until(completed, timeout=30, interval=0.1), states[-1]
+    assert "Research Report: rust" in states[-1]["result"]["content"][0]["text"]
 
 
 def test_another_worker_serves_a_handle_before_it_has_spoken_to_the_backend(start_gateway, jobs, monkeypatch):
-    from tests.task_backends import modern_rpc
-
     monkeypatch.setenv("TASKS_SIGNING_KEY", "tasks-signing-key-0123456789abcdef")
     config = {"name": "t", "backends": [{"name": "jobs", "url": jobs.mcp_url}],
               "operational": {"signingKeyEnv": "TASKS_SIGNING_KEY"}}
@@ -217,8 +215,6 @@ def test_another_worker_serves_a_handle_before_it_has_spoken_to_the_backend(star
 
 
 def test_a_client_that_asked_no_task_gets_the_result_of_one_a_backend_made_anyway(start_gateway):
-    from tests.task_backends import client_capabilities, modern_rpc, task_backend
-
     with task_backend("eager", eager=True, poll_interval_ms=50) as eager:
         gateway = start_gateway({"name": "t", "backends": [{"name": "eager", "url": eager.mcp_url}]})
         answer = modern_rpc(gateway.url, "tools/call", {"name": "eager_delayed_echo",
@@ -237,7 +233,6 @@ def test_a_task_only_tool_called_without_a_task_answers_as_it_does_directly(gate
     from mcp.shared.exceptions import MCPError
 
     from tests.gateway import run_client
-    from tests.task_backends import client_capabilities, modern_rpc
 
     async def call(client, name):
         try:
@@ -269,32 +264,14 @@ def test_a_2025_client_gets_the_answer_of_a_modern_task_only_tool(jobs_gateway, 
 def _research_until_asked(url: str, handle_of: list[str] | None = None, *, within: float = 30.0) -> tuple[str, dict]:
     """A 2026-07-28 client's research task on server-everything (a 2025 backend), polled
     until it asks (its question comes only on the stream of tasks/result there)."""
-    import time
-
-    from tests.task_backends import modern_rpc
-
     created = modern_rpc(url, "tools/call", {"name": f"{BACKEND}_simulate-research-query",
                                              "arguments": {"topic": "rust", "ambiguous": True}})["result"]
     handle = created["taskId"]
-    deadline = time.monotonic() + within
-    while True:
-        state = modern_rpc(url, "tasks/get", {"taskId": handle})["result"]
-        if state["status"] != "working" or time.monotonic() > deadline:
-            return handle, state
-        time.sleep(0.3)
+    return handle, poll_task(url, handle, {"input_required", *TERMINAL}, timeout=within, interval=0.1)
 
 
 def _finished(url: str, handle: str, *, within: float = 30.0) -> dict:
-    import time
-
-    from tests.task_backends import modern_rpc
-
-    deadline = time.monotonic() + within
-    while True:
-        state = modern_rpc(url, "tasks/get", {"taskId": handle})["result"]
-        if state["status"] in ("completed", "failed", "cancelled") or time.monotonic() > deadline:
-            return state
-        time.sleep(0.3)
+    return poll_task(url, handle, TERMINAL, timeout=within, interval=0.1)
 
 
 def _research_question(state: dict) -> tuple[str, dict]:
@@ -310,8 +287,6 @@ def _research_question(state: dict) -> tuple[str, dict]:
 def test_a_modern_client_answers_a_2025_backends_task_question_with_tasks_update(gateway, everything):
     """The 2025 backend asks on tasks/result's stream only; the 2026 client sees the
     question in tasks/get (again on every poll until answered) and answers with tasks/update."""
-    from tests.task_backends import modern_rpc
-
     handle, state = _research_until_asked(gateway.url)
     key, request = _research_question(state)
     again = modern_rpc(gateway.url, "tasks/get", {"taskId": handle})["result"]
@@ -330,8 +305,6 @@ def test_a_modern_client_answers_a_2025_backends_task_question_with_tasks_update
 def test_another_worker_answers_a_2025_backends_task_question(start_gateway, everything, redis_server, monkeypatch):
     """Heard on one worker, answered on the other: the answer goes to the user's backend
     session under the backend's request id, whichever worker heard the question."""
-    from tests.task_backends import modern_rpc
-
     monkeypatch.setenv("RELAY_SIGNING_KEY", "relay-signing-key-0123456789abcdef")
     settings = {"name": "t", "backends": [{"name": BACKEND, "url": everything.mcp_url}],
                 "operational": {"signingKeyEnv": "RELAY_SIGNING_KEY"},
