@@ -34,8 +34,11 @@ GUNICORN = str(BIN / "gunicorn")
 EXAMPLE_CONFIG = ROOT / "deploy" / "config.example.yaml"
 GUNICORN_CONF = ROOT / "deploy" / "gunicorn.conf.py"
 
-READY_TIMEOUT = 20.0
-SHUTDOWN_LIMIT = 5.0  # target is "a couple of seconds"; 5 s keeps CI robust
+READY_TIMEOUT = 60.0  # a wait for readiness (over as soon as /readyz says 200): generous under load
+# What tells a prompt exit from a stuck one: stuck, gunicorn waits out its graceful_timeout
+# (30 s, operational.shutdownGracePeriod's default) or an idle kept-alive connection (75 s).
+# How fast it exits (about a second or two) is a bench/ matter, not a test's.
+SHUTDOWN_LIMIT = 15.0
 CONFIG_ERROR = 2
 
 
@@ -380,7 +383,7 @@ def test_serve_runs_gunicorn_gthread_and_stops_promptly_on_sigterm(tmp_path):
             with requests.Session() as http:
                 _, raw_names = raw_session_with_tools_list(http, base + "/mcp")
                 assert "alpha_echo" in raw_names
-                assert http.get(base + "/readyz", timeout=5).json()["sessions"] >= 1
+                assert http.get(base + "/readyz", timeout=30).json()["sessions"] >= 1
                 cli.sigterm_and_measure()
             assert cli.proc.returncode == 0
             assert not cli.group_alive(), "a gunicorn process outlived the master"
@@ -422,7 +425,7 @@ def test_serve_with_invalid_config_exits_2_before_gunicorn(tmp_path):
     cli = CliProcess(
         [VMCP, "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port)], tmp_path, "serve-bad"
     )
-    assert cli.run_to_end(timeout=20) == CONFIG_ERROR
+    assert cli.run_to_end(timeout=60) == CONFIG_ERROR
     assert "backends[1].ulr" in cli.stderr
     assert "compositeTools" in cli.stderr
     assert "Starting gunicorn" not in cli.stderr
@@ -487,7 +490,7 @@ def test_demo_serves_the_bundled_backends_and_stops_on_sigterm(tmp_path):
         with requests.Session() as http:
             _, raw_names = raw_session_with_tools_list(http, base + "/mcp")
             assert "notes_search" in raw_names
-            assert http.get(base + "/readyz", timeout=5).json()["sessions"] >= 1
+            assert http.get(base + "/readyz", timeout=30).json()["sessions"] >= 1
             cli.sigterm_and_measure()
         assert cli.proc.returncode == 0
         assert not cli.group_alive()

@@ -10,14 +10,13 @@ import configparser
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.backends import sdk_backend
-from tests.gateway import backend_entry
+from tests.gateway import backend_entry, wait_until
 from tests.integration.test_cli import VMCP, CliProcess, write_config
 from tests.ports import free_port
 
@@ -68,14 +67,17 @@ class Nginx:
         assert check.returncode == 0, check.stderr
         self.proc = subprocess.Popen([binary, "-p", str(self.prefix), "-c", str(self.prefix / "nginx.conf")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def listening() -> bool:
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return self
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
             except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("nginx did not start")
+                return False
+
+        if not wait_until(listening, timeout=30, interval=0.05):
+            raise RuntimeError("nginx did not start")
+        return self
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -126,7 +128,7 @@ def test_a_session_through_nginx_over_two_gateway_processes_streams_and_survives
             assert progress == [1, 2, 3]  # the SSE answer streamed through nginx unbuffered
             log = nginx.access_log()
             assert f"127.0.0.1:{ports[0]}" not in log  # (the access log does not name upstreams)
-            assert requests.get(f"http://127.0.0.1:{listen}/readyz", timeout=5).status_code == 200
+            assert requests.get(f"http://127.0.0.1:{listen}/readyz", timeout=30).status_code == 200
 
             # One process stops (an upgrade): the session goes on on the other one.
             first.proc.terminate()

@@ -29,15 +29,15 @@ def backend():
 def test_draining_refuses_new_sessions_and_turns_readyz_503(start_gateway, backend):
     gateway = start_gateway({"name": "drain", "backends": [backend_entry("rs", backend)]})
     session = gateway.initialize()
-    assert requests.get(gateway.base + "/readyz", timeout=5).status_code == 200
+    assert requests.get(gateway.base + "/readyz", timeout=30).status_code == 200
     stream = requests.get(gateway.url, headers={**HEADERS, "Accept": "text/event-stream", "Mcp-Session-Id": session,
                                                 "MCP-Protocol-Version": "2025-11-25"}, stream=True, timeout=10)
     assert stream.status_code == 200
     ended = threading.Event()
     threading.Thread(target=lambda: (list(stream.iter_content(chunk_size=None)), ended.set()), daemon=True).start()
     gateway.app.extensions["vmcp_actors"].drain()
-    assert ended.wait(5)  # the standalone stream ends: its client reconnects to another process
-    ready = requests.get(gateway.base + "/readyz", timeout=5)
+    assert ended.wait(30)  # the standalone stream ends: its client reconnects to another process
+    ready = requests.get(gateway.base + "/readyz", timeout=30)
     assert (ready.status_code, ready.json()) == (503, {"status": "draining"})
     refused = gateway.post(INIT)
     assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
@@ -47,7 +47,25 @@ def test_draining_refuses_new_sessions_and_turns_readyz_503(start_gateway, backe
     assert answer["result"]["content"][0]["text"] == "rs:still"
 
 
+def held_sleeps(backend) -> threading.Event:
+    """The backend's ``sleep`` tool, held instead until the returned event is set (at most
+    30 s): a call in flight for as long as the test needs, not for a guessed time."""
+    import asyncio
+
+    answer = backend.handlers["tools/call"]
+    released = threading.Event()
+
+    async def call_tool(call):
+        if call.params.get("name") == "sleep":
+            await asyncio.get_running_loop().run_in_executor(None, released.wait, 30)
+        return await answer(call)
+
+    backend.handlers["tools/call"] = call_tool
+    return released
+
+
 def test_sigterm_lets_a_call_in_flight_finish_then_ends_the_backend_session(tmp_path, backend):
+    released = held_sleeps(backend)
     port = free_port()
     path = write_config(tmp_path / "config.yaml", {
         "name": "drain", "backends": [backend_entry("rs", backend)],
@@ -63,20 +81,23 @@ def test_sigterm_lets_a_call_in_flight_finish_then_ends_the_backend_session(tmp_
 
         def slow_call() -> None:
             answers.append(requests.post(url, json={"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
-                "name": "rs_sleep", "arguments": {"seconds": 2}}}, headers=session, timeout=30))
+                "name": "rs_sleep", "arguments": {"seconds": 0}}}, headers=session, timeout=60))
 
         caller = threading.Thread(target=slow_call)
         caller.start()
-        assert wait_until(lambda: backend.requests("tools/call"), timeout=10)  # the call is at the backend
-        (backend_session,) = backend.sessions
-        served.proc.send_signal(signal.SIGTERM)
+        try:
+            assert wait_until(lambda: backend.requests("tools/call"), timeout=30)  # the call is at the backend
+            (backend_session,) = backend.sessions
+            served.proc.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: "draining: new sessions are refused" in served.stderr, timeout=30)
+            assert not answers  # the drain began with the call in flight
+        finally:
+            released.set()
         caller.join(timeout=30)
         assert answers and answers[0].status_code == 200, answers
         assert answers[0].json()["result"]["content"][0]["text"] == "slept"
         assert served.proc.wait(timeout=30) == 0
         assert backend_session in backend.deleted_sessions  # the worker ended it on the way out
-        log = served.stderr
-        assert "draining: new sessions are refused" in log
 
 
 def test_the_grace_period_is_checked_in_the_config():

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 import requests
 
-from tests.backends import sdk_backend
-from tests.gateway import backend_entry
+from tests.backends import SdkBackend, build_sdk_server, sdk_backend
+from tests.gateway import backend_entry, wait_until
 from tests.integration.test_metrics import scrape, value
 from tests.task_backends import modern_post, modern_rpc
+from vmcp_actors.demo._serve import serve_asgi_in_thread
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -28,24 +30,85 @@ KEY_ENV, KEY = "LIMITS_SIGNING_KEY", "limits-signing-key-0123456789abcdef"
 
 
 class Busy:
-    """A backend tool that sleeps, counting the calls in flight at once (the backend's own count)."""
+    """A backend tool held until the test opens ``gate``, counting the calls in flight at
+    once (the backend's own count): calls overlap for as long as the test wants, not for a
+    guessed sleep."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.now = self.peak = self.calls = 0
+        self.gate = threading.Event()
 
     def tool(self):
-        def busy(seconds: float) -> str:
-            """Sleep for a while, counting calls in flight"""
+        def busy() -> str:
+            """Wait until the test lets calls through, counting calls in flight"""
             with self._lock:
                 self.now += 1
                 self.calls += 1
                 self.peak = max(self.peak, self.now)
-            time.sleep(seconds)
-            with self._lock:
-                self.now -= 1
+            try:
+                self.gate.wait(60)
+            finally:
+                with self._lock:
+                    self.now -= 1
             return "done"
         return busy
+
+
+class HeldTenant:
+    """ASGI middleware before a backend: every request forwarded for the tenant ``held``
+    (the passthrough header X-Tenant) waits until ``released`` is set; ``arrived`` is set
+    by the first. ``methods`` records (tenant, JSON-RPC method) of every request reaching
+    the backend, held ones once let through."""
+
+    def __init__(self, app: Any, held: str) -> None:
+        self.app, self.held = app, held
+        self.arrived, self.released = threading.Event(), threading.Event()
+        self.methods: list[tuple[str, str | None]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        import anyio
+
+        tenant = dict(scope["headers"]).get(b"x-tenant", b"").decode()
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if tenant == self.held:
+            self.arrived.set()
+            await anyio.to_thread.run_sync(self.released.wait, 60)
+        try:
+            method = json.loads(body).get("method") if body else None
+        except (ValueError, AttributeError):
+            method = None
+        self.methods.append((tenant, method))
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+class HeldBackend(SdkBackend):
+    """The ``plain`` SDK backend (``plain_echo``, ``plain_busy``) behind :class:`HeldTenant`."""
+
+    def __init__(self, busy: Busy, held: str) -> None:
+        super().__init__("plain", build_sdk_server("plain", ["echo"], extra_tools=[busy.tool()]))
+        self.held = held
+        self.holding: HeldTenant | None = None
+
+    def start(self) -> HeldBackend:
+        self.holding = HeldTenant(self.server.streamable_http_app(), self.held)
+        self._served = serve_asgi_in_thread(self.holding, name=self.name)
+        return self
 
 
 def echo(url: str, text: str = "x") -> requests.Response:
@@ -109,18 +172,28 @@ def test_a_limited_tool_no_client_can_call_is_reported_with_the_advertised_names
     assert problem in page.replace("&#39;", "'")
 
 
-def _at_once(url: str, count: int, seconds: float) -> list[dict]:
+def _at_once(url: str, count: int, headers: dict[str, str] | None = None) -> tuple[list[dict], list[threading.Thread]]:
+    """``count`` calls of plain_busy started at once, each on a thread of its own; the list
+    their answers go into, and the threads."""
     answers: list[dict] = []
 
     def call() -> None:
-        answers.append(modern_rpc(url, "tools/call", {"name": "plain_busy", "arguments": {"seconds": seconds}}))
+        answers.append(modern_rpc(url, "tools/call", {"name": "plain_busy", "arguments": {}}, headers=headers))
 
     threads = [threading.Thread(target=call) for _ in range(count)]
     for thread in threads:
         thread.start()
+    return answers, threads
+
+
+def _joined(threads: list[threading.Thread]) -> None:
     for thread in threads:
         thread.join(60)
-    return answers
+    assert not any(thread.is_alive() for thread in threads), "a call did not answer"
+
+
+def _queued(*gateways: Any) -> float:
+    return sum(value(scrape(gateway.base), "vmcp_backend_calls_queued", backend="plain") for gateway in gateways)
 
 
 def test_a_bulkhead_of_two_never_lets_a_third_call_through(start_gateway):
@@ -128,7 +201,14 @@ def test_a_bulkhead_of_two_never_lets_a_third_call_through(start_gateway):
     with sdk_backend("plain", ["echo"], extra_tools=[busy.tool()]) as plain:
         gateway = start_gateway({"name": "bulkhead",
                                  "backends": [{**backend_entry("plain", plain), "maxConcurrentCalls": 2}]})
-        answers = _at_once(gateway.url, 6, 0.4)
+        answers, threads = _at_once(gateway.url, 6)
+        try:
+            # Two calls held at the backend, the other four waiting at the bulkhead: none gets past it.
+            assert wait_until(lambda: busy.now == 2 and _queued(gateway) == 4, timeout=30), (busy.now, _queued(gateway))
+            assert busy.calls == 2
+        finally:
+            busy.gate.set()
+            _joined(threads)
     assert all("result" in answer for answer in answers), answers
     assert busy.calls == 6 and busy.peak == 2
 
@@ -141,30 +221,66 @@ def test_a_bulkhead_shared_by_two_workers_holds_across_them(start_gateway, redis
                   "operational": {"signingKeyEnv": KEY_ENV},
                   "sessionStorage": {"provider": "redis", "address": redis_server.address, "keyPrefix": "bh:"}}
         first, second = (start_gateway(config) for _ in range(2))
-        answers: list[list[dict]] = []
-        threads = [threading.Thread(target=lambda url=url: answers.append(_at_once(url, 3, 0.4)))
-                   for url in (first.url, second.url)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        answers, threads = [], []
+        for url in (first.url, second.url):
+            batch, started = _at_once(url, 3)
+            answers.append(batch)
+            threads += started
+        try:
+            # Each worker alone would let 2 through (4 in all): two are held, four wait.
+            assert wait_until(lambda: busy.now == 2 and _queued(first, second) == 4, timeout=30), \
+                (busy.now, _queued(first, second))
+            assert busy.calls == 2
+        finally:
+            busy.gate.set()
+            _joined(threads)
     assert all("result" in answer for batch in answers for answer in batch), answers
-    assert busy.calls == 6 and busy.peak == 2  # each worker alone would have allowed 2
+    assert busy.calls == 6 and busy.peak == 2
+
+
+MARGIN = 1.0
 
 
 def test_a_call_still_waiting_at_its_deadline_gets_the_deadline_error_and_never_reaches_the_backend(start_gateway):
+    """Every request's deadline is the same length (operational.timeouts), counted from its
+    arrival, and the first call gives its place back by its own deadline at the latest: so
+    the queued call arrives FIRST (its deadline is the earlier one) and is held before the
+    bulkhead by its user's discovery (tenant ``late``: its own user, catalog and backend
+    session), while the first call (tenant ``early``, discovered already) takes the only
+    place and keeps it, held at the backend, until the queued call has answered."""
     busy = Busy()
-    with sdk_backend("plain", ["echo"], extra_tools=[busy.tool()]) as plain:
+    with HeldBackend(busy, held="late").start() as plain:
+        assert plain.holding is not None
         gateway = start_gateway({"name": "bulkhead",
                                  "backends": [{**backend_entry("plain", plain), "maxConcurrentCalls": 1}],
-                                 "operational": {"timeouts": {"default": "2s"}}})
-        # One at a time, 0.9 s each, all with the same 2 s deadline: two answer, and the
-        # last ones wait until the deadline passes (one may just get sent, and time out).
-        answers = _at_once(gateway.url, 4, 0.9)
-        queued = scrape(gateway.base)
-    assert sum("result" in answer for answer in answers) >= 1 and busy.peak == 1, answers
-    waited_out = [answer["error"] for answer in answers
-                  if "error" in answer and "maxConcurrentCalls" in answer["error"]["message"]]
-    assert waited_out, answers
-    assert busy.calls == len(answers) - len(waited_out)  # those never reached the backend
-    assert value(queued, "vmcp_backend_calls_queue_timeouts", backend="plain") == len(waited_out)
+                                 "outgoingAuth": {"passthroughHeaders": ["X-Tenant"]},
+                                 # the queued call waits this long: its deadline, 1 s before the
+                                 # first call's (MARGIN below); what comes before its wait at the
+                                 # bulkhead takes milliseconds
+                                 "operational": {"timeouts": {"default": "5s"}}})
+        assert "result" in modern_rpc(gateway.url, "tools/list", {}, headers={"X-Tenant": "early"})
+
+        queued, queued_threads = _at_once(gateway.url, 1, headers={"X-Tenant": "late"})
+        assert plain.holding.arrived.wait(30)  # the queued call's deadline runs; its discovery is held
+        # A margin, not an event: the first call's deadline comes this much after the queued
+        # call's, so the first call, released once the queued one has answered, answers too.
+        time.sleep(MARGIN)
+        first, first_threads = _at_once(gateway.url, 1, headers={"X-Tenant": "early"})
+        try:
+            assert wait_until(lambda: busy.now == 1, timeout=30)  # the first call holds the only place
+            plain.holding.released.set()  # the queued call's discovery goes on; then it waits for the place
+            assert wait_until(lambda: _queued(gateway) == 1, timeout=10)  # it waits at the bulkhead
+            for thread in queued_threads:
+                thread.join(30)
+            assert queued, "the queued call did not answer"
+            assert busy.now == 1 and busy.calls == 1  # the first call still holds the place
+        finally:
+            plain.holding.released.set()
+            busy.gate.set()
+            _joined(queued_threads + first_threads)
+        metrics = scrape(gateway.base)
+    (waited_out,) = queued
+    assert "maxConcurrentCalls" in waited_out["error"]["message"], waited_out
+    assert [answer["result"]["content"][0]["text"] for answer in first] == ["done"], first
+    assert busy.calls == 1 and ("late", "tools/call") not in plain.holding.methods  # it never reached the backend
+    assert value(metrics, "vmcp_backend_calls_queue_timeouts", backend="plain") == 1

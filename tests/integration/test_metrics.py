@@ -3,10 +3,11 @@ with real backends; one worker and `vmcp-actors serve --workers 2` adding up."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
-import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -52,8 +53,17 @@ def test_metrics_follow_known_traffic(start_gateway):
             assert "result" in answer
         assert gateway.post({"jsonrpc": "2.0", "id": 9, "method": "made/up"}, sid,
                             headers={"MCP-Protocol-Version": "2025-11-25"}).status_code == 200
-        time.sleep(0.5)  # a health check or two
-        after = scrape(gateway.base)
+
+        def checked() -> dict | None:
+            # A health check or two (every 200 ms) since `before`: "down" tried again, unhealthy, its circuit open.
+            values = scrape(gateway.base)
+            tried = value(values, "vmcp_backend_requests_total", backend="down", outcome="unreachable") > \
+                value(before, "vmcp_backend_requests_total", backend="down", outcome="unreachable")
+            return values if tried and value(values, "vmcp_backend_health", backend="down", state="unhealthy") == 1 \
+                and value(values, "vmcp_circuit_state", backend="down") == 2 else None
+
+        after = wait_until(checked, timeout=10)
+        assert after, scrape(gateway.base)
 
         def delta(name, **labels):
             return value(after, name, **labels) - value(before, name, **labels)
@@ -107,8 +117,10 @@ def test_two_workers_add_up(tmp_path, redis_server):
             "name": "m", "backends": [backend_entry("plain", backend)],
             "operational": {"signingKeyEnv": "M_KEY"},
             "sessionStorage": {"provider": "redis", "address": redis_server.address, "keyPrefix": "m:"}})
+        temp = tmp_path / "tmp"  # where serve makes the workers' metrics directory
+        temp.mkdir()
         with CliProcess([VMCP, "serve", "--config", str(path), "--port", str(port), "--workers", "2"], tmp_path,
-                        "serve", env={"M_KEY": "metrics-signing-key-0123456789abcdef"}) as served:
+                        "serve", env={"M_KEY": "metrics-signing-key-0123456789abcdef", "TMPDIR": str(temp)}) as served:
             base = f"http://127.0.0.1:{port}"
             served.wait_ready(base)
             headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -122,8 +134,9 @@ def test_two_workers_add_up(tmp_path, redis_server):
                                                                        "arguments": {"text": str(n)}}},
                                        headers=session, timeout=30)
                 assert answer.status_code == 200
-            time.sleep(2.5)  # each worker writes its totals every 2 s
             workers = [int(pid) for pid in re.findall(r"Booting worker with pid: (\d+)", served.stderr)]
+            # Each worker writes its totals every 2 s: wait until the files hold every call.
+            assert wait_until(lambda: written_calls(temp) == calls, timeout=20), written_calls(temp)
             for pid in workers:  # every worker that served a call is gone: only the files say
                 os.kill(pid, signal.SIGKILL)
             assert wait_until(lambda: len(re.findall(r"Booting worker with pid", served.stderr)) >= 4, timeout=20)
@@ -141,6 +154,19 @@ def test_two_workers_add_up(tmp_path, redis_server):
             assert pids and not pids & {str(pid) for pid in workers}  # answered by the new workers
     finally:
         backend.stop()
+
+
+def written_calls(temp: Path) -> float:
+    """The tools/call answered ok in the totals files the workers wrote (in the directory
+    `vmcp-actors serve` made for them under its TMPDIR, ``temp``)."""
+    total = 0.0
+    for path in temp.glob("vmcp-metrics-*/*.json"):
+        try:
+            rows = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # (files are replaced whole; one may go between the listing and the read)
+        total += sum(row[0] for family, labels, row in rows if family == "requests" and labels == ["tools/call", "ok"])
+    return total
 
 
 @pytest.fixture(autouse=True)

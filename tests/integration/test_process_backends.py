@@ -17,6 +17,7 @@ from typing import Any
 import mcp
 import pytest
 
+from tests.gateway import wait_until
 from vmcp_actors.web._installed import EXTENSION_KEY
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -161,19 +162,21 @@ def test_a_crashed_child_is_restarted_and_the_next_call_works(gateway_with, serv
     assert gateway.app.extensions[EXTENSION_KEY].processes.restarts() == {"echo": 1}
 
 
-def test_a_child_that_never_answers_initialize_is_timed_out_and_killed(gateway_with, server_script):
+def test_a_child_that_never_answers_initialize_is_timed_out_and_killed(gateway_with, server_script, caplog):
+    # The child's own timeout is 1 s and the request's deadline (the longest timeout) 10 s:
+    # the child's timeout ends discovery first, always (with one deadline for both, which
+    # came first depended on how long the fork took).
     gateway = gateway_with(stdio_backend(server_script, "mute"),
-                           operational={"timeouts": {"default": "1s"}})
+                           operational={"timeouts": {"default": "10s", "perWorkload": {"echo": "1s"}}})
     started = time.monotonic()
     with pytest.raises(BaseException) as failed:  # noqa: PT011 - the SDK wraps the MCPError in a group
         session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))
-    assert "timed out" in repr(_leaf(failed.value)) or "did not answer" in repr(_leaf(failed.value))
+    assert "No backend is available" in repr(_leaf(failed.value))  # its only backend failed discovery
+    # Answered after the child's 1 s, not a hang until a client's 30 s (session(), the SDK's HTTP read).
     assert time.monotonic() - started < 15
+    assert any("'echo': it did not answer initialize" in record.getMessage() for record in caplog.records)
     processes = gateway.app.extensions[EXTENSION_KEY].processes
-    deadline = time.monotonic() + 5
-    while processes.snapshot() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes.snapshot() == [], "the mute child is stopped"
+    assert wait_until(lambda: processes.snapshot() == [], timeout=10), "the mute child is stopped"
 
 
 def _leaf(error: BaseException) -> BaseException:
@@ -196,9 +199,7 @@ def test_stderr_lines_are_logged_under_the_backends_name(gateway_with, tmp_path,
                       + SERVER, encoding="utf-8")
     gateway = gateway_with(stdio_backend(script))
     session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not any("hello from the child" in r.getMessage() for r in caplog.records):
-        time.sleep(0.05)
+    assert wait_until(lambda: any("hello from the child" in r.getMessage() for r in caplog.records), timeout=10)
     lines = [r.getMessage() for r in caplog.records if "hello from the child" in r.getMessage()]
     assert lines == ["backend 'echo': hello from the child"]
     (child,) = gateway.app.extensions[EXTENSION_KEY].processes.snapshot()
@@ -254,18 +255,45 @@ def test_no_child_outlives_its_gateway(server_script, tmp_path, how):
         assert _alive(pid)
         gateway.send_signal(getattr(signal, how))
         gateway.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(pid), f"the child {pid} outlived its gateway ({how})"
+        assert wait_until(lambda: not _alive(pid), timeout=10), f"the child {pid} outlived its gateway ({how})"
     finally:
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait()
 
 
-def test_failure_handling_leaves_a_stdio_backend_usable(gateway_with, server_script):
-    gateway = gateway_with(stdio_backend(server_script), operational={"failureHandling": {
-        "healthCheckInterval": "1s", "circuitBreaker": {"enabled": True, "failureThreshold": 1, "timeout": "30s"}}})
-    time.sleep(1.5)
+def test_failure_handling_leaves_a_stdio_backend_usable(gateway_with, server_script, monkeypatch):
+    monkeypatch.setenv("VMCP_PROCESS_ADMIN_TOKEN", "process-admin-token-4d1b")
+    gateway = gateway_with(stdio_backend(server_script), admin={"tokenEnv": "VMCP_PROCESS_ADMIN_TOKEN"},
+                           operational={"failureHandling": {"healthCheckInterval": "200ms", "circuitBreaker": {
+                               "enabled": True, "failureThreshold": 1, "timeout": "30s"}}})
+    checks_run(gateway, 2)  # a check or two, before any child runs: one failing would open the circuit
     assert session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))["content"][0]["text"] == "echo:x"
+    health = checks_run(gateway, 2)  # and with the child running (pinged)
+    assert health["circuit"]["state"] == "closed" and health["failedChecksInARow"] == 0, health
+    assert session(gateway.url, "legacy", call("echo_echo", {"text": "y"}))["content"][0]["text"] == "echo:y"
+
+
+def _health(gateway: Any) -> dict:
+    import requests
+
+    state = requests.get(gateway.base + "/admin/state", timeout=10,
+                         headers={"Authorization": "Bearer process-admin-token-4d1b"}).json()
+    return state["backendHealth"]["echo"]
+
+
+def checks_run(gateway: Any, count: int) -> dict:
+    """The backend's admin health row once ``count`` more health checks than now have run
+    (a check's time is the gateway's "now" less lastCheckSecondsAgo, on this process's clock)."""
+    def checked_after(since: float) -> dict | None:
+        asked = time.monotonic()  # the gateway's "now" is no earlier
+        row = _health(gateway)
+        ago = row.get("lastCheckSecondsAgo")
+        return row if ago is not None and asked - ago > since + 0.001 else None  # (ago is rounded to 1 ms)
+
+    row = None
+    for _ in range(count):
+        since = time.monotonic()
+        row = wait_until(lambda since=since: checked_after(since), timeout=10)
+        assert row, _health(gateway)
+    return row

@@ -249,8 +249,6 @@ def test_a_subscription_made_on_one_gateway_is_delivered_by_another(start_gatewa
     """A backend session has one standalone stream, held by the first gateway (it has the
     subscription); the update it brings is fanned out over Redis to the second gateway,
     whose user delivers it to the session's client stream there."""
-    import time
-
     from tests.asking_backends import asking_backend
     from tests.gateway import wait_until
     from tests.integration.test_client_requests import (
@@ -263,21 +261,29 @@ def test_a_subscription_made_on_one_gateway_is_delivered_by_another(start_gatewa
 
     with asking_backend() as backend:
         shared = {"operational": {"signingKeyEnv": KEY_ENV},
-                  "sessionStorage": {"provider": "redis", "address": redis_server.address}}
+                  "sessionStorage": {"provider": "redis", "address": redis_server.address, "keyPrefix": "fan:"}}
         first = start_gateway({**_config(("asking", backend)), **shared})
         second = start_gateway({**_config(("asking", backend)), **shared})
+        # Both gateways listen on the fanout channel (each subscribes on a thread of its own at start).
+        listeners = redis_client.Redis(port=redis_server.port)
+        assert wait_until(lambda: listeners.pubsub_numsub("fan:streams")[0][1] == 2, timeout=10)
         session_id = _open(first, {})
         assert first.rpc(session_id, "resources/subscribe", {"uri": WATCHED_URI})["result"] == {}
+        # Answered once the second gateway's user has its backend stream (or knows it gets none).
         stream = _Stream(second, session_id)
         try:
-            time.sleep(0.3)  # the second gateway's user opens its backend stream
-            for uri in (WATCHED_URI, OTHER_URI):
+            # The last touch marks the end: once its update is here, one for OTHER_URI (touched
+            # before it) would have been delivered too.
+            for uri in (WATCHED_URI, OTHER_URI, WATCHED_URI):
                 assert "result" in second.rpc(session_id, "tools/call", {"name": "asking_touch",
                                                                           "arguments": {"uri": uri}})
-            wait_until(lambda: "notifications/resources/updated" in stream.methods())
-            time.sleep(0.3)
-            updates = [m["params"]["uri"] for m in stream.messages if m.get("method") == "notifications/resources/updated"]
-            assert updates == [WATCHED_URI]
+
+            def updates() -> list[str]:
+                return [m["params"]["uri"] for m in stream.messages
+                        if m.get("method") == "notifications/resources/updated"]
+
+            assert wait_until(lambda: len(updates()) >= 2, timeout=10), updates()
+            assert updates() == [WATCHED_URI, WATCHED_URI]
         finally:
             for gateway in (second, first):  # they end the streams (a client-side close waits for a keep-alive)
                 gateway.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.core._aggregated import NO_BACKENDS_RETRY_AFTER
 from vmcp_actors.exceptions import BackendError
-from vmcp_actors.web._installed import EXTENSION_KEY
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -34,22 +32,62 @@ SERVER = "from tests.backends import build_sdk_server; build_sdk_server('echo', 
 AUDIENCE = "vmcp"
 INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-SLOW_FORK = 0.3  # seconds each start takes before the child exists (a big, busy gateway forks slowly)
+# The same server with a tool ``hold(marker)`` that writes MARKER.started and answers once
+# MARKER.release exists: a call in flight until the test lets it end (files: it is another process).
+HELD_SERVER = (
+    "import os, anyio\n"
+    "from tests.backends import build_sdk_server\n"
+    "async def hold(marker: str) -> str:\n"
+    "    'Mark the call started; answer once the test releases it'\n"
+    "    open(marker + '.started', 'w').close()\n"
+    "    with anyio.move_on_after(30):\n"
+    "        while not os.path.exists(marker + '.release'):\n"
+    "            await anyio.sleep(0.01)\n"
+    "    return 'released'\n"
+    "build_sdk_server('echo', tools=['echo'], extra_tools=[hold]).run('stdio')\n"
+)
 
 
-def per_user_backend() -> dict[str, Any]:
+def per_user_backend(server: str = SERVER) -> dict[str, Any]:
     return {"name": "echo", "transport": "stdio", "scope": "perUser", "command": sys.executable,
-            "args": ["-c", SERVER], "cwd": str(ROOT)}
+            "args": ["-c", server], "cwd": str(ROOT)}
+
+
+class Held:
+    """A call of ``echo_hold`` on its own thread: ``started`` once the backend runs it,
+    answered once ``release()`` is called."""
+
+    def __init__(self, caller: Any, marker: Path) -> None:
+        self._marker = marker
+        self._thread = threading.Thread(target=caller.call, args=("echo_hold", {"marker": str(marker)}))
+        self._thread.start()
+
+    def started(self) -> bool:
+        return self._marker.with_name(self._marker.name + ".started").exists()
+
+    def release(self) -> None:
+        self._marker.with_name(self._marker.name + ".release").touch()
+        self._thread.join(30)
 
 
 def test_children_started_at_once_stay_within_max_processes(monkeypatch):
     config = config_from_mapping({"name": "t", "operational": {"maxProcesses": 2}, "backends": [per_user_backend()]})
-    spawn = _stdio._spawn
-    monkeypatch.setattr(_stdio, "_spawn", lambda *args: (time.sleep(SLOW_FORK), spawn(*args))[1])
     processes = ChildProcesses(config)
     views = [processes.client(config.backends[0], ("https://idp.example", f"user-{i}")) for i in range(4)]
     outcomes: list[Any] = [None] * len(views)
     start = threading.Barrier(len(views))
+    forking: list[int] = []  # starts past the room check, their child not yet forked
+    spawn = _stdio._spawn
+
+    def slow_spawn(*args: Any) -> Any:
+        # A slow fork (a big, busy gateway forks slowly) at its slowest: no child exists
+        # until every start has either got this far or been refused (a start that waited
+        # for a place instead would hold this up 5 s, no more).
+        forking.append(1)
+        wait_until(lambda: len(forking) + sum(isinstance(o, _stdio.ProcessesBusy) for o in outcomes) == 4, timeout=5)
+        return spawn(*args)
+
+    monkeypatch.setattr(_stdio, "_spawn", slow_spawn)
 
     def initialize(index: int) -> None:
         start.wait()
@@ -94,24 +132,22 @@ class Caller:
                                   "params": {"name": tool, "arguments": arguments}}, self.session, headers=self.headers)
 
 
-def test_a_call_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp):
-    gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1}, "backends": [per_user_backend()],
+def test_a_call_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp, tmp_path):
+    gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1},
+                             "backends": [per_user_backend(HELD_SERVER)],
                              "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}})
-    processes = gateway.app.extensions[EXTENSION_KEY].processes
     alice, bob = (Caller(gateway, idp.issue_token(person, AUDIENCE)) for person in ("alice", "bob"))
     assert answer_of(bob.call("echo_echo", {"text": "b"}))["result"]["content"][0]["text"] == "echo:b"
 
-    sleeping = threading.Thread(target=alice.call, args=("echo_sleep", {"seconds": 3}))
-    sleeping.start()  # bob's idle child makes room for alice's, busy for 3 s
+    held = Held(alice, tmp_path / "alice")  # bob's idle child makes room for alice's, busy until released
     try:
-        assert wait_until(lambda: any(child.calls for child in processes.snapshot()), timeout=10)
-        time.sleep(1.0)  # past alice's discovery (milliseconds once her child answers): her sleep is in flight
+        assert wait_until(held.started, timeout=30)  # alice's call is in flight on the only process
         refused = bob.call("echo_echo", {"text": "b"})
         assert "error" in answer_of(refused) and "busy" in answer_of(refused)["error"]["message"]
         assert refused.status_code == 503
         assert refused.headers.get("Retry-After") == str(_stdio.BUSY_RETRY_AFTER)
     finally:
-        sleeping.join(10)
+        held.release()
 
 
 def _started(processes: ChildProcesses, owner: tuple[str, str]) -> tuple[Any, Any]:
@@ -142,11 +178,15 @@ def test_sending_to_a_stopped_child_is_a_backend_error():
 def test_a_child_still_initializing_is_not_stopped_to_make_room(monkeypatch):
     config = config_from_mapping({"name": "t", "operational": {"maxProcesses": 1}, "backends": [per_user_backend()]})
     initialize_link = MessageBus._initialize_link
-    gap = threading.Event()
+    gap, bob_tried = threading.Event(), threading.Event()
 
-    def after_a_gap(self, *args):  # widens the window between `child.link = link` and initialize going out
-        gap.set()
-        time.sleep(SLOW_FORK)
+    def after_a_gap(self, *args):
+        # Holds the window between `child.link = link` and initialize going out (the first
+        # start's, alice's) open until bob's start has been refused (were bob to wait for a
+        # place instead, alice's start goes on after 5 s and bob's after it).
+        if not gap.is_set():
+            gap.set()
+            bob_tried.wait(5)
         return initialize_link(self, *args)
 
     monkeypatch.setattr(MessageBus, "_initialize_link", after_a_gap)
@@ -163,35 +203,37 @@ def test_a_child_still_initializing_is_not_stopped_to_make_room(monkeypatch):
     try:
         alice.start()
         assert gap.wait(20)
-        start("bob")  # at the cap while alice's child starts: bob is refused, or waits; alice's start goes on
+        try:
+            start("bob")  # at the cap while alice's child starts: bob is refused, or waits; alice's start goes on
+        finally:
+            bob_tried.set()
         alice.join(30)
         assert isinstance(outcomes["alice"], dict) and "result" in outcomes["alice"], outcomes
     finally:
         processes.stop_all()
 
 
-def test_discovery_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp):
-    gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1}, "backends": [per_user_backend()],
+def test_discovery_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp, tmp_path):
+    gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1},
+                             "backends": [per_user_backend(HELD_SERVER)],
                              "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}})
-    processes = gateway.app.extensions[EXTENSION_KEY].processes
     alice = Caller(gateway, idp.issue_token("alice", AUDIENCE))
-    sleeping = threading.Thread(target=alice.call, args=("echo_sleep", {"seconds": 3}))
-    sleeping.start()
+    held = Held(alice, tmp_path / "alice")
     try:
-        assert wait_until(lambda: any(child.calls for child in processes.snapshot()), timeout=10)
-        time.sleep(1.0)  # alice's sleep is in flight on the only process there may be
+        assert wait_until(held.started, timeout=30)  # alice's call is in flight on the only process there may be
         bob = Caller(gateway, idp.issue_token("bob", AUDIENCE))  # opening a session contacts no backend
         refused = gateway.post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, bob.session, headers=bob.headers)
         assert refused.status_code == 503, refused.text
         assert refused.headers.get("Retry-After") == str(NO_BACKENDS_RETRY_AFTER)
         assert answer_of(refused)["error"]["data"]["retryAfterSeconds"] == NO_BACKENDS_RETRY_AFTER
     finally:
-        sleeping.join(10)
+        held.release()
     listed = gateway.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, bob.session, headers=bob.headers)
-    assert [tool["name"] for tool in answer_of(listed)["result"]["tools"]] == ["echo_echo", "echo_sleep"]
+    assert [tool["name"] for tool in answer_of(listed)["result"]["tools"]] == ["echo_echo", "echo_hold"]
 
 
-# Ignores SIGTERM and takes half a second to exit once its input ends: a child slow to go.
+# Ignores SIGTERM and takes half a second to exit once its input ends: a child slow to go
+# (the sleep is the behaviour under test: the gateway must wait for that exit).
 SLOW_EXIT = "import atexit, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); atexit.register(time.sleep, 0.5); "
 
 

@@ -64,16 +64,17 @@ def two_gateways(tmp_path):
         config = {**config, "operational": {**config.get("operational", {}), "signingKeyEnv": "VMCP_KEY"}}
         path = tmp_path / "config.yaml"
         path.write_text(yaml.safe_dump(config))
-        urls = []
-        for index in range(2):
+        processes = []
+        for index in range(2):  # both start at once, then both are waited for
             port = free_port()
             process = CliProcess([VMCP, "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port)],
                                  tmp_path, f"gateway-{index}", env={"VMCP_KEY": KEY})
             process.__enter__()
             started.append(process)
-            process.wait_ready(f"http://127.0.0.1:{port}")
-            urls.append(f"http://127.0.0.1:{port}/mcp")
-        balancer = RoundRobin(urls)
+            processes.append((process, f"http://127.0.0.1:{port}"))
+        for process, base in processes:
+            process.wait_ready(base)
+        balancer = RoundRobin([base + "/mcp" for _, base in processes])
         started.append(balancer)
         return balancer
 
@@ -124,3 +125,10 @@ def test_a_retry_of_a_call_parked_in_the_other_process_says_so_at_once(two_gatew
         error = retry.json()["error"]
         assert error["code"] == -32602 and "another gateway process" in error["message"]
         assert balancer.landed[0] != balancer.landed[1]
+        # The process that parked the call still resumes it (which also ends the backend's
+        # request: a backend stopped with it open waits 5 s for it).
+        resumed = modern_post(balancer.landed[0], "tools/call", {
+            "name": "asker_confirm", "arguments": {"item": "x"}, "requestState": first["requestState"],
+            "inputResponses": {key: {"action": "accept", "content": {"ok": True}}}},
+            capabilities=ALL_CAPABILITIES, request_id=3)
+        assert answer(resumed)["result"]["content"][0]["text"] == "confirmed x"
