@@ -27,6 +27,8 @@ from tests.backends import sdk_backend
 from tests.gateway import MCP_HEADERS, answer_of, backend_entry, run_client
 from tests.ports import free_port
 
+pytestmark = pytest.mark.slow  # whole gateway processes (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's bin directory
 VMCP = str(BIN / "vmcp-actors")

@@ -19,7 +19,7 @@ from tests.ports import free_port
 from tests.task_backends import modern_rpc, poll_task
 from vmcp_actors.decorators._composite_tasks import RUNNER_GONE
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 KEY_ENV, KEY = "TASKS_SIGNING_KEY", "tasks-signing-key-0123456789abcdef"
 SCHEMA = {"type": "object", "properties": {"loud": {"type": "boolean"}}, "required": ["loud"]}

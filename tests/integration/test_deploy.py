@@ -20,6 +20,8 @@ from tests.gateway import backend_entry, wait_until
 from tests.integration.test_cli import VMCP, CliProcess, write_config
 from tests.ports import free_port
 
+pytestmark = pytest.mark.slow  # whole gateway processes (docs/testing.md)
+
 DEPLOY = Path(__file__).parents[2] / "deploy"
 KEY_ENV, KEY = "DEPLOY_SIGNING_KEY", "deploy-signing-key-0123456789abcdef"
 

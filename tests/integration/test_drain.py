@@ -16,6 +16,8 @@ from tests.integration.test_cli import VMCP, CliProcess, write_config
 from tests.integration.test_identity import INIT
 from tests.ports import free_port
 
+pytestmark = pytest.mark.slow  # whole gateway processes (docs/testing.md)
+
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 

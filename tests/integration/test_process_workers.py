@@ -17,7 +17,7 @@ from tests.idp import LocalIdP
 from tests.integration.test_modern import answer, modern_post
 from tests.integration.test_two_processes import two_gateways  # noqa: F401 - the fixture
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 AUDIENCE = "vmcp"
 SERVER = textwrap.dedent('''

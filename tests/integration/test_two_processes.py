@@ -24,6 +24,8 @@ from tests.integration.test_modern import ALL_CAPABILITIES, _elicit, answer, mod
 from tests.mrtr_backends import mrtr_backend
 from tests.ports import free_port
 
+pytestmark = pytest.mark.slow  # whole gateway processes (docs/testing.md)
+
 KEY = "a-shared-signing-key-of-32-bytes!"
 HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
 
