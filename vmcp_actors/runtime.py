@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # The admin page's "recent problems": the last warnings and errors of vmcp_actors' loggers.
 RECENT_PROBLEMS = 50
+# The page shows no backend URL (the log itself keeps its display URL for operators).
+_URL = re.compile(r"\bhttps?://\S+")
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class _RecentProblems(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.problems.append(Problem(record.created, record.levelname, record.name, record.getMessage()[:500]))
+            message = _URL.sub("<url>", record.getMessage())
+            self.problems.append(Problem(record.created, record.levelname, record.name, message[:500]))
         except Exception:  # noqa: BLE001 - a log line that cannot be formatted is left out
             pass
 

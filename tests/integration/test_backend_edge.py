@@ -552,3 +552,15 @@ def test_process_starts_with_every_backend_down(start_gateway):
     assert requests.get(gateway.base + "/healthz", timeout=10).status_code == 200
     # and a session can still be opened
     assert gateway.initialize()
+
+
+def test_the_admin_pages_problems_show_a_warning_without_the_backends_url(start_gateway):
+    # The log keeps the display URL (above); the page's recent problems, read by anyone
+    # with the admin token, never show a backend's URL, whichever test logged before.
+    from vmcp_actors.runtime import recent_problems
+
+    with method_not_found_backend() as mnf:
+        gateway = start_gateway({"name": "t", "backends": [{"name": "mnf", "url": mnf.mcp_url}]})
+        assert _tool_names(gateway, gateway.initialize()) == ["mnf_still_here"]
+    shown = [problem.message for problem in recent_problems() if "'mnf' at" in problem.message]
+    assert shown and all(f"127.0.0.1:{mnf.port}" not in message and "<url>" in message for message in shown), shown
