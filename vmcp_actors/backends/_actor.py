@@ -42,6 +42,7 @@ from vmcp_actors.concurrency import (
     resolved,
     result_or_none,
     run_in_thread,
+    settle_from,
     tell_quietly,
     when_all,
 )
@@ -312,7 +313,7 @@ class BackendConnection(PooledActor):
         if self._listener is not None:
             opened = self._listener.opened
             for waiter in self._stream_waiters:
-                opened.add_done_callback(lambda _, waiter=waiter: _settle(waiter))
+                opened.add_done_callback(lambda done, waiter=waiter: settle_from(waiter, done))
             self._stream_waiters.clear()
             return
         handshake_pending = self._handshake is not None and not self._handshake.done()
