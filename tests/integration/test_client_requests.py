@@ -307,8 +307,9 @@ def test_subscriptions_reach_exactly_the_sessions_that_subscribed(start_gateway)
         assert gateway.rpc(subscriber, "resources/subscribe", {"uri": WATCHED_URI})["result"] == {}
         assert backend.subscriptions == [("subscribe", WATCHED_URI)]
 
-        def touch(uri: str) -> None:
-            gateway.rpc(bystander, "tools/call", {"name": "asking_touch", "arguments": {"uri": uri}})
+        def touch(uri: str, session_id: str = subscriber) -> None:
+            # The backend tells the calling client's backend session (ctx.session), as directly.
+            gateway.rpc(session_id, "tools/call", {"name": "asking_touch", "arguments": {"uri": uri}})
 
         def updates(session_id: str) -> list[str]:
             return [m["params"]["uri"] for m in streams[session_id].messages
@@ -321,6 +322,12 @@ def test_subscriptions_reach_exactly_the_sessions_that_subscribed(start_gateway)
         assert wait_until(lambda: len(updates(subscriber)) >= 2, 10), updates(subscriber)
         assert updates(subscriber) == [WATCHED_URI, WATCHED_URI]
         assert updates(bystander) == []
+        # The bystander's own backend session tells only it, and it subscribed to nothing.
+        touch(WATCHED_URI, bystander)
+        touch(WATCHED_URI)  # the marker: had the bystander's update crossed, it would come first
+        assert wait_until(lambda: len(updates(subscriber)) >= 3, 10), updates(subscriber)
+        assert updates(subscriber) == [WATCHED_URI] * 3
+        assert updates(bystander) == []
 
         assert gateway.rpc(subscriber, "resources/unsubscribe", {"uri": WATCHED_URI})["result"] == {}
         assert backend.subscriptions[-1] == ("unsubscribe", WATCHED_URI)
@@ -329,7 +336,7 @@ def test_subscriptions_reach_exactly_the_sessions_that_subscribed(start_gateway)
         for uri in (WATCHED_URI, OTHER_URI):
             touch(uri)
         assert wait_until(lambda: OTHER_URI in updates(subscriber), 10), updates(subscriber)
-        assert updates(subscriber) == [WATCHED_URI, WATCHED_URI, OTHER_URI]
+        assert updates(subscriber) == [WATCHED_URI] * 3 + [OTHER_URI]
         for stream in streams.values():
             stream.close()
 

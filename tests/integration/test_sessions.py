@@ -339,27 +339,30 @@ def test_concurrent_calls_on_one_session_and_backend_overlap(start_gateway):
 # -- 4. isolation ----------------------------------------------------------------------------------
 
 
-def test_sessions_of_one_user_share_its_backend_session_until_the_last_one_ends(start_gateway):
-    """One actor per user: two anonymous sessions are one user, so one backend session
-    serves both; ending one keeps it for the other, ending the last ends it."""
+def test_each_client_session_has_a_backend_session_of_its_own_ended_with_it(start_gateway):
+    """Two anonymous client sessions are one person, yet each has its own backend session,
+    as two direct clients would: ending one ends its backend session and leaves the other's."""
     with restartable_backend() as raw:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("rs", raw)]})
         one, two = gateway.initialize(), gateway.initialize()
         assert one != two
         assert _text(_call(gateway, one, "rs_echo", {"text": "1"})) == "restartable:1"
+        first = {m.session_id for m in raw.requests("tools/call")}
         assert _text(_call(gateway, two, "rs_echo", {"text": "2"})) == "restartable:2"
-        assert raw.initialize_count == 1
-        (backend_session,) = {m.session_id for m in raw.requests("tools/call")}
+        second = {m.session_id for m in raw.requests("tools/call")} - first
+        assert len(first) == 1 and len(second) == 1
 
         response = _delete(gateway, one)
         assert response.status_code == 200
         gone = gateway.post({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, one)
         assert gone.status_code == 404
+        assert wait_until(lambda: raw.deleted_sessions, timeout=10) == list(first)
         assert _text(_call(gateway, two, "rs_echo", {"text": "still"})) == "restartable:still"
-        assert raw.deleted_sessions == [] and raw.initialize_count == 1
+        assert {m.session_id for m in raw.requests("tools/call")} == first | second
 
         assert _delete(gateway, two).status_code == 200
-        assert wait_until(lambda: raw.deleted_sessions, timeout=10) == [backend_session]
+        assert wait_until(lambda: len(raw.deleted_sessions) == 2, timeout=10)
+        assert raw.deleted_sessions[1:] == list(second)
         assert raw.sessions == {}
 
 

@@ -47,7 +47,7 @@ def _text(gateway, session_id: str, name: str, text: str = "x") -> str:
 # -- sessions of one user ---------------------------------------------------------------------
 
 
-def test_sessions_of_one_user_share_its_connections_and_keep_their_own_log_level_and_capabilities(
+def test_sessions_of_one_person_have_their_own_connections_log_level_and_capabilities(
         start_gateway, monkeypatch):
     monkeypatch.setenv(ADMIN_ENV, ADMIN_TOKEN)
     with sse_backend() as sse:
@@ -65,17 +65,21 @@ def test_sessions_of_one_user_share_its_connections_and_keep_their_own_log_level
         assert answer_of(quiet_answer)["result"]["content"][0]["text"] == "sse:q"
         assert [m.get("method") for m in chatty_events] == ["notifications/message", None]
 
-        assert sse.initialize_count == 1  # one backend session for the user's two sessions
-        assert len({m.session_id for m in sse.requests("tools/call")}) == 1
-        assert len(_actors("UserActor")) == 1 and len(_actors("BackendConnection")) == 1
+        # Each client session is a user of its own, with its own backend session, as two
+        # direct clients would be; each told what its client declared.
+        assert sse.initialize_count == 2
+        assert len({m.session_id for m in sse.requests("tools/call")}) == 2
+        assert len(_actors("UserActor")) == 2 and len(_actors("BackendConnection")) == 2
+        declared = [m.params.get("capabilities") for m in sse.requests("initialize")]
+        assert sorted(declared, key=len) == [{"sampling": {}}, {"sampling": {}}]
 
         state = admin_get(gateway, token=ADMIN_TOKEN).json()
         rows = {row["id"]: row for row in state["sessions"]}
         assert rows[quiet]["clientCapabilities"] == {"sampling": {}, "experimental": {"x": {}}}
         assert rows[chatty]["clientCapabilities"] == {"sampling": {}}
         assert (rows[quiet]["logLevel"], rows[chatty]["logLevel"]) == ("error", None)
-        (user,) = state["users"]
-        assert user["user"] == "anonymous" and [b["backend"] for b in user["backends"]] == ["sse"]
+        assert [(user["user"], [b["backend"] for b in user["backends"]]) for user in state["users"]] == \
+            [("anonymous", ["sse"])] * 2
 
 
 def test_a_client_declaring_other_capabilities_gets_backend_sessions_that_were_told_them(start_gateway):
@@ -223,18 +227,26 @@ def test_a_request_whose_deadline_ends_mid_discovery_answers_in_time(start_gatew
         assert slow.initialize_count == 1 and len(slow.requests("tools/list")) == 1
 
 
-def test_concurrent_requests_during_discovery_share_it(start_gateway):
+def test_concurrent_requests_during_discovery_share_it_and_later_sessions_use_its_catalog(start_gateway):
+    """A session's concurrent requests share its one discovery; a later session of the same
+    person gets that catalog from the cache, and opens its own backend session only when
+    it first needs one (a call)."""
     with delayed_backend(delay=0.2) as slow:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("slow", slow)]})
-        sids = [gateway.initialize() for _ in range(6)]
-        answers: dict[str, dict] = {}
-        threads = [threading.Thread(target=lambda s=s: answers.__setitem__(s, gateway.rpc(s, "tools/list")))
-                   for s in sids]
+        sid = gateway.initialize()
+        answers: dict[int, dict] = {}
+        threads = [threading.Thread(target=lambda n=n: answers.__setitem__(n, gateway.rpc(sid, "tools/list",
+                                                                                            request_id=n)))
+                   for n in range(1, 7)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(30)
-        assert all("result" in answer for answer in answers.values()), answers
+        assert len(answers) == 6 and all("result" in answer for answer in answers.values()), answers
+        assert slow.initialize_count == 1 and len(slow.requests("tools/list")) == 1
+
+        later = gateway.initialize()
+        assert "result" in gateway.rpc(later, "tools/list")
         assert slow.initialize_count == 1 and len(slow.requests("tools/list")) == 1
 
 

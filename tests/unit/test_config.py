@@ -308,10 +308,10 @@ def test_a_legacy_sse_backend_loads() -> None:
     ({"name": "f", "transport": "stdio", "command": "x", "url": "http://a"},
      ["backends[0].url: must not be set for transport stdio (it runs command instead)"]),
     ({"name": "f", "transport": "stdio", "command": "x", "args": ["--db", "/d/{user}.db"]},
-     ["backends[0].args[1]: only a scope: perUser backend can use {user} (a shared process serves every user)"]),
+     ["backends[0].args[1]: only a scope: perUser or perSession backend can use {user} (a shared process serves every user)"]),
     ({"name": "f", "transport": "stdio", "command": "x", "env": {"F": "/d/{user}"}, "cwd": "/h/{user}"},
-     ["backends[0].cwd: only a scope: perUser backend can use {user} (a shared process serves every user)",
-      "backends[0].env.F: only a scope: perUser backend can use {user} (a shared process serves every user)"]),
+     ["backends[0].cwd: only a scope: perUser or perSession backend can use {user} (a shared process serves every user)",
+      "backends[0].env.F: only a scope: perUser or perSession backend can use {user} (a shared process serves every user)"]),
     ({"name": "f", "transport": "stdio", "command": "x", "env": {"1BAD": "v"}},
      ["backends[0].env.1BAD.key: must be an environment variable name (letters, digits and '_', not starting "
       "with a digit)"]),

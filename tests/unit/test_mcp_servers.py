@@ -55,7 +55,7 @@ def test_claude_desktop_file_becomes_stdio_and_http_backends_named_after_the_fil
     assert config.backends == (
         BackendConfig(name="files", transport="stdio", command="npx",
                       args=("-y", "@modelcontextprotocol/server-filesystem", "/srv/shared"),
-                      env={"LOG_LEVEL": "info"}, cwd="/srv"),
+                      env={"LOG_LEVEL": "info"}, cwd="/srv", scope="perSession"),
         BackendConfig(name="remote", url="https://x.example.com/mcp", transport="streamable-http"),
         BackendConfig(name="legacy", url="https://old.example.com/sse", transport="sse"),
         BackendConfig(name="windsurf", url="https://w.example.com/mcp", transport="streamable-http"),
@@ -256,3 +256,14 @@ def test_a_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_comment_markers_inside_strings_are_kept(tmp_path: Path) -> None:
     path = write_json(tmp_path / "m.json", {"mcpServers": {"a": {"command": "srv", "args": ["//x", "/*y*/", "a,]"]}}})
     assert read_mcp_servers(path).config().backends[0].args == ("//x", "/*y*/", "a,]")
+
+
+def test_an_entrys_scope_chooses_how_its_process_is_shared(tmp_path: Path) -> None:
+    """A file's stdio server gets a process per client session unless its entry says otherwise."""
+    imported = read_mcp_servers(write_json(tmp_path / "mcp.json", {"mcpServers": {
+        "own": {"command": "npx"}, "team": {"command": "npx", "scope": "shared"},
+        "mine": {"command": "npx", "scope": "perUser"}}}))
+
+    assert {backend.name: backend.scope for backend in imported.config().backends} == \
+        {"own": "perSession", "team": "shared", "mine": "perUser"}
+    assert imported.notes == ()

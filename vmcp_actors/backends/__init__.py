@@ -9,6 +9,7 @@ from vmcp_actors.backends._auth import (
     Unauthenticated,
     build_outgoing_auth,
 )
+from vmcp_actors.backends._backoff import HandshakeBackoff
 from vmcp_actors.backends._channel import (
     BackendChannel,
     BackendEras,
@@ -44,6 +45,7 @@ __all__ = [
     "HealthMonitor",
     "Abort",
     "BackendEras",
+    "HandshakeBackoff",
     "BackendRequest",
     "InputRequired",
     "CallOpened",

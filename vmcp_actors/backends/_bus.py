@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vmcp_actors.backends._http import STREAM_OPEN, Abort, PostResult
+from vmcp_actors.concurrency import call_later
 from vmcp_actors.exceptions import (
     BackendCancelled,
     BackendError,
@@ -44,6 +45,9 @@ RESTART_BACKOFF_MOST = 30.0
 HEALTHY_AFTER = 60.0
 # How long a response to the backend's own request, or a notification, may wait to be written.
 SEND_TIMEOUT = 10.0
+# How long a request outside any call waits for its one client's stream to open (a
+# child asks for roots right after initialize, before the client's stream is there).
+UNCLAIMED_WAIT = 10.0
 
 _LOST, _MESSAGE = "lost", "message"
 
@@ -86,16 +90,19 @@ class _Opening:
 
 
 class MessageBus:
-    """One backend link and the requests over it (thread-safe). ``per_user``: its
-    listeners all belong to one user, so whatever a call cannot take goes to them."""
+    """One backend link and the requests over it (thread-safe). ``one_client``: every
+    view of it serves one client session, so whatever a call cannot take is that
+    client's (a request waits up to UNCLAIMED_WAIT for its listener). Otherwise only a
+    notification meant for everyone (a list change) goes to every listener; a request
+    no call takes is refused and any other notification dropped, never guessed at."""
 
-    def __init__(self, backend: str, open_link: LinkOpener, *, per_user: bool,
+    def __init__(self, backend: str, open_link: LinkOpener, *, one_client: bool,
                  on_lost: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
                  opening_params: Mapping[str, Any] | None = None):
         """``opening_params``: the ``initialize`` every link gets (else the first channel's)."""
         self.backend = backend
         self._open_link = open_link
-        self._per_user = per_user
+        self._one_client = one_client
         self._on_lost = on_lost  # told why a link ended (a crash, for health and metrics)
         self._clock = clock
         self._lock = threading.Lock()  # guards every field below; never held while sending or opening
@@ -104,6 +111,8 @@ class MessageBus:
         self._generation = 0  # which link the fields below are about
         self._calls: dict[int, _Call] = {}  # by wire id
         self._listeners: list[queue.SimpleQueue] = []
+        # One client's requests that came before its listener: (link, request, expiry).
+        self._unclaimed: list[tuple[Link, dict[str, Any], float]] = []
         self._opening: _Opening | None = _Opening(dict(opening_params)) if opening_params is not None else None
         self._initialized_sent = False
         self._wire_ids = itertools.count(1)
@@ -193,6 +202,10 @@ class MessageBus:
         inbox: queue.SimpleQueue = queue.SimpleQueue()
         with self._lock:
             self._listeners.append(inbox)
+            waiting = [request for link, request, _expiry in self._unclaimed if link is self._link]
+            self._unclaimed = []
+        for request in waiting:
+            inbox.put((_MESSAGE, request))
         stopped = threading.Event()
         if not abort.on_abort(lambda: (stopped.set(), inbox.put((_LOST, None)))):
             self._unlisten(inbox)
@@ -265,17 +278,33 @@ class MessageBus:
             logger.debug("backend %r answered a request no one waits for any more", self.backend)
             return
         is_request = "id" in message
-        if listeners and (self._per_user or not is_request and _for_everyone(message)):
+        if listeners and (self._one_client or not is_request and _for_everyone(message)):
             for inbox in listeners:
                 inbox.put((_MESSAGE, message))
             return
-        if is_request:
-            logger.warning("backend %r asked %s outside a call the gateway could tie it to (%s): refused",
-                           self.backend, message.get("method"),
-                           "a shared process" if not self._per_user else "no call in flight, no stream open")
+        if is_request and self._one_client:  # its client's stream is not open yet: it waits a while
+            with self._lock:
+                self._unclaimed.append((link, message, self._clock() + UNCLAIMED_WAIT))
+            call_later(UNCLAIMED_WAIT, self._refuse_unclaimed)
+        elif is_request:
+            logger.warning("backend %r asked %s outside a call, on a process several client sessions share: "
+                           "refused (scope: perSession gives each client session its own)",
+                           self.backend, message.get("method"))
             self._refuse(link, message)
         else:
-            logger.debug("backend %r sent %s outside any call; no one takes it", self.backend, message.get("method"))
+            logger.info("backend %r sent %s outside any call%s: dropped", self.backend, message.get("method"),
+                        "" if self._one_client else ", on a process several client sessions share")
+
+    def _refuse_unclaimed(self) -> None:
+        """Requests whose client opened no stream within UNCLAIMED_WAIT are refused."""
+        now = self._clock()
+        with self._lock:
+            expired = [entry for entry in self._unclaimed if entry[2] <= now]
+            self._unclaimed = [entry for entry in self._unclaimed if entry[2] > now]
+        for link, request, _expiry in expired:
+            logger.warning("backend %r asked %s outside a call and its client opened no stream to take it: "
+                           "refused", self.backend, request.get("method"))
+            self._refuse(link, request)
 
     def lost(self, link: Link, why: str) -> None:
         """The link ended (the child exited, the stream dropped): calls on it fail, and the

@@ -29,6 +29,7 @@ from typing import Any
 import pykka
 
 from vmcp_actors import __version__
+from vmcp_actors.backends._backoff import HandshakeBackoff
 from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
 from vmcp_actors.backends._http import STREAM_OPEN, Abort, McpHttpClient
 from vmcp_actors.backends._models import Handshake, compose_instructions
@@ -326,8 +327,13 @@ class _RequestIds:
 class BackendChannel:
     def __init__(self, name: str, client: McpHttpClient, timeout: float, auth: OutgoingAuth | None = None,
                  client_capabilities: Mapping[str, Any] | None = None, eras: BackendEras | None = None,
-                 request_id_base: int = 0, prefers_legacy: bool = False, bulkheads: Bulkheads | None = None):
+                 request_id_base: int = 0, prefers_legacy: bool = False, bulkheads: Bulkheads | None = None,
+                 backoff: HandshakeBackoff | None = None, backoff_owner: str = ""):
+        """``backoff``: failed handshakes remembered across channels, for ``backoff_owner``
+        (whose credentials or process the channel uses)."""
         self.name = name
+        self._backoff = backoff
+        self._backoff_owner = backoff_owner
         self._bulkheads = bulkheads  # backends[].maxConcurrentCalls: tools/call wait for a place
         self.timeout = timeout
         self._eras = eras if eras is not None else BackendEras()
@@ -348,7 +354,7 @@ class BackendChannel:
         """The gateway declared sampling, elicitation or roots to this backend (its user's
         clients did): on a 2025 session it may then ask for them, outside a call too, so
         its standalone stream stays open and calls take requests that arrive there."""
-        return bool(self._client_capabilities)
+        return any(name in self._client_capabilities for name in ("sampling", "elicitation", "roots"))
 
     def interject(self, request: BackendRequest) -> bool:
         """A request the backend sent outside any call: delivered into this user's one call
@@ -370,8 +376,13 @@ class BackendChannel:
         the other when the backend refuses it (or is known to); what worked, and what was
         refused, is remembered for the backend. A pooled job: it is shared by every request
         of the user, so it waits the backend's timeout, not one request's deadline. Its
-        instructions are remembered for the backend (what initialize tells clients)."""
-        handshake = self._handshake_in_some_era(identity)
+        instructions are remembered for the backend (what initialize tells clients). While
+        the backend backs off after a failed handshake, it fails at once."""
+        if self._backoff is None:
+            handshake = self._handshake_in_some_era(identity)
+        else:
+            with self._backoff.attempt(self.name, self._backoff_owner):
+                handshake = self._handshake_in_some_era(identity)
         self._eras.said(self.name, handshake.instructions)
         return handshake
 

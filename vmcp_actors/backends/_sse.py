@@ -149,10 +149,12 @@ class SseLink:
 class LegacySseClient(BusClient):
     """A channel's client for a 2024-11-05 HTTP+SSE backend: its own stream and session."""
 
-    def __init__(self, backend: str, url: str):
+    def __init__(self, backend: str, url: str, *, one_client: bool = False):
+        """``one_client``: the connection serves one client session (else a person's
+        2026-07-28 requests, among which a request outside a call cannot be placed)."""
         http = requests.Session()
         http.trust_env = False  # no netrc credentials for backends (as the HTTP client)
-        bus = MessageBus(backend, lambda bus, headers: SseLink(bus, http, url, headers), per_user=True)
+        bus = MessageBus(backend, lambda bus, headers: SseLink(bus, http, url, headers), one_client=one_client)
         super().__init__(bus, lambda _view: (bus.close(), http.close()))
 
     def __repr__(self) -> str:  # never the URL

@@ -293,6 +293,11 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
             pass
 
 
+# A child's key: its backend, its person's digest (perUser, perSession) and its client
+# session's digest (perSession).
+_ChildKey = tuple[str, str | None, str | None]
+
+
 @dataclass(eq=False)
 class _Child:
     """A bus, what it was made for, and who uses it."""
@@ -333,7 +338,7 @@ class ChildProcesses:
         self._max = config.operational.max_processes
         self._idle_timeout = config.operational.process_idle_timeout
         self._lock = threading.Lock()  # guards _children and _stopped; never held while starting or stopping one
-        self._children: dict[tuple[str, str | None], _Child] = {}
+        self._children: dict[_ChildKey, _Child] = {}
         # Every child process not yet reaped, whoever it belonged to: what the cap counts,
         # so one stopped (idle, released, making room) counts until it has exited.
         self._running: set[ChildLink] = set()
@@ -342,16 +347,19 @@ class ChildProcesses:
         self._sweeper: TimerHandle | None = None
 
     def client(self, backend: BackendConfig, owner: tuple[str, str] | None = None,
-               headers_digest: str = "", client_capabilities: Mapping[str, Any] | None = None) -> BusClient:
+               headers_digest: str = "", client_capabilities: Mapping[str, Any] | None = None,
+               client_session: str = "") -> BusClient:
         """A channel's view of the backend's child (started on first use). ``owner`` and
-        ``headers_digest``: whose child, for a perUser backend."""
+        ``headers_digest``: whose child, for a perUser backend; ``client_session`` too
+        (a digest of the client session's id), for a perSession one."""
         user = user_digest(owner, headers_digest) if backend.per_user else None
-        key = (backend.name, user)
+        key = (backend.name, user, client_session if backend.per_session else None)
         with self._lock:
             child = self._children.get(key)
             if child is None:
                 child = _Child(backend, user, MessageBus(
-                    backend.name, lambda bus, headers, key=key: self._open(key, headers), per_user=backend.per_user,
+                    backend.name, lambda bus, headers, key=key: self._open(key, headers),
+                    one_client=backend.per_session and bool(client_session),
                     on_lost=lambda why, name=backend.name: self._lost(name, why),
                     opening_params=None if backend.per_user else _shared_opening(client_capabilities)))
                 self._children[key] = child
@@ -391,7 +399,7 @@ class ChildProcesses:
         if not os.access(command, os.X_OK) or os.path.isdir(command):
             return False, None, f"backend {backend.name!r}: its command cannot be run"
         with self._lock:
-            buses = [child.bus for (name, _), child in self._children.items() if name == backend.name]
+            buses = [child.bus for (name, *_), child in self._children.items() if name == backend.name]
         deadline = time.monotonic() + timeout
         slowest: float | None = None
         failed: list[str] = []
@@ -441,7 +449,7 @@ class ChildProcesses:
 
     # -- inside ----------------------------------------------------------------------------
 
-    def _open(self, key: tuple[str, str | None], headers: Mapping[str, str] | None) -> ChildLink:
+    def _open(self, key: _ChildKey, headers: Mapping[str, str] | None) -> ChildLink:
         """The bus's opener: make room under the cap, then start the child."""
         with self._lock:
             if self._stopped:
@@ -472,7 +480,7 @@ class ChildProcesses:
         logger.info("backend %r: started process %d%s", backend.name, link.pid, " for a user" if child.user else "")
         return link
 
-    def _start(self, key: tuple[str, str | None], child: _Child, headers: Mapping[str, str] | None) -> ChildLink:
+    def _start(self, key: _ChildKey, child: _Child, headers: Mapping[str, str] | None) -> ChildLink:
         backend = child.backend
         env, secrets = self._environment(backend, child.user, headers)
         argv = [_resolved_command(backend), *(_with_user(arg, child.user) for arg in backend.args)]
@@ -522,7 +530,7 @@ class ChildProcesses:
             secrets = (credential,)
         return env, secrets
 
-    def _released(self, key: tuple[str, str | None], view: BusClient) -> None:
+    def _released(self, key: _ChildKey, view: BusClient) -> None:
         """A channel is done: a perUser child whose last channel went is stopped now."""
         with self._lock:
             child = self._children.get(key)
@@ -536,7 +544,7 @@ class ChildProcesses:
         if child.link is not None:
             child.link.close()
 
-    def _exited(self, key: tuple[str, str | None], link: ChildLink) -> None:
+    def _exited(self, key: _ChildKey, link: ChildLink) -> None:
         with self._lock:
             self._running.discard(link)
             child = self._children.get(key)

@@ -31,8 +31,11 @@ SERVER_LISTS = ("mcpServers", "servers")
 TRANSPORT_OF_TYPE = {"stdio": "stdio", "sse": "sse", "http": "streamable-http", "streamablehttp": "streamable-http"}
 TYPE_KEYS = ("type", "transportType")
 URL_KEYS = ("url", "serverUrl")  # serverUrl: Windsurf
-# Passed on as they are, for the gateway's schema to judge.
-PROCESS_KEYS = ("command", "args", "env", "cwd")
+# Passed on as they are, for the gateway's schema to judge (scope is the gateway's own key).
+PROCESS_KEYS = ("command", "args", "env", "cwd", "scope")
+# The file describes what one client runs: each client session gets its own process, as
+# each desktop client starts its own (an entry's "scope" may choose shared or perUser).
+DEFAULT_PROCESS_SCOPE = "perSession"
 # ${input:id} and ${env:NAME} (VS Code, Cursor), ${NAME} and ${NAME:-default} (Claude Code),
 # ${workspaceFolder}, ${userHome}: each client fills them from its own prompts and environment.
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
@@ -156,6 +159,8 @@ class _Importer:
         for process_key in PROCESS_KEYS:
             if process_key in entry:
                 backend[process_key] = entry[process_key]
+        if transport == "stdio":
+            backend.setdefault("scope", DEFAULT_PROCESS_SCOPE)
         if isinstance(backend.get("env"), Mapping):
             backend["env"] = self._env_without_placeholders(f"{path}.env", backend["env"])
         if url_key is not None:

@@ -34,7 +34,9 @@ class BackendConfig:
     """One MCP server behind the gateway; ``name`` becomes its tools' prefix. An HTTP
     backend (``streamable-http``, or ``sse``: the 2024-11-05 HTTP+SSE transport) has a
     ``url``; a ``stdio`` backend is a program the gateway starts (``command``, ``args``,
-    ``env``, ``cwd``), one for everyone (``scope: shared``) or one per user (``perUser``)."""
+    ``env``, ``cwd``), one for everyone (``scope: shared``), one per user (``perUser``) or
+    one per client session (``perSession``: what the backend sees is one client's, as
+    when a desktop client starts it)."""
 
     name: str
     url: str | None = None
@@ -62,7 +64,12 @@ class BackendConfig:
 
     @property
     def per_user(self) -> bool:
-        return self.transport == "stdio" and self.scope == "perUser"
+        """A process of one person's (perUser, or perSession: one client session's)."""
+        return self.transport == "stdio" and self.scope in ("perUser", "perSession")
+
+    @property
+    def per_session(self) -> bool:
+        return self.transport == "stdio" and self.scope == "perSession"
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,10 @@ class TimeoutsConfig:
         return self.per_workload.get(name, self.default)
 
 
+# ToolHive waits up to 10 s for a backend's first answer; a healthy one answers far sooner.
+DISCOVERY_BUDGET = 5.0
+
+
 @dataclass(frozen=True)
 class CircuitBreakerConfig:
     """Per backend, across users: after ``failure_threshold`` failed exchanges in a row
@@ -282,6 +293,9 @@ class OperationalConfig:
     max_processes: int = 50
     process_idle_timeout: float = 600.0
     tasks: TasksConfig = field(default_factory=TasksConfig)
+    # How long a first discovery waits for each backend before it answers with those that
+    # were ready (a late one joins with list_changed); perWorkload per backend.
+    discovery_budget: TimeoutsConfig = field(default_factory=lambda: TimeoutsConfig(DISCOVERY_BUDGET))
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "allowed_hosts")

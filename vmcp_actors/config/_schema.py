@@ -48,6 +48,7 @@ from ._model import (
     DEFAULT_MAX_TOOLS_TO_RETURN,
     DEFAULT_PREFIX_FORMAT,
     DEFAULT_TRANSPORT,
+    DISCOVERY_BUDGET,
     TRANSPORTS,
     USER_PLACEHOLDER,
     AdminConfig,
@@ -354,7 +355,7 @@ class BackendSchema(_StrictSchema):
     args = _List(_String(validate=_no_nul), load_default=tuple)
     env = fields.Dict(keys=_String(validate=_env_var_name), values=_String(validate=_no_nul), load_default=dict)
     cwd = _String(load_default=None, allow_none=True, validate=_not_blank_text)
-    scope = _String(load_default="shared", validate=_Choice(["shared", "perUser"], []))
+    scope = _String(load_default="shared", validate=_Choice(["shared", "perUser", "perSession"], []))
     max_concurrent_calls = _Integer(data_key="maxConcurrentCalls", load_default=None, allow_none=True,
                                     validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
 
@@ -370,7 +371,7 @@ class BackendSchema(_StrictSchema):
             if not original_data.get("command"):
                 errors["command"] = ["is required for transport stdio"]
             if original_data.get("scope", "shared") == "shared":
-                errors.update(_user_placeholders(original_data, "only a scope: perUser backend can use "
+                errors.update(_user_placeholders(original_data, "only a scope: perUser or perSession backend can use "
                                                  f"{USER_PLACEHOLDER} (a shared process serves every user)"))
         elif transport in TRANSPORTS:
             if original_data.get("url") is None:
@@ -755,6 +756,15 @@ class TimeoutsSchema(_StrictSchema):
         return TimeoutsConfig(**data)
 
 
+class DiscoveryBudgetSchema(_StrictSchema):
+    default = _Duration(load_default=DISCOVERY_BUDGET)
+    per_workload = _DurationPerName(data_key="perWorkload", load_default=dict)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> TimeoutsConfig:
+        return TimeoutsConfig(**data)
+
+
 class CircuitBreakerSchema(_StrictSchema):
     enabled = _Boolean(load_default=False)
     failure_threshold = _Integer(data_key="failureThreshold", load_default=5,
@@ -963,6 +973,8 @@ class OperationalSchema(_StrictSchema):
                              validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
     process_idle_timeout = _Duration(data_key="processIdleTimeout", load_default=600.0)
     tasks = _Nested(TasksSchema, load_default=TasksConfig)
+    discovery_budget = _Nested(DiscoveryBudgetSchema, data_key="discoveryBudget",
+                               load_default=lambda: TimeoutsConfig(DISCOVERY_BUDGET))
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OperationalConfig:
@@ -1212,6 +1224,9 @@ def _unknown_backend_references(data: Mapping[str, Any], backends: set[str]) -> 
     per_workload = _loaded(_loaded(data.get("operational"), "timeouts"), "per_workload") or {}
     if found := unknown((name, name) for name in per_workload):
         errors["operational"] = {"timeouts": {"perWorkload": found}}
+    budgets = _loaded(_loaded(data.get("operational"), "discovery_budget"), "per_workload") or {}
+    if found := unknown((name, name) for name in budgets):
+        errors.setdefault("operational", {})["discoveryBudget"] = {"perWorkload": found}
     auth_backends = _loaded(data.get("outgoing_auth"), "backends") or {}
     if found := unknown((name, name) for name in auth_backends):
         errors["outgoingAuth"] = {"backends": found}

@@ -23,7 +23,7 @@ from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.core._catalog import Catalog, InternalTool, Route
 from vmcp_actors.core._exchange import Exchange, drained, from_backend
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
-from vmcp_actors.core._interface import Continuation
+from vmcp_actors.core._interface import Continuation, UnknownTool
 from vmcp_actors.core._task_relay import AskedStore, TaskRelay
 from vmcp_actors.core._tasks import TaskHandles, requested_task
 from vmcp_actors.identity import Identity
@@ -112,8 +112,11 @@ class AggregatedBackends:
                  fail_on_partial: bool = False,
                  record_subscription: Callable[[str, str, bool], None] | None = None,
                  task_handles: TaskHandles | None = None, page_size: int = 100,
-                 asked: AskedStore | None = None):
+                 asked: AskedStore | None = None, discovery_budget: float | None = None):
+        """``discovery_budget``: how long a first discovery waits for backends before it
+        answers with those that were ready (None: until the request's deadline)."""
         self._user = user  # ActorProxy[UserActor]
+        self._discovery_budget = discovery_budget
         self._channels = channels
         self._board = board
         self._tasks = TaskRelay(channels, self.catalog, task_handles or TaskHandles(Signer.generated(), ""),
@@ -142,18 +145,34 @@ class AggregatedBackends:
 
     def _discovered(self, identity: Identity | None, deadline: Deadline) -> Catalog:
         """Ask the UserActor (first discovery, or none usable yet); what was found so far
-        when the deadline ends before discovery does."""
+        when the discovery budget (or the deadline) ends before discovery does. With no
+        backend found by then, it waits on for the first one, until the deadline."""
         with self._user_answering():
             pending = self._user.catalog(identity).get(timeout=deadline.cap(ASK_TIMEOUT))
+            until_deadline = max(0.0, deadline.remaining() - ANSWER_MARGIN)
+            budget = until_deadline if self._discovery_budget is None else min(self._discovery_budget, until_deadline)
             try:
-                catalog: Catalog = pending.result(timeout=max(0.0, deadline.remaining() - ANSWER_MARGIN))
+                catalog: Catalog = pending.result(timeout=budget)
             except cf.TimeoutError:
-                # Discovery goes on for the requests after this one; answer with what it found.
+                # Discovery goes on (late backends join with list_changed); answer with what it found.
                 catalog = self._user.catalog_so_far().get(timeout=deadline.cap(ASK_TIMEOUT))
                 if catalog is None or not catalog.has_backends:
-                    raise DiscoveryTimedOut() from None
+                    catalog = self._first_found(identity, pending, deadline)
         if not catalog.has_backends:
             raise NoBackendsAvailable()
+        return catalog
+
+    def _first_found(self, identity: Identity | None, pending: cf.Future[Catalog], deadline: Deadline) -> Catalog:
+        """Past the budget with no backend found: whatever discovery has once the first
+        backend is in (or the whole round ends), within the deadline."""
+        first = self._user.first_backend().get(timeout=deadline.cap(ASK_TIMEOUT))
+        cf.wait((pending, first), timeout=max(0.0, deadline.remaining() - ANSWER_MARGIN),
+                return_when=cf.FIRST_COMPLETED)
+        if pending.done():
+            return pending.result()
+        catalog = self._user.catalog_so_far().get(timeout=deadline.cap(ASK_TIMEOUT))
+        if catalog is None or not catalog.has_backends:
+            raise DiscoveryTimedOut()
         return catalog
 
     def _remind_retry(self, identity: Identity | None) -> None:
@@ -163,12 +182,26 @@ class AggregatedBackends:
         except pykka.ActorDeadError:
             pass  # the user is stopping; the next request gets a new one
 
+    def unavailable(self) -> Mapping[str, str]:
+        """The backends the published catalog misses, and why (read without a message)."""
+        published = self._board.current
+        if published is None or not published.done() or published.exception() is not None:
+            return {}
+        return published.result().failures
+
     def freshness_ms(self) -> int | None:
         """The shortest ttlMs the user's 2026-07-28 backends gave their lists (None: no hint)."""
         published = self._board.current
-        if published is None or not published.done() or published.exception() is not None:
+        if published is None:
             return None
-        hints = [found.ttl_ms for found in published.result().backends.values() if found.ttl_ms is not None]
+        if not published.done():
+            return 0  # still discovering (a request was answered with what was ready): list again
+        if published.exception() is not None:
+            return None
+        catalog = published.result()
+        if catalog.failures:
+            return 0  # a missing backend may join at any time
+        hints = [found.ttl_ms for found in catalog.backends.values() if found.ttl_ms is not None]
         return min(hints) if hints else None
 
     def lookup_internal(self, identity: Identity | None, name: str, deadline: Deadline) -> InternalTool | None:
@@ -218,7 +251,7 @@ class AggregatedBackends:
     def call_tool(self, identity, name, arguments, meta, deadline) -> Exchange:
         route = self.lookup_tool(identity, name, deadline)
         if route is None:
-            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+            raise UnknownTool(name)
         return self.call_route(identity, route, arguments, meta, deadline)
 
     def call_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,

@@ -7,12 +7,12 @@ and the revisions' own checks are the edge's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._exchange import Exchange
-from vmcp_actors.core._interface import Continuation, UserCore
+from vmcp_actors.core._interface import Continuation, UnknownTool, UserCore
 from vmcp_actors.core._pagination import paginate
 from vmcp_actors.core._tasks import (
     TaskRequest,
@@ -25,8 +25,12 @@ from vmcp_actors.protocol.mcp import LOGGING_LEVELS
 
 
 class McpDispatcher:
-    def __init__(self, capabilities: UserCore, *, page_size: int):
+    def __init__(self, capabilities: UserCore, *, page_size: int,
+                 unavailable: Callable[[], Mapping[str, str]] | None = None):
+        """``unavailable``: the backends the caller's catalog misses now, and why (an
+        unknown tool's error names them: the tool may be theirs)."""
         self._capabilities = capabilities
+        self._unavailable = unavailable
         self._page_size = page_size
         self._methods: dict[str, Callable[[Identity | None, dict[str, Any], Deadline], Any]] = {
             "ping": lambda identity, params, deadline: {},
@@ -90,9 +94,15 @@ class McpDispatcher:
 
     def _call_tool(self, identity, params, deadline):
         name = _required_string(params, "name")
-        return self._capabilities.call_tool(
-            identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), deadline
-        )
+        try:
+            return self._capabilities.call_tool(
+                identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), deadline
+            )
+        except UnknownTool as unknown:
+            missing = self._unavailable() if self._unavailable is not None else {}
+            if not missing:
+                raise
+            raise UnknownTool(unknown.tool, missing) from None
 
     def _read_resource(self, identity, params, deadline):
         uri = _required_string(params, "uri")

@@ -36,6 +36,20 @@ from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, RESOURCE_NOT_FOUND, JsonRpcError
 
 
+class UnknownTool(JsonRpcError):
+    """No tool by that name for this caller (the same answer whether it does not exist or
+    is hidden). ``unavailable``: backends not discovered now, which may offer it."""
+
+    def __init__(self, name: str, unavailable: Mapping[str, str] | None = None):
+        message = f"Unknown tool: {name}"
+        if unavailable:
+            message += ("; not available now, so their tools are missing: "
+                        + "; ".join(unavailable[backend] for backend in sorted(unavailable)))
+        super().__init__(INVALID_PARAMS, message,
+                         {"unavailableBackends": sorted(unavailable)} if unavailable else None)
+        self.tool = name
+
+
 @dataclass(frozen=True)
 class Continuation:
     """A request that goes on with the client's input (2026-07-28): the retry of a call, get

@@ -33,6 +33,7 @@ from vmcp_actors.core._catalog import Route, by_name
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
 from vmcp_actors.core._interface import (
+    UnknownTool,
     CoreLayer,
     PerList,
     UserCore,
@@ -212,10 +213,10 @@ class CedarAuthz(CoreLayer):
     def call_tool(self, identity, name, arguments, meta, deadline) -> Exchange:
         route = self._inner.lookup_tool(identity, name, deadline)
         if route is None:
-            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+            raise UnknownTool(name)
         if not self._decide(identity, CALL_TOOL, name, self._tool_hints(identity, name, deadline), arguments).allowed:
             self._denied(identity, CALL_TOOL, name)
-            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")  # as for no such tool: nothing revealed
+            raise UnknownTool(name)  # as for no such tool: nothing revealed
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
 
     # -- prompts -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from vmcp_actors.core._catalog import Route, by_name
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, Explanation, Finding
 from vmcp_actors.core._interface import (
+    UnknownTool,
     CoreLayer,
     PerList,
     UserCore,
@@ -68,7 +69,7 @@ class AdvertisingFilter(CoreLayer):
     def call_tool(self, identity: Identity | None, name: str, arguments: dict[str, Any] | None,
                   meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
         if self.lookup_tool(identity, name, deadline) is None:
-            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")  # the same answer as for no such tool
+            raise UnknownTool(name)  # the same answer as for no such tool
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
 
     def finding(self, identity: Identity | None, name: str, deadline: Deadline, below: Explanation,

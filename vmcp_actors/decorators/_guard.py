@@ -17,6 +17,7 @@ from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import Explanation, generic_finding
 from vmcp_actors.core._interface import (
+    UnknownTool,
     CoreLayer,
     PerList,
     UserCore,
@@ -71,7 +72,7 @@ class SubtractOnly(CoreLayer):
 
     def call_tool(self, identity, name, arguments, meta, deadline) -> Exchange:
         if self.lookup_tool(identity, name, deadline) is None:
-            raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+            raise UnknownTool(name)
         return self._layer.call_tool(identity, name, arguments, meta, deadline)
 
     # -- resources -----------------------------------------------------------------------

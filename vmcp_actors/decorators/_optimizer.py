@@ -22,7 +22,7 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import Exchange, answered
 from vmcp_actors.core._explain import ADDS, UNLISTS, Explanation, Finding
-from vmcp_actors.core._interface import CoreLayer, UserCore
+from vmcp_actors.core._interface import CoreLayer, UnknownTool, UserCore
 from vmcp_actors.decorators._search import ToolIndex, as_text, tool_summary
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
@@ -101,7 +101,7 @@ class ToolOptimizer(CoreLayer):
         if self._inner.lookup_tool(identity, name, deadline) is not None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name} (this gateway lists find_tool and call_tool; "
                                                f"call {name} through call_tool)")
-        raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {name}")
+        raise UnknownTool(name)
 
     def find(self, identity: Identity | None, description: str, keywords: str, deadline: Deadline) -> list[dict]:
         """The best matches among the tools this caller may call (for find_tool and benchmarks)."""

@@ -233,9 +233,9 @@ class McpService:
                                "(another process serves new sessions)", 1).answer(lifetime, message.id)
 
         def open_session() -> Answer:
-            # The store is read and written here, on the request's thread; the Gateway only decides.
-            user_record = self._directory.store.user(UserKey.of(identity, outcome.client_capabilities, session=True))
-            record = self._ask(self._gateway.admit_session(identity, outcome, user_record))
+            # The store is written here, on the request's thread; the Gateway only decides. A
+            # new session is a new user (its own backend sessions): there is no record to read.
+            record = self._ask(self._gateway.admit_session(identity, outcome))
             self._directory.store.put_session(record)
             result = outcome.result(self._config.name)
             instructions = self._instructions()

@@ -50,6 +50,7 @@ from vmcp_actors.backends import (
     BackendRequest,
     DiscoveredBackend,
     Handshake,
+    HandshakeBackoff,
     McpHttpClient,
     OutgoingAuth,
     StreamsReady,
@@ -104,6 +105,8 @@ LIST_CHANGED = {
     "notifications/resources/list_changed": "resources",
 }
 RESOURCE_UPDATED = "notifications/resources/updated"
+# How long a backend's request outside a call waits for its client session's stream.
+STREAM_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ class SessionServices:
     hold_user: Callable[[UserKey], Callable[[], None]] = field(default=lambda key: lambda: None)
     # backends[].maxConcurrentCalls (None: no backend has one).
     bulkheads: Bulkheads | None = None
+    # Failed handshakes, so new client sessions do not each wait out a stuck backend.
+    backoff: HandshakeBackoff = field(default_factory=HandshakeBackoff)
 
     @classmethod
     def for_config(cls, config: VmcpConfig, shared: SharedCache | None = None, **kwargs: Any) -> SessionServices:
@@ -145,6 +150,8 @@ class SessionServices:
         pinned.update({backend.name: "legacy" for backend in config.backends
                        if backend.protocol == "auto" and backend.transport != "streamable-http"})
         urls = {backend.name: backend.url for backend in config.backends}
+        budgets = config.operational.discovery_budget
+        kwargs.setdefault("backoff", HandshakeBackoff(budgets.for_backend))
         return cls(eras=BackendEras(pinned, shared, urls), health=BackendHealth(config), **kwargs)
 
 
@@ -193,14 +200,22 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
     aggregated = AggregatedBackends(proxy, channels, board,
                                     fail_on_partial=handling is not None and handling.partial_failure_mode == "fail",
                                     record_subscription=record_subscription, task_handles=handles,
-                                    page_size=config.operational.page_size, asked=store)
+                                    page_size=config.operational.page_size, asked=store,
+                                    discovery_budget=discovery_budget(config))
     decorators = services.decorators if services.decorators is not None else \
         stack(config, workflow_metrics=services.workflow_metrics)
     tasks = UserTasks(services.composite_tasks, handles, handles.owner, record.key.label,
                       lambda: services.hold_user(record.key)) if services.composite_tasks is not None else None
     outermost, composites = decorators.build(aggregated, record.client_capabilities, tasks)
-    return UserHandle(record.key, ref, proxy, outermost, McpDispatcher(outermost, page_size=config.operational.page_size),
-                      composites, aggregated)
+    dispatcher = McpDispatcher(outermost, page_size=config.operational.page_size, unavailable=aggregated.unavailable)
+    return UserHandle(record.key, ref, proxy, outermost, dispatcher, composites, aggregated)
+
+
+def discovery_budget(config: VmcpConfig) -> float:
+    """How long a first discovery waits before answering with the backends that were ready:
+    the longest budget any backend has."""
+    budgets = config.operational.discovery_budget
+    return max((budgets.for_backend(backend.name) for backend in config.backends), default=budgets.default)
 
 
 def backend_client(backend: BackendConfig, breaker: Any, processes: ChildProcesses | None,
@@ -209,10 +224,11 @@ def backend_client(backend: BackendConfig, breaker: Any, processes: ChildProcess
     if backend.is_process:
         assert processes is not None, "a config with stdio backends has a ChildProcesses"
         return processes.client(backend, key.owner if key is not None else None, key.headers if key else "",
-                                client_capabilities)
+                                client_capabilities, key.client if key is not None else "")
     if backend.transport == "sse":
         from vmcp_actors.backends._sse import LegacySseClient  # noqa: PLC0415 - only configs that use it
-        return LegacySseClient(backend.name, backend.url or "")  # no circuit: its bus reopens a dropped stream
+        # no circuit: its bus reopens a dropped stream
+        return LegacySseClient(backend.name, backend.url or "", one_client=key is not None and bool(key.client))
     return McpHttpClient(backend.name, backend.url or "", breaker=breaker)
 
 
@@ -241,7 +257,16 @@ def _channel(backend: BackendConfig, config: VmcpConfig, services: SessionServic
     return BackendChannel(backend.name, backend_client(backend, breaker, services.processes, key, client_capabilities),
                           config.operational.timeouts.for_backend(backend.name),
                           services.outgoing_auth.get(backend.name), client_capabilities, services.eras,
-                          services.request_id_base, prefers_legacy, services.bulkheads)
+                          services.request_id_base, prefers_legacy, services.bulkheads,
+                          services.backoff, _backoff_owner(backend, key))
+
+
+def _backoff_owner(backend: BackendConfig, key: UserKey | None) -> str:
+    """Whose failed handshakes a channel shares: everyone's for a shared process, else
+    the person's (their credentials, their process)."""
+    if key is None or (backend.is_process and not backend.per_user):
+        return ""
+    return json.dumps(key.person.to_json())
 
 
 class _RecordWrites:
@@ -302,6 +327,11 @@ class _RefreshLists:
     pass
 
 
+@dataclass(frozen=True)
+class _AsksExpired:
+    request: Any  # a BackendRequest that waited STREAM_WAIT for its client's stream
+
+
 @dataclass
 class _Round:
     """One discovery in flight (actor-private): of every backend, or of the failed ones."""
@@ -310,6 +340,7 @@ class _Round:
     pending: set[str]
     full: bool
     future: cf.Future[Catalog] = field(default_factory=cf.Future)
+    first: cf.Future[None] = field(default_factory=cf.Future)  # set when a backend is first found
     started: float = field(default_factory=time.monotonic)
 
 
@@ -329,6 +360,7 @@ class UserActor(pykka.ThreadingActor):
         self._catalog_done_at: float | None = None  # when the served catalog settled
         self._round: _Round | None = None
         self._round_ids = itertools.count(1)
+        self._answered_early: Catalog | None = None  # served before the round ended: changes get told
         self._discovered: dict[str, DiscoveredBackend] = {}
         self._failures: dict[str, str] = {}
         self._session_origins: dict[str, bool] = {}  # session id -> its catalog came from the cache
@@ -345,6 +377,7 @@ class UserActor(pykka.ThreadingActor):
         self._stream_wanted = False
         self._stream_uris: dict[str, set[str]] = {}
         self._changed: set[str] = set()  # backends whose lists changed, refreshed together
+        self._asks_waiting: list[tuple[str, BackendRequest]] = []  # for the client's stream to open
         self._refresh_timer: TimerHandle | None = None
         ref = self.actor_ref
 
@@ -458,7 +491,17 @@ class UserActor(pykka.ThreadingActor):
         for name in self._round.pending:
             if name not in self._discovered:
                 failures[name] = f"backend {name!r} is still being discovered"
-        return build_catalog(self._discovered, failures, self._config.aggregation)
+        catalog = build_catalog(self._discovered, failures, self._config.aggregation)
+        if self._round.full and catalog.has_backends:
+            self._answered_early = catalog
+        return catalog
+
+    def first_backend(self) -> cf.Future[None]:
+        """Settles once the discovery under way has found a backend (at once when none is
+        under way, or one was found already)."""
+        if self._round is None or self._discovered:
+            return resolved(None)
+        return self._round.first
 
     def attach_session(self, session_id: str, identity: Identity | None) -> None:
         """A session's first request: it gets a catalog discovered at most
@@ -487,6 +530,8 @@ class UserActor(pykka.ThreadingActor):
         self._streams.pop(session_id, None)
         self._streams[session_id] = None  # the latest stream last
         self._update_streams()
+        if self._asks_waiting:
+            self._ask_waiting()
         return self._streams_ready()
 
     def stream_closed(self, session_id: str) -> None:
@@ -574,6 +619,11 @@ class UserActor(pykka.ThreadingActor):
                 key, lambda record: record.with_backend(message.backend, message.handshake)))
         elif isinstance(message, _SessionsRead):
             message.then(message.sessions)
+        elif isinstance(message, _AsksExpired):
+            expired = [(backend, request) for backend, request in self._asks_waiting if request is message.request]
+            self._asks_waiting = [entry for entry in self._asks_waiting if entry[1] is not message.request]
+            for backend, request in expired:  # refused: no client stream to ask on
+                run_in_thread(self._ask_a_client, backend, request, ())
 
     # -- internals on the actor thread ---------------------------------------------------
 
@@ -631,12 +681,17 @@ class UserActor(pykka.ThreadingActor):
             self.backend_changed(backend)
         elif method == RESOURCE_UPDATED:
             self.resource_updated(message)
-        elif method == "notifications/message":
-            # Each session's level is in its record: read on the I/O pool, pushed from there.
-            run_in_thread(self._push_logged, tuple(self._streams), message)
         elif method == "notifications/progress":
             logger.debug("backend %r sent progress outside a call; not relayed", backend)
-        else:  # task status, elicitation completions and the like: every session of the user with a stream
+        elif not self._key.client:
+            # Several clients share this backend session (2026-07-28 requests): whose it is
+            # cannot be told, and one client's message never reaches another.
+            logger.info("backend %r sent %s outside a call, on a backend session several clients share: dropped",
+                        backend, method)
+        elif method == "notifications/message":
+            # The session's level is in its record: read on the I/O pool, pushed from there.
+            run_in_thread(self._push_logged, tuple(self._streams), message)
+        else:  # task status, elicitation completions and the like: to the client session's stream
             if method in TASK_STATUS_NOTIFICATIONS:
                 message = self._task_handles.notification(backend, message, modern=False)
             for session_id in self._streams:
@@ -662,7 +717,22 @@ class UserActor(pykka.ThreadingActor):
         channel = self._channels.get(backend)
         if channel is not None and channel.interject(request):
             return
-        run_in_thread(self._ask_a_client, backend, request, tuple(reversed(self._streams)))
+        if self._key.client and not self._streams:
+            # Its client has not opened its stream yet (a backend asks for roots right
+            # after initialize): the request waits for it a while.
+            self._asks_waiting.append((backend, request))
+            ref = self.actor_ref
+            call_later(STREAM_WAIT, lambda: tell_quietly(ref, _AsksExpired(request)))
+            return
+        # Only a user that serves one client session knows whose stream to ask on.
+        streams = tuple(reversed(self._streams)) if self._key.client else ()
+        run_in_thread(self._ask_a_client, backend, request, streams)
+
+    def _ask_waiting(self) -> None:
+        """A stream opened: the requests that waited for one are asked on it."""
+        waiting, self._asks_waiting = self._asks_waiting, []
+        for backend, request in waiting:
+            run_in_thread(self._ask_a_client, backend, request, tuple(reversed(self._streams)))
 
     def _ask_a_client(self, backend: str, request: BackendRequest, session_ids: tuple[str, ...]) -> None:
         timeout = self._config.operational.timeouts.for_backend(backend)
@@ -712,7 +782,7 @@ class UserActor(pykka.ThreadingActor):
         self._board.publish(catalog)
 
     def _cache_key(self, identity: Identity | None) -> Any:
-        return discovery_key(identity, self._config)
+        return discovery_key(identity, self._config, self._key.features)
 
     def _discover(self, names: list[str], *, full: bool) -> _Round:
         """Ask each named connection to discover; each outcome comes back as a message."""
@@ -744,6 +814,8 @@ class UserActor(pykka.ThreadingActor):
         if error is None:
             self._discovered[name] = message.outcome.result()
             self._failures.pop(name, None)
+            if not round_.first.done():
+                round_.first.set_result(None)
         else:
             self._discovered.pop(name, None)
             self._failures[name] = describe_failure(name, error, "discovery failed")
@@ -752,6 +824,8 @@ class UserActor(pykka.ThreadingActor):
         if round_.pending:
             return
         self._round = None
+        if not round_.first.done():
+            round_.first.set_result(None)
         catalog = build_catalog(self._discovered, self._failures, self._config.aggregation)
         if catalog.has_backends:
             # The cache itself refuses catalogs with failures or conflicts.
@@ -759,6 +833,9 @@ class UserActor(pykka.ThreadingActor):
         if round_.full:
             round_.future.set_result(catalog)
             self._catalog_done_at = time.monotonic()
+            if self._answered_early is not None:  # late backends join: clients list again
+                self._tell_list_changes(self._answered_early, catalog)
+                self._answered_early = None
         elif catalog.has_backends:
             before = result_or_none(self._catalog)
             self._serve(resolved(catalog))  # a retried or changed backend joins (or still fails)

@@ -21,9 +21,12 @@ from vmcp_actors.identity import Identity, forwarded_headers_of, identity_key
 from vmcp_actors.shared_cache import SharedCache
 
 
-def discovery_key(identity: Identity | None, config: VmcpConfig) -> Hashable:
+def discovery_key(identity: Identity | None, config: VmcpConfig, features: str = "") -> Hashable:
+    """``features``: the digest of the capabilities declared to backends (an extension a
+    client declares may change what a backend lists). A person's client sessions that
+    declare the same share their catalog."""
     backend_set = tuple((b.name, b.url) for b in sorted(config.backends, key=lambda b: b.name))
-    return (identity_key(identity), forwarded_headers_of(identity), backend_set)
+    return (identity_key(identity), forwarded_headers_of(identity), backend_set, features)
 
 
 class DiscoveryCache:

@@ -9,7 +9,7 @@ Nothing here waits: starting a user's actors returns at once (they are started i
 thread, without asking them anything), so a slow or failing start never holds the loop,
 and nothing started is left behind when a caller stops waiting. No store round trip runs
 on the loop either: the caller reads the user record it revives and writes the session
-record it opened (``admit_session``, ``serve_user``/``revive_user`` with ``user_record``),
+record it opened (``admit_session``; ``serve_user``/``revive_user`` with ``user_record``),
 and reaping, ending users and deleting records run on the I/O pool, reporting back by
 message.
 """
@@ -127,25 +127,24 @@ class Gateway(pykka.ThreadingActor):
 
     # -- sessions ------------------------------------------------------------------------
 
-    def admit_session(self, identity: Identity | None, outcome: InitializeOutcome,
-                      user_record: UserRecord | None) -> SessionRecord:
-        """A new client session of the caller, its user's actors started if they are not
-        live (from ``user_record``, which the caller read: None when there is none; no
-        backend is contacted). The caller writes the returned record to the store before
+    def admit_session(self, identity: Identity | None, outcome: InitializeOutcome) -> SessionRecord:
+        """A new client session of the caller, served by a user of its own (its own backend
+        sessions, opened on first need; no backend is contacted now). The caller writes the returned record to the store before
         answering. At a cap the least recently used idle session goes (its client gets 404
         and initializes again); with none idle, CapReached."""
         self._make_room(identity_key(identity))
         now = time.time()
+        session_id = self._signer.new_session_id()
         record = SessionRecord(
-            session_id=self._signer.new_session_id(),
-            user=UserKey.of(identity, outcome.client_capabilities, session=True),
+            session_id=session_id,
+            user=UserKey.of(identity, outcome.client_capabilities, session=session_id),
             protocol_version=outcome.protocol_version,
             client_capabilities=outcome.client_capabilities,
             client_info=outcome.client_info,
             created=now,
             last_used=now,
         )
-        self._live_user(record.user, identity, relayed_capabilities(outcome.client_capabilities), user_record)
+        self._live_user(record.user, identity, relayed_capabilities(outcome.client_capabilities), None)
         self._directory.add_session(record)
         logger.info("session %s opened for %s", short_id(record.session_id), record.user.label)
         return record

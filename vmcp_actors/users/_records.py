@@ -20,7 +20,9 @@ from vmcp_actors.identity import ANONYMOUS, Identity, forwarded_headers_of, iden
 
 # The client capabilities the gateway passes on to backends (it declares to a backend
 # what the user's clients declared, so a backend never asks what no client can answer).
-RELAYED_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots")
+# ``extensions`` (MCP Apps' io.modelcontextprotocol/ui, say) change what a backend offers.
+RELAYED_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots", "extensions")
+ASKED_CAPABILITIES = ("sampling", "elicitation", "roots")  # what a backend may ask the client for
 LEGACY_PREFERRED = "legacy"  # a user key's mark: its clients are 2025 sessions that take requests
 
 
@@ -38,29 +40,42 @@ def _digest(value: Any) -> str:
 class UserKey:
     """Whose actors serve a request: the person (issuer + subject; one for every
     anonymous caller), a digest of the passthrough headers, which backends may answer
-    by (callers they can tell apart never share a catalog or a backend session), and a
+    by (callers they can tell apart never share a catalog or a backend session), a
     digest of the client capabilities declared to backends (a backend session is told
-    one set: clients that declare another get backend sessions of their own), and whether
-    its clients are 2025 sessions that take requests (``prefers_legacy``): a backend that
-    speaks both revisions asks for sampling, elicitation and roots only on a 2025 session,
-    so such a user's connections speak 2025 to it, and a 2026-07-28 client never shares
-    them."""
+    one set), whether its clients are 2025 sessions that take requests
+    (``prefers_legacy``: a backend that speaks both revisions asks for sampling,
+    elicitation and roots only on a 2025 session, so such a user's connections speak
+    2025 to it), and, for a 2025 client session, a digest of that session's id
+    (``client``). Every 2025 client session is its own user, so its backend sessions,
+    their requests and notifications, its log level and its subscriptions are its own,
+    as on a direct connection; 2026-07-28 requests (``client`` empty) share one user
+    per caller."""
 
     issuer: str = ""
     subject: str = ANONYMOUS
     headers: str = ""
     features: str = ""
     prefers_legacy: bool = False
+    client: str = ""
 
     @classmethod
     def of(cls, identity: Identity | None, client_capabilities: Mapping[str, Any] | None = None,
-           *, session: bool = False) -> UserKey:
-        """``session``: the client is a 2025 session (it initialized), not a 2026-07-28 one."""
+           *, session: str | None = None) -> UserKey:
+        """``session``: the id of the 2025 client session served (None: a 2026-07-28 caller)."""
         owner = identity_key(identity)
         headers = _digest(forwarded_headers_of(identity))
         relayed = relayed_capabilities(client_capabilities or {})
         issuer, subject = owner if owner is not None else ("", ANONYMOUS)
-        return cls(issuer, subject, headers, _digest(relayed), session and bool(relayed))
+        asks = any(name in relayed for name in ASKED_CAPABILITIES)
+        return cls(issuer, subject, headers, _digest(relayed), session is not None and asks,
+                   _digest(session) if session else "")
+
+    @property
+    def person(self) -> UserKey:
+        """The key of this caller's 2026-07-28 requests: the same person and headers, no
+        client session and no declared capabilities. What is shared across a person's
+        client sessions (discovery, task handles, back-off) is keyed by it."""
+        return UserKey(self.issuer, self.subject, self.headers)
 
     @property
     def owner(self) -> tuple[str, str] | None:
@@ -74,16 +89,23 @@ class UserKey:
 
     def to_json(self) -> list[str]:
         parts = [self.issuer, self.subject, self.headers, self.features]
+        if self.client:
+            return [*parts, LEGACY_PREFERRED if self.prefers_legacy else "", self.client]
         return [*parts, LEGACY_PREFERRED] if self.prefers_legacy else parts
 
     @classmethod
     def from_json(cls, data: Any) -> UserKey:
-        if not isinstance(data, list) or len(data) not in (3, 4, 5) or not all(isinstance(part, str) for part in data):
-            raise ValueError('a user key is [issuer, subject, headers digest, features digest] and "legacy" '
-                             "when its clients are 2025 sessions that take requests")
+        if not isinstance(data, list) or len(data) not in (3, 4, 5, 6) or \
+                not all(isinstance(part, str) for part in data):
+            raise ValueError('a user key is [issuer, subject, headers digest, features digest], then "legacy" '
+                             "when its clients are 2025 sessions that take requests, then the client session's "
+                             "digest when it serves one")
         if len(data) == 5 and data[4] != LEGACY_PREFERRED:
             raise ValueError(f"a user key's fifth part can only be {LEGACY_PREFERRED!r}")
-        return cls(*data[:4], prefers_legacy=len(data) == 5)
+        if len(data) == 6 and data[4] not in ("", LEGACY_PREFERRED):
+            raise ValueError(f"a user key's fifth part can only be {LEGACY_PREFERRED!r} or empty")
+        client = data[5] if len(data) == 6 else ""
+        return cls(*data[:4], prefers_legacy=len(data) >= 5 and data[4] == LEGACY_PREFERRED, client=client)
 
 
 @dataclass(frozen=True)
