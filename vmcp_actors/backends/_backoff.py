@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from vmcp_actors.exceptions import BackendAuthError, BackendError, BackendUnavailable
+from vmcp_actors.exceptions import BackendAuthError, BackendError, BackendHTTPError, BackendUnavailable
 
 FIRST_BACKOFF = 2.0
 MOST_BACKOFF = 60.0
@@ -80,6 +80,9 @@ class HandshakeBackoff:
         except BackendAuthError:
             self._ended(key, None)
             raise
+        except BackendHTTPError as error:
+            self._ended(key, None if error.status in (401, 403) else str(error))
+            raise
         except BackendError as error:
             self._ended(key, str(error) or type(error).__name__)
             raise
@@ -90,12 +93,14 @@ class HandshakeBackoff:
             self._ended(key, None, succeeded=True)
 
     def snapshot(self) -> dict[str, dict[str, float | int | str]]:
-        """Backends backing off now (for the admin state): never an owner."""
+        """Backends backing off now, for anyone (for the admin state): never an owner, and
+        the longest back-off when several owners back off."""
         now = self._clock()
         with self._lock:
+            backing_off = sorted(((backend, state) for (backend, _owner), state in self._states.items()
+                                  if now < state.not_before), key=lambda entry: entry[1].not_before)
             return {backend: {"failures": state.failures, "retryInSeconds": round(state.not_before - now, 1),
-                              "why": state.why}
-                    for (backend, _owner), state in self._states.items() if now < state.not_before}
+                              "why": state.why} for backend, state in backing_off}
 
     def _ended(self, key: tuple[str, str], why: str | None, *, succeeded: bool = False) -> None:
         now = self._clock()

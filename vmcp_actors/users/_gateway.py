@@ -257,6 +257,7 @@ class Gateway(pykka.ThreadingActor):
             "actorWorkers": actor_pool_stats(),
             "clients": self._services.live.counts(),
             "backendEras": self._services.eras.snapshot(),
+            "backendBackoff": self._services.backoff.snapshot(),
             "backendHealth": self._services.health.snapshot() if self._services.health is not None else {},
             "sessionLimits": {"maxSessions": self._config.operational.max_sessions,
                               "maxSessionsPerIdentity": self._config.operational.max_sessions_per_identity,
