@@ -34,6 +34,11 @@ class BackendUnavailable(BackendError):
     """The backend could not be reached (connection refused, reset, DNS)."""
 
 
+class BackendNotTried(BackendUnavailable):
+    """The gateway did not reach for the backend (its own cap, an open circuit): nothing
+    was learned about the backend itself."""
+
+
 class BackendHTTPError(BackendError):
     """The backend answered with an unexpected HTTP status."""
 

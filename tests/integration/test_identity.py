@@ -703,7 +703,7 @@ def test_concurrent_users_never_see_each_others_identity(start_gateway, idp, ser
     assert sorted(r.subject for r in idp.successful_exchanges()) == ["alice", "bob", "carol"]
 
 
-def test_two_users_never_share_actors_or_backend_sessions_and_one_users_sessions_do(start_gateway, idp, servers):
+def test_two_users_never_share_actors_or_backend_sessions_nor_do_one_users_sessions(start_gateway, idp, servers):
     jira = servers(authed_backend("jira", idp, "jira-api", {"alice": ["issues"], "bob": ["issues"]}))
     gateway = start_gateway(gateway_config(
         {"jira": jira}, incoming=oidc(idp), outgoing={"backends": {"jira": exchange(idp, "jira-api")}}))
@@ -717,11 +717,14 @@ def test_two_users_never_share_actors_or_backend_sessions_and_one_users_sessions
     backend_sessions: dict[str, set[str]] = {}
     for message in received(jira, "tools/call"):
         backend_sessions.setdefault(message.subject, set()).add(message.session_id)
-    assert {who: len(ids) for who, ids in backend_sessions.items()} == {"alice": 1, "bob": 1}
+    # Each client session has its own backend session, as two direct clients would.
+    assert {who: len(ids) for who, ids in backend_sessions.items()} == {"alice": 2, "bob": 1}
     assert backend_sessions["alice"].isdisjoint(backend_sessions["bob"])
     actors = [ref.actor_class.__name__ for ref in pykka.ActorRegistry.get_all()]
-    assert actors.count("UserActor") == 2 and actors.count("BackendConnection") == 2
-    assert len(received(jira, "initialize")) == 2
+    assert actors.count("UserActor") == 3 and actors.count("BackendConnection") == 3
+    assert len(received(jira, "initialize")) == 3
+    # The person's token was exchanged once: their sessions share the exchanged token.
+    assert sorted(r.subject for r in idp.successful_exchanges()) == ["alice", "bob"]
 
 
 # -- 6. token exchange -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from tests.asking_backends import AskingBackend, asking_backend
 from tests.backends import RawMcpBackend, _echo_tools
 from tests.gateway import admin_get, backend_entry, wait_until
+from tests.task_backends import modern_rpc
 from tests.integration.test_client_requests import _elicitation, _roots, _sampling
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -114,10 +115,10 @@ def test_a_2025_session_that_takes_requests_gets_a_2025_backend_session_and_what
                                      (False, "url: accept"), (False, "file:///work/project")]
         [connection] = connections(gateway)
         assert connection["protocolVersion"] == "2025-11-25" and connection["prefersLegacy"]
-        assert "take sampling, elicitation or roots" in connection["protocolReason"]
+        assert "takes sampling, elicitation or roots" in connection["protocolReason"]
 
 
-def test_2026_clients_and_2025_sessions_that_take_nothing_get_2026_backend_sessions(start_gateway):
+def test_2026_clients_get_2026_backend_sessions_and_a_2025_session_that_takes_nothing_a_2025_one(start_gateway):
     with asking_backend() as backend:
         gateway = start_gateway(config(backend))
         # A 2026-07-28 client (auto mode: the gateway and the backend answer server/discover)
@@ -126,11 +127,19 @@ def test_2026_clients_and_2025_sessions_that_take_nothing_get_2026_backend_sessi
         direct = calls(["ask_llm", "touch"], mode="auto", **CALLBACKS)(backend.mcp_url)
         through = calls(["ask_llm", "touch"], PREFIX, mode="auto", **CALLBACKS)(gateway.url)
         assert through == direct and direct[0][0] == "refused" and direct[1] == (False, "touched test://x"), direct
-        list_tools(gateway, open_session(gateway))  # a 2025 session that declares nothing
+        found = wait_until(lambda: len(connections(gateway)) == 1 and connections(gateway), timeout=20)
+        assert found, connections(gateway)
+        assert [(c["protocolVersion"], c["prefersLegacy"]) for c in found] == [("2026-07-28", False)]
+        assert "answers server/discover" in found[0]["protocolReason"]
+        # A 2025 session that declares nothing gets a 2025 backend session, as a legacy
+        # client directly would: what the backend keeps per session is then that client's.
+        session = open_session(gateway)
+        assert gateway.rpc(session, "tools/call", {"name": "asking_touch", "arguments": {"uri": "test://x"}}
+                           )["result"]["content"][0]["text"] == "touched test://x"
         found = wait_until(lambda: len(connections(gateway)) == 2 and connections(gateway), timeout=20)
         assert found, connections(gateway)
-        assert {(c["protocolVersion"], c["prefersLegacy"]) for c in found} == {("2026-07-28", False)}
-        assert all("answers server/discover" in c["protocolReason"] for c in found)
+        assert sorted((c["protocolVersion"], c["prefersLegacy"]) for c in found) == [
+            ("2025-11-25", True), ("2026-07-28", False)]
 
 
 def test_a_request_outside_any_call_with_nowhere_to_go_is_refused_at_once_and_logged(start_gateway, caplog):
@@ -215,6 +224,12 @@ def open_session(gateway, capabilities: dict | None = None, headers: dict | None
     return session_id
 
 
+def list_tools_2026(gateway, headers: dict | None = None) -> None:
+    """A 2026-07-28 client's tools/list: it prefers a 2026-07-28 backend session (probes)."""
+    answer = modern_rpc(gateway.url, "tools/list", headers=headers)
+    assert "result" in answer, answer
+
+
 def list_tools(gateway, session_id: str, headers: dict | None = None) -> None:
     response = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session_id,
                             headers={"MCP-Protocol-Version": "2025-11-25", **(headers or {})})
@@ -233,12 +248,12 @@ def test_a_backends_revision_is_remembered_in_redis_and_a_new_process_does_not_p
                   "sessionStorage": {"provider": "redis", "address": redis_server.address, "db": 0,
                                      "keyPrefix": "t:"}}
         first = start_gateway(shared)
-        list_tools(first, open_session(first, headers={"X-Tenant": "a"}), {"X-Tenant": "a"})
+        list_tools_2026(first, {"X-Tenant": "a"})
         assert backend.methods()[:2] == ["server/discover", "initialize"]
         first.stop()
         backend.clear_received()
         second = start_gateway(shared)  # another process: nothing learned locally
-        list_tools(second, open_session(second, headers={"X-Tenant": "b"}), {"X-Tenant": "b"})
+        list_tools_2026(second, {"X-Tenant": "b"})
         assert backend.methods()[:2] == ["initialize", "notifications/initialized"], backend.methods()
         assert "server/discover" not in backend.methods()
     finally:
@@ -250,21 +265,22 @@ def test_without_redis_a_new_process_probes_again(start_gateway):
     try:
         plain = {"name": "t", "backends": [backend_entry("old", backend)]}
         first = start_gateway(plain)
-        list_tools(first, open_session(first))
+        list_tools_2026(first)
         first.stop()
         backend.clear_received()
         second = start_gateway(plain)
-        list_tools(second, open_session(second))
+        list_tools_2026(second)
         assert backend.methods()[:2] == ["server/discover", "initialize"], backend.methods()
     finally:
         backend.stop()
 
 
-def test_a_legacy_backend_costs_no_probe_for_a_session_that_takes_requests(start_gateway):
+@pytest.mark.parametrize("capabilities", [{"roots": {}}, {}], ids=["takes-requests", "declares-nothing"])
+def test_a_legacy_backend_costs_a_2025_session_no_probe(start_gateway, capabilities):
     backend = legacy_backend()
     try:
         gateway = start_gateway({"name": "t", "backends": [backend_entry("old", backend)]})
-        list_tools(gateway, open_session(gateway, {"roots": {}}))
+        list_tools(gateway, open_session(gateway, capabilities))
         assert backend.methods()[:2] == ["initialize", "notifications/initialized"], backend.methods()
         assert "server/discover" not in backend.methods()
     finally:

@@ -225,8 +225,9 @@ def test_when_every_live_user_is_busy_another_user_gets_503_with_retry_after(sta
         release = hold_calls(raw)
         busy = _open_as(gateway, {})
         call = call_in_flight(gateway, raw, busy, "rs_echo", release)  # its user cannot be released
+        other = _open_as(gateway, {})  # a session starts no user: its first request does
         try:
-            refused = gateway.post({**INIT, "params": {**INIT["params"], "capabilities": {"roots": {}}}})
+            refused = gateway.post({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, other)
             assert refused.status_code == 503
             assert refused.headers["Retry-After"] == "5"
             assert refused.json()["error"]["data"] == {"limit": "maxLiveUsers"}
@@ -234,7 +235,7 @@ def test_when_every_live_user_is_busy_another_user_gets_503_with_retry_after(sta
         finally:
             release.set()
             call.join(timeout=30)
-        other = _open_as(gateway, {"roots": {}})  # idle again: it makes room
+        # idle again: it makes room
         assert "result" in _echo(gateway, other, "x") and "result" in _echo(gateway, busy, "y")
         limits_now = admin_get(gateway, token=ADMIN_TOKEN).json()["liveUserLimits"]
         assert limits_now["refused"] == 1 and limits_now["released"] == 2

@@ -12,7 +12,13 @@ import pytest
 from vmcp_actors.backends._backoff import FIRST_BACKOFF, MOST_BACKOFF, HandshakeBackoff
 from vmcp_actors.backends._bus import MessageBus
 from vmcp_actors.backends._http import STREAM_OPEN, Abort
-from vmcp_actors.exceptions import BackendAuthError, BackendTimeout, BackendUnavailable
+from vmcp_actors.exceptions import (
+    BackendAuthError,
+    BackendHTTPError,
+    BackendNotTried,
+    BackendTimeout,
+    BackendUnavailable,
+)
 
 ROOTS_REQUEST = {"jsonrpc": "2.0", "id": "r1", "method": "roots/list"}
 
@@ -135,9 +141,11 @@ def test_a_failed_handshake_backs_off_doubling_for_its_owner_only():
     assert backoff.snapshot()["stuck"]["retryInSeconds"] == MOST_BACKOFF
 
 
-def test_a_refused_credential_does_not_back_off():
+def test_a_refused_credential_or_the_gateways_own_refusal_does_not_back_off():
     backoff = HandshakeBackoff(clock=Clock())
     fail_with(backoff, BackendAuthError("stuck", "backend 'stuck' refused the credentials"))
+    fail_with(backoff, BackendHTTPError("stuck", "backend 'stuck' answered HTTP 401", 401))
+    fail_with(backoff, BackendNotTried("stuck", "all 1 processes of this worker are busy"))
     assert backoff.refusal("stuck", "ada") is None
 
 

@@ -303,7 +303,7 @@ def test_a_user_whose_2025_clients_take_requests_initializes_first_without_a_pro
         handshake = channel.perform_handshake(None)
         assert _methods(rsps) == ["initialize", "notifications/initialized"]
     assert not handshake.is_modern and eras.speaks("b", "legacy") is True and eras.speaks("b", "modern") is None
-    assert "take sampling, elicitation or roots" in channel.era_reason
+    assert "takes sampling, elicitation or roots" in channel.era_reason
 
 
 def test_a_2026_only_backend_refusing_initialize_is_discovered_and_remembered():

@@ -130,6 +130,7 @@ class BackendConnection(PooledActor):
         self._state = ConnectionState.RESTORED if restored is not None else ConnectionState.NEW
         self._last_error: str | None = None
         self._handshake: cf.Future[Handshake] | None = resolved(restored) if restored is not None else None
+        self._ready: cf.Future[Handshake] | None = self._handshake  # the handshake callers are handed
         self._discovery: cf.Future[DiscoveredBackend] | None = None
         self._discovery_identity: Identity | None = None
         self._discovered: DiscoveredBackend | None = None
@@ -139,6 +140,9 @@ class BackendConnection(PooledActor):
         channel.publish_handshake(self._handshake)
 
     def on_stop(self) -> None:
+        ready, raw = self._ready, self._handshake
+        if ready is not None and raw is not None and not ready.done():  # its message will not be read now
+            on_settled(raw, lambda done: settle_from(ready, done))
         self._stop_listening()
         self._settle_stream_waiters()
         self._state = ConnectionState.CLOSED
@@ -159,10 +163,13 @@ class BackendConnection(PooledActor):
         if self._handshake is None or _failed(self._handshake):
             self._state = ConnectionState.INITIALIZING
             self._handshake_identity = identity
-            self._handshake = run_in_thread(self._channel.perform_handshake, identity)
-            on_settled(self._handshake, self._report(self._handshake_finished_message))
-            self._channel.publish_handshake(self._handshake)
-        return self._handshake
+            raw, ready = run_in_thread(self._channel.perform_handshake, identity), cf.Future()
+            self._handshake, self._ready = raw, ready
+            ref = self.actor_ref
+            on_settled(raw, lambda done: tell_quietly(ref, _HandshakeFinished(done, ready)))
+            self._channel.publish_handshake(ready)
+        assert self._ready is not None
+        return self._ready
 
     def renew_handshake(self, identity: Identity | None, expired_session_id: str | None) -> cf.Future[Handshake]:
         """The backend forgot ``expired_session_id``: start one new handshake (once, however many ask)."""
@@ -247,7 +254,7 @@ class BackendConnection(PooledActor):
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, _HandshakeFinished):
-            self._handshake_finished(message.future)
+            self._handshake_finished(message.future, message.ready)
         elif isinstance(message, _ListenerEnded):
             self._listener_ended(message)
         elif isinstance(message, _Relisten):
@@ -260,17 +267,28 @@ class BackendConnection(PooledActor):
 
     # -- internals on the actor thread --------------------------------------------------
 
-    def _handshake_finished(self, future: cf.Future[Handshake]) -> None:
+    def _handshake_finished(self, future: cf.Future[Handshake], ready: cf.Future[Handshake]) -> None:
+        """Callers get the handshake once a session that takes requests has its standalone
+        stream open: what the backend asks there during their first call is not lost."""
         if future is not self._handshake or self._state is ConnectionState.CLOSED:
+            settle_from(ready, future)
             return  # a stale handshake, replaced by a renewal
         error = future.exception()
-        if error is None:
-            self._state = ConnectionState.READY
-            if self._on_handshake is not None:
-                self._on_handshake(self._name, future.result())
-            self._listen()
-        else:
+        if error is not None:
             self._fail(error)
+            settle_from(ready, future)
+            return
+        self._state = ConnectionState.READY
+        if self._on_handshake is not None:
+            self._on_handshake(self._name, future.result())
+        try:
+            self._listen()
+        finally:
+            listener = self._listener
+            if listener is not None and self._takes_requests():
+                listener.opened.add_done_callback(lambda _opened: settle_from(ready, future))
+            else:
+                settle_from(ready, future)
 
     def on_start(self) -> None:
         self._listen()  # a revived user's backend session may ask outside a call at once
@@ -431,10 +449,6 @@ class BackendConnection(PooledActor):
         ref = self.actor_ref
         return lambda future: tell_quietly(ref, make_message(future))
 
-    @staticmethod
-    def _handshake_finished_message(future: cf.Future[Handshake]) -> Any:
-        return _HandshakeFinished(future)
-
     # -- list calls, on pooled threads ---------------------------------------------------
 
     def _list_all(self, identity: Identity | None, handshake: Handshake, method: str,
@@ -480,6 +494,7 @@ class BackendConnection(PooledActor):
 @dataclass(frozen=True)
 class _HandshakeFinished:
     future: cf.Future[Handshake]
+    ready: cf.Future[Handshake]  # what callers wait on (see BackendConnection.handshake)
 
 
 @dataclass(frozen=True)

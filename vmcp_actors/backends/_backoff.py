@@ -18,7 +18,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from vmcp_actors.exceptions import BackendAuthError, BackendError, BackendHTTPError, BackendUnavailable
+from vmcp_actors.exceptions import (
+    BackendAuthError,
+    BackendError,
+    BackendHTTPError,
+    BackendNotTried,
+    BackendUnavailable,
+)
 
 FIRST_BACKOFF = 2.0
 MOST_BACKOFF = 60.0
@@ -77,7 +83,7 @@ class HandshakeBackoff:
                 state.oldest_started = started
         try:
             yield
-        except BackendAuthError:
+        except (BackendAuthError, BackendNotTried):  # nothing learned of the backend itself
             self._ended(key, None)
             raise
         except BackendHTTPError as error:

@@ -431,8 +431,8 @@ class BackendChannel:
         if era == MODERN and not skipped:
             return f"the backend speaks {MODERN_PROTOCOL_VERSION} (it answers server/discover)"
         if era == LEGACY and not skipped:
-            return ("this user's 2025 clients take sampling, elicitation or roots, which a backend asks for "
-                    "only on a 2025 session")
+            return ("it serves a 2025 client session: a 2025 backend session of its own keeps that client's "
+                    "state, and takes sampling, elicitation or roots, as directly")
         if era == LEGACY:
             return f"the backend speaks no {MODERN_PROTOCOL_VERSION} (it refuses server/discover)"
         return (f"the backend speaks only {MODERN_PROTOCOL_VERSION} (it refuses initialize): what it asks is "

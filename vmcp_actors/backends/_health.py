@@ -40,6 +40,7 @@ from vmcp_actors.config import (
 from vmcp_actors.exceptions import (
     BackendError,
     BackendHTTPError,
+    BackendNotTried,
     BackendRpcError,
     BackendSessionExpired,
     BackendUnavailable,
@@ -58,7 +59,7 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 SLOW_SHARE = 0.5
 
 
-class CircuitOpen(BackendUnavailable):
+class CircuitOpen(BackendNotTried):
     """The backend's circuit is open: the call was not sent."""
 
 

@@ -42,7 +42,7 @@ from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus, NotRu
 from vmcp_actors.concurrency import TimerHandle, call_later
 from vmcp_actors.config import BackendAuthConfig, BackendConfig, VmcpConfig
 from vmcp_actors.config._model import USER_PLACEHOLDER
-from vmcp_actors.exceptions import BackendError, BackendTimeout, BackendUnavailable
+from vmcp_actors.exceptions import BackendError, BackendNotTried, BackendTimeout, BackendUnavailable
 
 logger = logging.getLogger(__name__)
 stderr_logger = logging.getLogger("vmcp_actors.backends.stderr")
@@ -74,7 +74,7 @@ def _die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-class ProcessesBusy(BackendUnavailable):
+class ProcessesBusy(BackendNotTried):
     """Every child the gateway may run is busy: the call is refused, to be retried."""
 
     retry_after = BUSY_RETRY_AFTER

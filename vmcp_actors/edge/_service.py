@@ -86,7 +86,7 @@ from vmcp_actors.users import (
 )
 from vmcp_actors.users._actor import RESOURCE_UPDATED
 from vmcp_actors.users._live import ListenStream
-from vmcp_actors.users._records import relayed_capabilities
+from vmcp_actors.users._records import SessionRecord, relayed_capabilities
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class McpService:
             return settled(lifetime, 202, None)
         if message.kind == "notification" and message.method != "notifications/roots/list_changed":
             return settled(lifetime, 202, None)  # nothing else a client notifies needs the gateway
-        user = lease.user or self._revive(lease.session.user, identity, lifetime)
+        user = lease.user or self._revive(lease.session, identity, lifetime)
         if not lease.attached:
             self._ask(user.proxy.attach_session(session_id, identity))
             self._directory.mark_attached(session_id)
@@ -317,10 +317,12 @@ class McpService:
             logger.warning("the backends' instructions could not be read", exc_info=True)
             return None
 
-    def _revive(self, key: UserKey, identity: Identity | None, lifetime: RequestLifetime) -> UserHandle:
-        """The user's released actors revived, and held for the request."""
+    def _revive(self, session: SessionRecord, identity: Identity | None, lifetime: RequestLifetime) -> UserHandle:
+        """The session's user started (its first request) or its released actors revived,
+        and held for the request."""
+        key, declared = session.user, relayed_capabilities(session.client_capabilities)
         return self._held(key, lifetime,
-                          lambda: self._gateway.revive_user(key, identity, self._directory.store.user(key)))
+                          lambda: self._gateway.revive_user(key, identity, self._directory.store.user(key), declared))
 
     def _held(self, key: UserKey, lifetime: RequestLifetime, start: Callable[[], Any]) -> UserHandle:
         """The user's live actors held for the request, started (``start``: the Gateway
@@ -367,7 +369,7 @@ class McpService:
             answer.headers["Allow"] = "POST, DELETE"
             return answer
         try:
-            user = lease.user or self._revive(lease.session.user, identity, lifetime)
+            user = lease.user or self._revive(lease.session, identity, lifetime)
             # Answered once the backends' streams are open too: what a backend sends after
             # the client has its stream reaches it, as on a direct connection.
             self._ask(user.proxy.stream_opened(session_id, identity)).wait(ASK_TIMEOUT)

@@ -378,6 +378,7 @@ class UserActor(pykka.ThreadingActor):
         self._stream_uris: dict[str, set[str]] = {}
         self._changed: set[str] = set()  # backends whose lists changed, refreshed together
         self._asks_waiting: list[tuple[str, BackendRequest]] = []  # for the client's stream to open
+        self._streamed = False  # a client stream opened once
         self._refresh_timer: TimerHandle | None = None
         ref = self.actor_ref
 
@@ -529,6 +530,7 @@ class UserActor(pykka.ThreadingActor):
         self._identity = identity
         self._streams.pop(session_id, None)
         self._streams[session_id] = None  # the latest stream last
+        self._streamed = True
         self._update_streams()
         if self._asks_waiting:
             self._ask_waiting()
@@ -717,9 +719,10 @@ class UserActor(pykka.ThreadingActor):
         channel = self._channels.get(backend)
         if channel is not None and channel.interject(request):
             return
-        if self._key.client and not self._streams:
+        if self._key.client and not self._streams and not self._streamed:
             # Its client has not opened its stream yet (a backend asks for roots right
-            # after initialize): the request waits for it a while.
+            # after initialize): the request waits for it a while. One that closed its
+            # stream has gone: refused at once.
             self._asks_waiting.append((backend, request))
             ref = self.actor_ref
             call_later(STREAM_WAIT, lambda: tell_quietly(ref, _AsksExpired(request)))

@@ -50,7 +50,6 @@ from vmcp_actors.users._records import (
     SessionRecord,
     UserKey,
     UserRecord,
-    relayed_capabilities,
 )
 from vmcp_actors.users._store import StoreUnavailable
 
@@ -129,7 +128,9 @@ class Gateway(pykka.ThreadingActor):
 
     def admit_session(self, identity: Identity | None, outcome: InitializeOutcome) -> SessionRecord:
         """A new client session of the caller, served by a user of its own (its own backend
-        sessions, opened on first need; no backend is contacted now). The caller writes the returned record to the store before
+        sessions, opened on first need). Nothing starts now: the session's first request
+        starts its user (``revive_user``), so a session that never asks costs no thread.
+        The caller writes the returned record to the store before
         answering. At a cap the least recently used idle session goes (its client gets 404
         and initializes again); with none idle, CapReached."""
         self._make_room(identity_key(identity))
@@ -144,7 +145,6 @@ class Gateway(pykka.ThreadingActor):
             created=now,
             last_used=now,
         )
-        self._live_user(record.user, identity, relayed_capabilities(outcome.client_capabilities), None)
         self._directory.add_session(record)
         logger.info("session %s opened for %s", short_id(record.session_id), record.user.label)
         return record
@@ -164,10 +164,11 @@ class Gateway(pykka.ThreadingActor):
         self._directory.seen_sessionless(key)  # first: from now on no session's end ends it
         return self._live_user(key, identity, client_capabilities, user_record)
 
-    def revive_user(self, key: UserKey, identity: Identity | None, user_record: UserRecord | None) -> UserHandle:
+    def revive_user(self, key: UserKey, identity: Identity | None, user_record: UserRecord | None,
+                    client_capabilities: dict[str, Any] | None = None) -> UserHandle:
         """The user's live actors, revived from ``user_record`` (read by the caller) if
-        they were released."""
-        return self._live_user(key, identity, None, user_record)
+        they were released, or started (told ``client_capabilities``) when there is none."""
+        return self._live_user(key, identity, client_capabilities, user_record)
 
     def reap_idle(self) -> None:
         """Start a reaping round now: decided and taken out on the I/O pool (the store is

@@ -22,7 +22,6 @@ from vmcp_actors.identity import ANONYMOUS, Identity, forwarded_headers_of, iden
 # what the user's clients declared, so a backend never asks what no client can answer).
 # ``extensions`` (MCP Apps' io.modelcontextprotocol/ui, say) change what a backend offers.
 RELAYED_CLIENT_CAPABILITIES = ("sampling", "elicitation", "roots", "extensions")
-ASKED_CAPABILITIES = ("sampling", "elicitation", "roots")  # what a backend may ask the client for
 LEGACY_PREFERRED = "legacy"  # a user key's mark: its clients are 2025 sessions that take requests
 
 
@@ -43,9 +42,9 @@ class UserKey:
     by (callers they can tell apart never share a catalog or a backend session), a
     digest of the client capabilities declared to backends (a backend session is told
     one set), whether its clients are 2025 sessions that take requests
-    (``prefers_legacy``: a backend that speaks both revisions asks for sampling,
-    elicitation and roots only on a 2025 session, so such a user's connections speak
-    2025 to it), and, for a 2025 client session, a digest of that session's id
+    (``prefers_legacy``: a backend that speaks both revisions keeps sessions, and asks
+    for sampling, elicitation and roots, only in 2025, so a client session's connections
+    speak 2025 to it), and, for a 2025 client session, a digest of that session's id
     (``client``). Every 2025 client session is its own user, so its backend sessions,
     their requests and notifications, its log level and its subscriptions are its own,
     as on a direct connection; 2026-07-28 requests (``client`` empty) share one user
@@ -66,8 +65,9 @@ class UserKey:
         headers = _digest(forwarded_headers_of(identity))
         relayed = relayed_capabilities(client_capabilities or {})
         issuer, subject = owner if owner is not None else ("", ANONYMOUS)
-        asks = any(name in relayed for name in ASKED_CAPABILITIES)
-        return cls(issuer, subject, headers, _digest(relayed), session is not None and asks,
+        # A 2025 client session's backend sessions speak 2025 where the backend can: what a
+        # backend keeps per session (state, roots, levels) is then that client's, as directly.
+        return cls(issuer, subject, headers, _digest(relayed), session is not None,
                    _digest(session) if session else "")
 
     @property
