@@ -141,3 +141,167 @@ class AskingBackend(SdkBackend):
 
 def asking_backend(name: str = "asking") -> AskingBackend:
     return AskingBackend(name).start()
+
+
+# -- state per backend session, for tests with several clients at once -------------------
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+LOGGED_LEVELS = ("debug", "info", "warning", "error")  # what ``logs`` sends, least severe first
+UPDATED_BY = "example.test/by"  # ``_meta`` key of a ``touch_subscribed`` update: who called
+MEET_TIMEOUT = 10.0  # seconds a call waits at a meeting for the other caller
+
+
+class _SessionState:
+    def __init__(self) -> None:
+        self.level: str | None = None  # set by logging/setLevel; None: every level
+        self.calls = 0
+        self.subscribed: list[str] = []  # URIs, in the order subscribed
+
+
+def _session_key(request: Any) -> str | None:
+    """The backend session a request belongs to (None: a session-less 2026-07-28 request)."""
+    headers = getattr(request, "headers", None)
+    return headers.get("mcp-session-id") if headers is not None else None
+
+
+class PerSessionBackend(AskingBackend):
+    """:class:`AskingBackend` that keeps state per backend session (the ``Mcp-Session-Id``
+    it issued; one state for all session-less 2026-07-28 requests), as a server that
+    several clients use at once does. On top of AskingBackend's:
+
+    * ``logging/setLevel``: the session's level (so the backend declares ``logging``);
+      ``logs`` sends nothing below it.
+    * ``resources/subscribe`` / ``unsubscribe``: the session's URIs (also in ``.subscriptions``).
+    * ``count()``: ``call <n> of this session``.
+    * ``ask(who, what, where, meet)``: asks the client for ``what`` (sampling, elicitation,
+      roots) on the call's stream (``where="call"``) or on the session's standalone
+      stream (``"outside"``), after meeting the other caller of ``meet`` (so both calls
+      are in flight at once); the answer says what the client said.
+    * ``logs(who)``: a log message at each of LOGGED_LEVELS at or above the session's
+      level, in the call and outside it (the standalone stream).
+    * ``progress_for(who, steps, meet)``: progress ``steps`` times, meeting the other
+      caller after the first.
+    * ``touch_subscribed(who)``: ``notifications/resources/updated`` for each URI this
+      session subscribed, outside the call, its ``_meta`` saying who called (UPDATED_BY).
+    * ``fence(who)``: an ``emergency`` log message outside the call. On one stream what
+      the backend sent before it arrives before it.
+    """
+
+    def __init__(self, name: str) -> None:
+        import asyncio
+
+        from mcp import types
+        from mcp.server.mcpserver import Context
+        from mcp.shared.message import ServerMessageMetadata
+
+        super().__init__(name)
+        server = self.server
+        self.sessions: dict[str | None, _SessionState] = {}
+        meetings: dict[str, tuple[list[int], asyncio.Event]] = {}
+
+        def state(request: Any) -> _SessionState:
+            return self.sessions.setdefault(_session_key(request), _SessionState())
+
+        async def meet(key: str) -> bool:
+            """Wait for the other caller of ``key`` (two callers meet); False after MEET_TIMEOUT."""
+            if not key:
+                return True
+            arrived, met = meetings.setdefault(key, ([0], asyncio.Event()))
+            arrived[0] += 1
+            if arrived[0] >= 2:
+                met.set()
+            try:
+                await asyncio.wait_for(met.wait(), MEET_TIMEOUT)
+            except TimeoutError:
+                return False
+            return True
+
+        async def set_level(ctx: Any, params: types.SetLevelRequestParams) -> types.EmptyResult:
+            state(ctx.request).level = params.level
+            return types.EmptyResult()
+
+        async def on_subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+            self.subscriptions.append(("subscribe", str(params.uri)))
+            subscribed = state(ctx.request).subscribed
+            if str(params.uri) not in subscribed:
+                subscribed.append(str(params.uri))
+            return types.EmptyResult()
+
+        async def on_unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+            self.subscriptions.append(("unsubscribe", str(params.uri)))
+            subscribed = state(ctx.request).subscribed
+            if str(params.uri) in subscribed:
+                subscribed.remove(str(params.uri))
+            return types.EmptyResult()
+
+        lowlevel = server._lowlevel_server
+        lowlevel.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+        lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, on_subscribe)
+        lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, on_unsubscribe)
+
+        def count(ctx: Context) -> str:
+            """Count this backend session's calls of count."""
+            session = state(ctx.request_context.request)
+            session.calls += 1
+            return f"call {session.calls} of this session"
+
+        async def ask(who: str, what: str, where: str, ctx: Context, meet_at: str = "") -> str:
+            """Ask the client for ``what`` (sampling, elicitation, roots), ``where`` (call:
+            on the call's stream; outside: on the standalone stream)."""
+            met = await meet(meet_at)
+            related = ctx.request_id if where == "call" else None
+            session = ctx.session
+            if what == "sampling":
+                sampled = await session.create_message(
+                    [types.SamplingMessage(role="user", content=types.TextContent(type="text", text=f"{who} asks"))],
+                    max_tokens=20, related_request_id=related)
+                answer = f"{sampled.model}: {sampled.content.text}"
+            elif what == "elicitation":
+                elicited = await session.elicit_form(f"{who}, who are you?", Answer.model_json_schema(),
+                                                     related_request_id=related)
+                answer = f"{elicited.action}: {elicited.content}"
+            elif what == "roots":
+                listed = await session.send_request(types.ListRootsRequest(), types.ListRootsResult,
+                                                    metadata=ServerMessageMetadata(related_request_id=related))
+                answer = ",".join(str(root.uri) for root in listed.roots)
+            else:
+                raise ValueError(f"cannot ask for {what}")
+            return f"{who} asked for {what} {where}{'' if met else ' (alone)'}: {answer}"
+
+        async def logs(who: str, ctx: Context) -> str:
+            """Log at each of LOGGED_LEVELS at or above this session's level, in the call and outside it."""
+            level = state(ctx.request_context.request).level
+            floor = LOG_LEVELS.index(level) if level in LOG_LEVELS else 0
+            for logged in LOGGED_LEVELS:
+                if LOG_LEVELS.index(logged) >= floor:
+                    await ctx.log(logged, f"{who} {logged} in the call")
+                    await ctx.session.send_log_message(logged, f"{who} {logged} outside the call")
+            return f"{who} logged"
+
+        async def progress_for(who: str, steps: int, ctx: Context, meet_at: str = "") -> str:
+            """Progress ``steps`` times, meeting the other caller after the first."""
+            await ctx.report_progress(1, steps, f"{who} step 1")
+            met = await meet(meet_at)
+            for step in range(2, steps + 1):
+                await ctx.report_progress(step, steps, f"{who} step {step}")
+            return f"{who} progressed{'' if met else ' (alone)'}"
+
+        async def touch_subscribed(who: str, ctx: Context) -> str:
+            """resources/updated for each URI this session subscribed, outside the call."""
+            uris = list(state(ctx.request_context.request).subscribed)
+            for uri in uris:
+                await ctx.session.send_notification(types.ResourceUpdatedNotification(
+                    params=types.ResourceUpdatedNotificationParams(uri=uri, _meta={UPDATED_BY: who})))
+            return f"{who} touched {len(uris)}"
+
+        async def fence(who: str, ctx: Context) -> str:
+            """An emergency log message outside the call."""
+            await ctx.session.send_log_message("emergency", f"{who} fence")
+            return f"{who} fenced"
+
+        for fn in (count, ask, logs, progress_for, touch_subscribed, fence):
+            server.add_tool(fn)
+
+
+def per_session_backend(name: str = "sessions") -> PerSessionBackend:
+    return PerSessionBackend(name).start()
