@@ -539,8 +539,8 @@ def test_opening_a_session_contacts_no_backend(start_gateway):
         assert backend.initialize_count == 0
 
         assert _tool_names(gateway, sid) == ["rs_echo", "rs_sleep"]
-        # A backend of unknown era is probed with server/discover first; this one refuses it (2025-11-25 only).
-        assert backend.methods()[:3] == ["server/discover", "initialize", "notifications/initialized"]
+        # A 2025 client session's backend session is a 2025 one where the backend can: initialize first.
+        assert backend.methods()[:3] == ["initialize", "notifications/initialized", "tools/list"]
 
 
 def test_process_starts_with_every_backend_down(start_gateway):

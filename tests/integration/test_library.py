@@ -213,12 +213,18 @@ def test_the_optimizer_finds_and_calls_only_what_the_policies_allow(start_gatewa
 # -- explain -------------------------------------------------------------------------------
 
 
-def _session_of(gateway, token: str) -> str:
+def _session_of(gateway, token: str, first_request: bool = True) -> str:
     from tests.integration.test_identity import INIT, bearer
 
     response = gateway.post(INIT, headers=bearer(token))
     assert response.status_code == 200, response.text
-    return response.headers["Mcp-Session-Id"]
+    session_id = response.headers["Mcp-Session-Id"]
+    if not first_request:
+        return session_id
+    # Its first request starts its user, as the caller: explain then knows their claims.
+    ping = gateway.post({"jsonrpc": "2.0", "id": 1, "method": "ping"}, session_id, headers=bearer(token))
+    assert ping.status_code == 200 and ping.json()["result"] == {}, ping.text
+    return session_id
 
 
 def explain(gateway, tool: str, **query: str) -> dict[str, Any]:
@@ -255,6 +261,10 @@ def test_explain_says_which_layer_hides_a_tool_and_why(start_gateway, backends, 
     assert explain(gateway, "ops_echo", session=alice)["callable"] is True
     unknown = explain(gateway, "nothing_here", user="bob")
     assert verdicts(unknown)[0] == ("backends", "absent") and not unknown["callable"]
+    unused = _session_of(gateway, idp.issue_token("carol", AUD), first_request=False)
+    not_yet = requests.get(gateway.base + "/admin/explain", params={"tool": "ops_echo", "session": unused},
+                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30)
+    assert not_yet.status_code == 409 and "no request" in not_yet.json()["error"]  # never as someone else
     assert requests.get(gateway.base + "/admin/explain", params={"tool": "x", "session": "0" * 64},
                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10).status_code == 404
     assert requests.get(gateway.base + "/admin/explain", params={"tool": "x"},

@@ -97,9 +97,12 @@ def test_admin_state_lists_sessions_before_discovery(start_gateway, monkeypatch)
         one, two = gateway.initialize(), gateway.initialize()
         state = admin_get(gateway, token=TOKEN).json()
         assert sorted(s["id"] for s in state["sessions"]) == sorted([one, two])
-        for session in state["sessions"]:
-            (backend,) = session["backends"]
-            assert backend["backend"] == "rs" and backend["state"] == "new"
+        # A session's user starts at its first request: until then it holds no connection.
+        assert [session["backends"] for session in state["sessions"]] == [[], []]
+        assert gateway.rpc(one, "ping")["result"] == {}
+        state = admin_get(gateway, token=TOKEN).json()
+        backends = {s["id"]: [(b["backend"], b["state"]) for b in s["backends"]] for s in state["sessions"]}
+        assert backends == {one: [("rs", "new")], two: []}
         assert raw.received == []  # asking for the state contacts no backend
 
 

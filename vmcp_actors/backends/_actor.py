@@ -107,6 +107,9 @@ class _ListsSettled:
     renewed: bool
 
 
+NO_REFUSAL = object()  # no backend session has refused a standalone stream yet
+
+
 class BackendConnection(PooledActor):
     """One backend MCP session on behalf of one user."""
 
@@ -119,7 +122,9 @@ class BackendConnection(PooledActor):
         self._stream_uris: frozenset[str] = frozenset()
         self._listener: _StreamListener | None = None
         self._stream_waiters: list[cf.Future[None]] = []  # stream_ready() asked before there was a listener
-        self._no_stream_on: str | None = None  # the backend session that answered 405 to GET
+        # The backend session that answered 405 to GET (None: a session-less one did);
+        # NO_REFUSAL until one does.
+        self._no_stream_on: object = NO_REFUSAL
         self._relisten_after = RELISTEN_AFTER
         self._relisten: TimerHandle | None = None
         self._name = backend.name

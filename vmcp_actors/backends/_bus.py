@@ -50,6 +50,10 @@ SEND_TIMEOUT = 10.0
 UNCLAIMED_WAIT = 10.0
 
 _LOST, _MESSAGE = "lost", "message"
+# Requests the gateway makes for itself: what the backend sends outside a call while one
+# of these is in flight is not theirs (no client takes part in them).
+GATEWAYS_OWN = frozenset({"initialize", "ping", "tools/list", "prompts/list", "resources/list",
+                          "resources/templates/list"})
 
 
 class NotRunning(BackendUnavailable):
@@ -79,6 +83,7 @@ class _Call:
     own_id: Any  # the id the channel gave it
     progress_token: Any
     inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    for_a_client: bool = False  # a client's call (not the gateway's own list, ping or initialize)
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class MessageBus:
         self._opening_lock = threading.Lock()  # one opener at a time; not taken under _lock
         self._link: Link | None = None
         self._generation = 0  # which link the fields below are about
+        self._link_ready = False  # the link answered its initialize (or needs none)
         self._calls: dict[int, _Call] = {}  # by wire id
         self._listeners: list[queue.SimpleQueue] = []
         # One client's requests that came before its listener: (link, request, expiry).
@@ -138,7 +144,8 @@ class MessageBus:
             return (yield from self._initialize(message, deadline, headers or {}))
         params = message.get("params")
         meta = params.get("_meta") if isinstance(params, dict) else None
-        call = _Call(message.get("id"), meta.get("progressToken") if isinstance(meta, dict) else None)
+        call = _Call(message.get("id"), meta.get("progressToken") if isinstance(meta, dict) else None,
+                     for_a_client=message.get("method") not in GATEWAYS_OWN)
         while True:
             link, generation = self._live() if probe else self._ready(deadline, headers or {})
             with self._lock:  # the call is registered on the link it found, or that link was retired meanwhile
@@ -343,7 +350,8 @@ class MessageBus:
             return None
         if _for_everyone(message):  # about the server as a whole: never one call's
             return None
-        return next(iter(self._calls.values())) if len(self._calls) == 1 else None
+        only = next(iter(self._calls.values())) if len(self._calls) == 1 else None
+        return only if only is not None and only.for_a_client else None  # discovery's list has no client to ask
 
     def _initialize(self, message: dict[str, Any], deadline: float,
                     headers: Mapping[str, str]) -> Generator[dict[str, Any], None, dict[str, Any]]:
@@ -373,45 +381,59 @@ class MessageBus:
         with self._lock:
             if self._closed:
                 raise BackendUnavailable(self.backend, f"backend {self.backend!r} was stopped")
-            if self._link is not None:
+            if self._link is not None and self._link_ready:
                 return self._link, self._generation
-        with self._opening_lock:
+        # Another caller may be opening and initializing it: wait for that, within the deadline.
+        if not self._opening_lock.acquire(timeout=max(0.0, deadline - self._clock())):
+            raise BackendTimeout(self.backend, f"backend {self.backend!r} was still starting when the call's "
+                                               "time ran out")
+        try:
+            return self._open_locked(deadline, headers)
+        finally:
+            self._opening_lock.release()
+
+    def _open_locked(self, deadline: float, headers: Mapping[str, str]) -> tuple[Link, int]:
+        """(Under _opening_lock.) The live link, or a new one opened and initialized."""
+        with self._lock:
+            if self._link is not None and self._link_ready:
+                return self._link, self._generation
+            wait = self._not_before - self._clock()
+        if wait > 0:
+            if wait >= deadline - self._clock():
+                raise BackendUnavailable(self.backend, f"backend {self.backend!r} is starting again in "
+                                                       f"{wait:.0f}s")
+            time.sleep(wait)  # the back-off ends within the request's deadline: it waits
+        try:
+            link = self._open_link(self, headers)
+        except BackendError as error:
             with self._lock:
-                if self._link is not None:
-                    return self._link, self._generation
-                wait = self._not_before - self._clock()
-            if wait > 0:
-                if wait >= deadline - self._clock():
-                    raise BackendUnavailable(self.backend, f"backend {self.backend!r} is starting again in "
-                                                           f"{wait:.0f}s")
-                time.sleep(wait)  # the back-off ends within the request's deadline: it waits
+                self._last_loss = str(error)
+                self._failures_in_a_row += 1
+                self._not_before = self._clock() + min(
+                    RESTART_BACKOFF * 2 ** (self._failures_in_a_row - 1), RESTART_BACKOFF_MOST)
+            raise
+        with self._lock:
+            if self._closed:
+                link.close()
+                raise BackendUnavailable(self.backend, f"backend {self.backend!r} was stopped")
+            if self._opened_at is not None:
+                self.restarts += 1
+            self._link, self._opened_at = link, self._clock()
+            self._link_ready = False  # others wait (on the opening lock) for its initialize
+            self._generation += 1
+            self._initialized_sent = False
+            generation, opening = self._generation, self._opening
+        if opening is not None:
             try:
-                link = self._open_link(self, headers)
-            except BackendError as error:
-                with self._lock:
-                    self._last_loss = str(error)
-                    self._failures_in_a_row += 1
-                    self._not_before = self._clock() + min(
-                        RESTART_BACKOFF * 2 ** (self._failures_in_a_row - 1), RESTART_BACKOFF_MOST)
+                self._initialize_link(link, generation, opening, deadline)
+            except BaseException:
+                self.lost(link, "it did not answer initialize")
+                link.close()
                 raise
-            with self._lock:
-                if self._closed:
-                    link.close()
-                    raise BackendUnavailable(self.backend, f"backend {self.backend!r} was stopped")
-                if self._opened_at is not None:
-                    self.restarts += 1
-                self._link, self._opened_at = link, self._clock()
-                self._generation += 1
-                self._initialized_sent = False
-                generation, opening = self._generation, self._opening
-            if opening is not None:
-                try:
-                    self._initialize_link(link, generation, opening, deadline)
-                except BaseException:
-                    self.lost(link, "it did not answer initialize")
-                    link.close()
-                    raise
-            return link, generation
+        with self._lock:
+            if self._link is link:
+                self._link_ready = True
+        return link, generation
 
     def _initialize_link(self, link: Link, generation: int, opening: _Opening, deadline: float) -> None:
         """Send the first initialize on a new link and wait for its answer (the first answer

@@ -90,7 +90,18 @@ class CatalogBoard:
     def __init__(self) -> None:
         self.current: cf.Future[Catalog] | None = None
         self._reminded_at: float | None = None
-        self._lock = threading.Lock()  # guards only _reminded_at (check and set); nothing else is done under it
+        self._budget: tuple[cf.Future[Catalog], float] | None = None  # a discovery and when its budget ends
+        # guards only _reminded_at and _budget (check and set); nothing else is done under it
+        self._lock = threading.Lock()
+
+    def budget_left(self, discovery: cf.Future[Catalog], budget: float) -> float:
+        """How much of ``budget`` is left for requests waiting on ``discovery``: it is spent
+        once per discovery, from the first request that waited on it."""
+        now = time.monotonic()
+        with self._lock:
+            if self._budget is None or self._budget[0] is not discovery:
+                self._budget = (discovery, now + budget)
+            return max(0.0, self._budget[1] - now)
 
     def publish(self, catalog: cf.Future[Catalog] | None) -> None:
         self.current = catalog
@@ -150,7 +161,8 @@ class AggregatedBackends:
         with self._user_answering():
             pending = self._user.catalog(identity).get(timeout=deadline.cap(ASK_TIMEOUT))
             until_deadline = max(0.0, deadline.remaining() - ANSWER_MARGIN)
-            budget = until_deadline if self._discovery_budget is None else min(self._discovery_budget, until_deadline)
+            budget = until_deadline if self._discovery_budget is None else \
+                min(self._board.budget_left(pending, self._discovery_budget), until_deadline)
             try:
                 catalog: Catalog = pending.result(timeout=budget)
             except cf.TimeoutError:
@@ -183,11 +195,16 @@ class AggregatedBackends:
             pass  # the user is stopping; the next request gets a new one
 
     def unavailable(self) -> Mapping[str, str]:
-        """The backends the published catalog misses, and why (read without a message)."""
+        """The backends the published catalog misses, and why (while discovery goes on,
+        what it has not found yet: asked of the UserActor)."""
         published = self._board.current
-        if published is None or not published.done() or published.exception() is not None:
+        if published is not None and published.done():
+            return published.result().failures if published.exception() is None else {}
+        try:
+            so_far = self._user.catalog_so_far().get(timeout=ASK_TIMEOUT)
+        except (pykka.ActorDeadError, pykka.Timeout):
             return {}
-        return published.result().failures
+        return so_far.failures if so_far is not None else {}
 
     def freshness_ms(self) -> int | None:
         """The shortest ttlMs the user's 2026-07-28 backends gave their lists (None: no hint)."""

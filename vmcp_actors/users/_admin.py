@@ -78,6 +78,10 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
     }
 
 
+class NotServedYet(Exception):
+    """The session's caller is not known to this process yet: nothing to explain as them."""
+
+
 def explain_for_admin(gateway: Any, store: Any, tool: str, *, session_id: str | None = None,
                       subject: str | None = None) -> dict[str, Any] | None:
     """Why the caller of ``session_id`` (or the live user ``subject``) does or does not see
@@ -94,5 +98,8 @@ def explain_for_admin(gateway: Any, store: Any, tool: str, *, session_id: str | 
         identity = user.proxy.caller().get(timeout=ASK_TIMEOUT)
     except (pykka.ActorDeadError, pykka.Timeout):
         return None
+    if identity is None and user.key.owner is not None:
+        raise NotServedYet("this session has made no request since its user started: its caller's claims, which "
+                           "policies decide on, are not known here (explain it after its next request)")
     explanation = user.core.explain_tool(identity, tool, Deadline.after(EXPLAIN_TIMEOUT))
     return {**explanation.to_json(), "subject": user.key.label, **({"session": session_id} if session_id else {})}

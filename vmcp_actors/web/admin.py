@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, request
 
 from vmcp_actors.protocol import JsonRpcError
-from vmcp_actors.users._admin import collect_admin_state, explain_for_admin
+from vmcp_actors.users._admin import NotServedYet, collect_admin_state, explain_for_admin
 from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response
 from vmcp_actors.web._security import bearer_matches
@@ -42,6 +42,8 @@ def explain() -> Response:
         found = explain_for_admin(current_runtime().gateway, current_runtime().service.store, tool, session_id=session_id, subject=subject)
     except JsonRpcError as error:  # the user's backends could not be discovered
         return json_response({"error": error.message}, 503)
+    except NotServedYet as error:
+        return json_response({"error": str(error)}, 409)
     if found is None:
         return json_response({"error": "no such session" if session_id else "no live user with that subject"}, 404)
     return json_response(found)
