@@ -42,7 +42,7 @@ from mcp import types
 from mcp.client import advertise
 
 from tests.backends import SdkBackend, sdk_backend
-from tests.gateway import StreamReader, backend_entry, wait_until
+from tests.gateway import StreamReader, admin_get, backend_entry, wait_until
 from tests.stdio_servers import filesystem_server, need_stdio_servers, sequential_thinking_server
 
 pytestmark = [
@@ -389,12 +389,15 @@ STUCK_TIMEOUT = 10.0  # s: the dead backends' timeout, what a session waits with
 
 @pytest.mark.parametrize("scope", ["shared", "perSession"])
 def test_new_sessions_answer_within_the_budget_while_backends_are_dead_and_calls_name_them(
-        start_gateway, good, tmp_path, scope):
+        start_gateway, good, tmp_path, scope, monkeypatch):
     """Ten new sessions in a row, each a user of its own: each lists the good backend's tools
     within the budget (plus a margin), and after the first the dead backends fail at once
     (their handshakes back off across sessions) instead of each session waiting the budget
-    again. A call of a dead backend's tool says which backends are missing."""
-    gateway = start_gateway(dead_backends_config(tmp_path, good, scope, BUDGET, STUCK_TIMEOUT))
+    again. A call of a dead backend's tool says which backends are missing, and the admin
+    state shows the one backing off."""
+    monkeypatch.setenv("APART_ADMIN_TOKEN", "apart-admin-token")
+    gateway = start_gateway({**dead_backends_config(tmp_path, good, scope, BUDGET, STUCK_TIMEOUT),
+                             "admin": {"tokenEnv": "APART_ADMIN_TOKEN"}})
 
     async def session(last: bool) -> tuple[float, list[str], list[mcp.MCPError]]:
         async with mcp.Client(gateway.url, mode="legacy") as client:
@@ -416,6 +419,8 @@ def test_new_sessions_answer_within_the_budget_while_backends_are_dead_and_calls
     hang_error, dead_error = seen[-1][2]
     assert names_backend(hang_error, "hang"), hang_error.error
     assert names_backend(dead_error, "dead"), dead_error.error
+    backing_off = admin_get(gateway, token="apart-admin-token").json()["backendBackoff"]
+    assert "dead" in backing_off and backing_off["dead"]["failures"] >= 1, backing_off
 
 
 def test_a_sessions_later_requests_do_not_wait_the_budget_again_while_a_handshake_hangs(

@@ -66,6 +66,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
         "clients": {**overview["clients"], "parkedCalls": parked_calls, "sessionlessUsers": overview["sessionlessUsers"]},
         "backendEras": overview["backendEras"],
         "backendHealth": overview["backendHealth"],
+        "backendBackoff": overview["backendBackoff"],
         "sessionLimits": overview["sessionLimits"],
         "liveUserLimits": overview["liveUserLimits"],
         "users": [{key: value for key, value in user.items() if key != "sessionCatalogFromCache"}
