@@ -296,13 +296,13 @@ class McpClient:
             STALE_RETRIES.append(time.monotonic())
             return self.http.post(self.url, data=body, headers=headers, timeout=timeout or self.timeout)
 
-    def initialize(self) -> str | None:
-        """initialize + notifications/initialized; returns the session id (None if stateless
-        or a 2026-07-28 client, which has no handshake)."""
+    def initialize(self, capabilities: Mapping[str, Any] | None = None) -> str | None:
+        """initialize (declaring ``capabilities``, default none) + notifications/initialized;
+        returns the session id (None if stateless or a 2026-07-28 client, which has no handshake)."""
         if self.modern:
             return None
         message = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                   "params": {"protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                   "params": {"protocolVersion": PROTOCOL_VERSION, "capabilities": dict(capabilities or {}),
                               "clientInfo": {"name": "vmcp-bench", "version": "1"}}}
         response = self.post(message)
         if response.status_code != 200:
@@ -567,7 +567,8 @@ def gateway(backends: Mapping[str, str], *, server: str = "gunicorn",
             keep = os.environ.get("VMCP_BENCH_LOG_DIR")
             if keep and log_path.exists():
                 Path(keep).mkdir(parents=True, exist_ok=True)
-                kept = Path(keep) / f"gateway-{os.getpid()}-{time.strftime('%H%M%S')}.log"
+                # The temp dir's name too: gateways of one run may stop in the same second.
+                kept = Path(keep) / f"gateway-{os.getpid()}-{time.strftime('%H%M%S')}-{Path(tmp).name}.log"
                 kept.write_bytes(log_path.read_bytes())
                 print(f"(gateway log kept: {kept})")
 

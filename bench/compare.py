@@ -24,7 +24,8 @@ The benchmark code, test backends and clients are the working tree's for both si
   alternating (before, after, after, before, ...) for ``--rounds``; the metrics and
   targets each run records (VMCP_BENCH_RESULTS) side by side, medians over rounds. Extra
   arguments are passed on to it (``threads --idle-release 2s``). ``discovery_eras``
-  (issue 22) starts and stops its gateways from each side's tree the same way.
+  (issue 22) and ``client_sessions`` (issue 34) start and stop their gateways from each
+  side's tree the same way.
 
     .venv/bin/python -m bench.compare --ref REF [--after-ref REF] [--rounds N] [--eras legacy,modern]
                                       [--after-config FILE] [--redis] [--users] [overhead] [threads ...] [ARGS]
@@ -248,7 +249,10 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
             if cpu_before is not None:
                 cpu[mode] += gws[side].cpu_seconds() - cpu_before
             backend_cpu[mode] += process_cpu_seconds(backend.pid) - backend_before
-            raise_failures(results)
+            try:
+                raise_failures(results)
+            except RuntimeError as exc:  # say which side and era failed
+                raise RuntimeError(f"{mode}: {exc}") from exc.__cause__
             for samples in results:
                 latencies[mode].extend(samples)
 

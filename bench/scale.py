@@ -73,7 +73,8 @@ def _sample_peak(pid: int, stop: threading.Event, peak: list[int]) -> None:
 
 
 @contextlib.contextmanager
-def _peak_threads(pid: int):
+def peak_threads(pid: int):
+    """Samples the worker's thread count every 0.2 s while the block runs; yields [peak]."""
     peak, stop = [0], threading.Event()
     sampler = threading.Thread(target=_sample_peak, args=(pid, stop, peak), daemon=True)
     sampler.start()
@@ -113,7 +114,7 @@ def s1(sessions: int, users: int, pool: int) -> list[Check]:
             session_ids[index] = client.initialize()
             call_every_tool(client, tools, f"s{index}")
 
-        with _peak_threads(pid) as peak:
+        with peak_threads(pid) as peak:
             begun = time.perf_counter()
             with ThreadPoolExecutor(pool, thread_name_prefix="bench-open") as executor:
                 list(executor.map(open_one, range(sessions)))
