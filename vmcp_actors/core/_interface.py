@@ -53,10 +53,9 @@ class UnknownTool(JsonRpcError):
 @dataclass(frozen=True)
 class Continuation:
     """A request that goes on with the client's input (2026-07-28): the retry of a call, get
-    or read a backend answered ``input_required``, or one that brings ``inputResponses``
-    unasked. ``backend``, ``target`` and ``backend_state`` come from the gateway's sealed
-    ``requestState`` (None when the request brought none: the backend serving ``name``
-    gets the input if it speaks 2026-07-28, else the request is an ordinary one)."""
+    or read a backend answered ``input_required``, with the gateway's sealed
+    ``requestState`` (``backend``, ``target`` and ``backend_state`` come from it; the edge
+    refuses input that brings none). Every layer decides it again, as a new request."""
 
     method: str  # tools/call, prompts/get or resources/read
     name: str  # the tool's or prompt's name, or the resource's URI, as the layer asked sees it

@@ -5,14 +5,14 @@ tool that does not exist, spends nothing (so an empty bucket never tells a calle
 hidden tool exists). The optimizer's ``call_tool`` reaches this layer as a call of the
 tool it names; ``find_tool`` never does (it asks no backend). Composite steps are decided
 where they are called (``CompositeTools``: the step tool's own buckets only). A continued
-call (a 2026-07-28 retry with the client's input) was admitted when it began and is not
-decided again, so a limit reached meanwhile loses no answer.
+call (a 2026-07-28 retry with the client's input) is decided again: each round reaches the
+backend again, and a sealed requestState could otherwise be replayed without limit.
 """
 
 from __future__ import annotations
 
 from vmcp_actors.core._explain import PASSES, Explanation, Finding
-from vmcp_actors.core._interface import CoreLayer, PerList, UserCore
+from vmcp_actors.core._interface import CoreLayer, PerList, UserCore, reachable
 from vmcp_actors.identity import Identity
 from vmcp_actors.limits import RateLimiter
 
@@ -36,6 +36,12 @@ class RateLimits(CoreLayer):
         if self._inner.lookup_tool(identity, name, deadline) is not None:  # else: the layer below's "unknown"
             self._limiter.admit(identity, name)
         return self._inner.call_tool(identity, name, arguments, meta, deadline)
+
+    def resume(self, identity, continuation, deadline):
+        """A continued call spends a token as a new one would (after the checks below it)."""
+        if continuation.method == "tools/call" and reachable(self._inner, identity, continuation, deadline):
+            self._limiter.admit(identity, continuation.name)
+        return super().resume(identity, continuation, deadline)
 
     def explain_tool(self, identity: Identity | None, name: str, deadline) -> Explanation:
         below = self._inner.explain_tool(identity, name, deadline)

@@ -193,6 +193,11 @@ def read_modern(message: Message, headers: Mapping[str, str | None]) -> ModernRe
         raise _refused(INVALID_PARAMS, "requestState must be a string")
     if (responses is not None or state is not None) and message.method not in INPUT_REQUIRED_METHODS:
         raise _refused(INVALID_PARAMS, f"{message.method} takes no inputResponses or requestState")
+    if responses is not None and state is None:
+        # Every input_required the gateway answers carries its sealed requestState: input
+        # without one was never asked for, and must not pass as a continuation.
+        raise _refused(INVALID_PARAMS, "inputResponses without requestState: the gateway asked for no input "
+                                       "(send the requestState of the input_required answer back with them)")
     own = {key: value for key, value in meta.items() if not key.startswith(META_PREFIX)}
     return ModernRequest(version, capabilities, client_info if isinstance(client_info, dict) else {}, level,
                          own or None, responses, state)

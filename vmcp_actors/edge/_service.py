@@ -434,17 +434,15 @@ class McpService:
         deadline = self._deadlines.for_request(message)
         side = StatelessSide(method, name, request, principal_of(key), self._seal, self._parked,
                              self._shaper(user, method), self._heard(user), watch_hangup)
+        if method == "tools/call" and isinstance(name, str):  # every round of a call, continued or not
+            self._check_param_headers(user, identity, name, params.get("arguments"), param_headers, deadline)
         if request.request_state is not None:
             state = self._seal.open(request.request_state, principal_of(key), method, name)
             if state["k"] == "c":
                 return self._resume_parked(message, identity, user, state, side, name, lifetime)
             continuation = self._continuation(method, name, params, request, state)
-        elif request.input_responses is not None and isinstance(name, str):
-            continuation = self._continuation(method, name, params, request, None)
         else:
             continuation = None
-            if method == "tools/call" and isinstance(name, str):
-                self._check_param_headers(user, identity, name, params.get("arguments"), param_headers, deadline)
         takes_tasks = declares_tasks(request.client_capabilities)
         if continuation is not None:
             run = CallRun(started(lambda: resume(user.core, identity, continuation, deadline, takes_tasks)), deadline)
