@@ -410,7 +410,10 @@ class BackendChannel:
         try:
             return self._discover(identity) if era == MODERN else self._initialize(identity)
         except BackendRpcError as refused:
-            if strict or refused.code not in REFUSAL_CODES and era == LEGACY:
+            # Only a refusal says the backend speaks no such revision (and is remembered):
+            # a version or method error, or a 4xx one; another error (an internal one, a
+            # 5xx) fails this handshake and is tried again next time.
+            if strict or (refused.code not in REFUSAL_CODES and refused.status not in REFUSAL_STATUSES):
                 raise
             logger.debug("backend %r refused %s (%d)", self.name, _OPENING[era], refused.code)
             return None
@@ -447,7 +450,12 @@ class BackendChannel:
         reply = self._client.post(message, session_id=None, protocol_version=MODERN_PROTOCOL_VERSION,
                                   timeout=self.timeout, extra_headers=headers)
         answer = reply.message
-        if not isinstance(answer, dict) or "error" in answer or not isinstance(answer.get("result"), dict):
+        error = answer.get("error") if isinstance(answer, dict) else None
+        if isinstance(error, dict):  # a refusal (method, version) or a bad moment: _attempt tells which
+            code = error.get("code")
+            raise BackendRpcError(self.name, code if isinstance(code, int) else INTERNAL_ERROR,
+                                  str(error.get("message", ""))[:500], error.get("data"))
+        if not isinstance(answer, dict) or not isinstance(answer.get("result"), dict):
             raise _NotThisEra()
         result = answer["result"]
         versions = result.get("supportedVersions")
