@@ -49,6 +49,7 @@ stderr_logger = logging.getLogger("vmcp_actors.backends.stderr")
 
 # What a child inherits from the gateway's environment; everything else comes from config.
 INHERITED_ENV = ("PATH", "HOME", "LANG")
+MIN_REDACTED = 6  # env values at least this long are never logged from a child's stderr
 # After SIGTERM, how long a child may take to exit before SIGKILL.
 STOP_GRACE = 2.0
 # The longest line read from a child's stdout; a longer one is skipped, whole.
@@ -134,7 +135,7 @@ class ChildLink:
         self.process = process
         self.started = time.monotonic()
         self.last_stderr: str | None = None
-        self._secrets = secrets  # values never to log
+        self._secrets = tuple(sorted(set(secrets), key=len, reverse=True))  # values never to log, longest first
         self._on_exit = on_exit
         self._write_lock = threading.Lock()  # one message at a time on stdin
         self._stopping = False
@@ -518,16 +519,19 @@ class ChildProcesses:
     def _environment(self, backend: BackendConfig, user: str | None,
                      headers: Mapping[str, str] | None) -> tuple[dict[str, str], tuple[str, ...]]:
         env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
-        env.update({name: _with_user(value, user) for name, value in backend.env.items()})
+        given = {name: _with_user(value, user) for name, value in backend.env.items()}
+        env.update(given)
         auth = self._config.outgoing_auth.for_backend(backend.name)
-        secrets: tuple[str, ...] = ()
+        # Values given under env: are where mcpServers files put API keys: none is logged
+        # (short ones, a level or a flag, would redact every word that contains them).
+        secrets: tuple[str, ...] = tuple(value for value in given.values() if len(value) >= MIN_REDACTED)
         if auth.token_env is not None:
             credential = _credential(auth, headers or {})
             if credential is None:
                 raise BackendUnavailable(backend.name, f"backend {backend.name!r} cannot start without its "
                                                        "credential")
             env[auth.token_env] = credential
-            secrets = (credential,)
+            secrets = (*secrets, credential)
         return env, secrets
 
     def _released(self, key: _ChildKey, view: BusClient) -> None:
