@@ -236,7 +236,11 @@ class McpService:
             # The store is written here, on the request's thread; the Gateway only decides. A
             # new session is a new user (its own backend sessions): there is no record to read.
             record = self._ask(self._gateway.admit_session(identity, outcome))
-            self._directory.store.put_session(record)
+            try:
+                self._directory.store.put_session(record)
+            except BaseException:
+                self._directory.forget_unwritten(record.session_id)  # no phantom session holds a place
+                raise
             result = outcome.result(self._config.name)
             instructions = self._instructions()
             if instructions is not None:

@@ -308,6 +308,12 @@ class Directory:
     def session_count(self) -> int:
         return len(self._sessions)
 
+    def forget_unwritten(self, session_id: str) -> None:
+        """A session admitted whose record could not be written: it never existed, and
+        counts against no cap."""
+        with self._lock:
+            self._untrack(session_id)
+
     def _drop_session(self, session_id: str) -> SessionRecord | None:
         """Under the lock: forget a session here; its record as tracked (None when this
         process did not serve it). The caller deletes the record after the lock
