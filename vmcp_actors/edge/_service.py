@@ -52,7 +52,7 @@ from vmcp_actors.edge._modern import (
     read_modern,
 )
 from vmcp_actors.edge._task_watch import TaskWatch, finished
-from vmcp_actors.identity import Identity
+from vmcp_actors.identity import Identity, identity_key
 from vmcp_actors.protocol import (
     ACCEPTED_PROTOCOL_HEADER_VERSIONS,
     INTERNAL_ERROR,
@@ -85,7 +85,7 @@ from vmcp_actors.users import (
     UserKey,
 )
 from vmcp_actors.users._actor import RESOURCE_UPDATED
-from vmcp_actors.users._live import ListenStream
+from vmcp_actors.users._live import STREAMS_PER_IDENTITY, ListenStream, StreamShareReached
 from vmcp_actors.users._records import SessionRecord, relayed_capabilities
 
 logger = logging.getLogger(__name__)
@@ -127,6 +127,12 @@ class Unavailable(Exception):
         if self.retry_after is not None:
             answer.headers["Retry-After"] = str(self.retry_after)
         return answer
+
+
+# How many resources or tasks one listen stream may name, and when a caller refused a
+# stream (its share is taken) may try again.
+MAX_LISTENED = 100
+STREAM_RETRY_AFTER = 5
 
 
 def _refusal(status: int, message: str) -> JsonRpcError:
@@ -207,6 +213,12 @@ class McpService:
             return work()
         except Unavailable as refusal:
             return refusal.answer(lifetime, request_id)
+        except StreamShareReached:
+            answer = settled(lifetime, 429, error_response(request_id, JsonRpcError(
+                INTERNAL_ERROR, f"Too Many Requests: this caller holds {STREAMS_PER_IDENTITY} streams of this "
+                                "process already; close one, or retry later", {"retryAfterSeconds": STREAM_RETRY_AFTER})))
+            answer.headers["Retry-After"] = str(STREAM_RETRY_AFTER)
+            return answer
         except StoreUnavailable as error:
             logger.warning("%s", error)
             return Unavailable.store_down().answer(lifetime, request_id)
@@ -365,7 +377,7 @@ class McpService:
                                     "(unknown or expired)")
             call_stream, after = found
             return Answer(session_id=session_id, stream=replayed(call_stream.replay(after)), lifetime=lifetime)
-        stream = self._live.open_stream(session_id)
+        stream = self._live.open_stream(session_id, owner=identity_key(identity))
         if stream is None:
             answer = settled(lifetime, 405, error_response(None, _refusal(405, "Method Not Allowed: this process "
                                                                                "holds as many standalone streams as "
@@ -544,6 +556,10 @@ class McpService:
         if not isinstance(wanted, dict) or not isinstance(uris, list) or not all(isinstance(u, str) for u in uris):
             raise JsonRpcError(INVALID_PARAMS, "notifications must be an object; resourceSubscriptions a list of URIs")
         task_ids = wanted.get("taskIds")
+        for what, named in (("resourceSubscriptions", uris), ("taskIds", task_ids)):
+            if isinstance(named, list) and len(named) > MAX_LISTENED:
+                raise JsonRpcError(INVALID_PARAMS, f"notifications.{what}: at most {MAX_LISTENED} on one listen "
+                                                   "stream (open another for more)")
         watch = self._task_watch(task_ids, identity, user, request) if task_ids is not None else None
         listen_id = f"listen:{secrets.token_hex(12)}"
         deadline = Deadline.after(ASK_TIMEOUT)
@@ -560,7 +576,14 @@ class McpService:
             agreed["resourceSubscriptions"] = subscribed
         if watch is not None:
             agreed["taskIds"] = watch.accept(task_ids)
-        stream = self._live.open_stream(listen_id, ListenStream(listen_id, message.id, agreed))
+        try:
+            stream = self._live.open_stream(listen_id, ListenStream(listen_id, message.id, agreed),
+                                            owner=identity_key(identity))
+        except StreamShareReached:
+            if watch is not None:
+                watch.stop()
+            self._unsubscribe_all(user, identity, listen_id, subscribed)
+            raise
         if stream is None:
             self._unsubscribe_all(user, identity, listen_id, subscribed)
             return settled(lifetime, 503, error_response(message.id, JsonRpcError(

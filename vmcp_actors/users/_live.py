@@ -48,6 +48,13 @@ logger = logging.getLogger(__name__)
 # runs 128), so past this a GET /mcp is answered 405, which the specification lets a
 # client take as "no stream here" (its calls work as before).
 STANDALONE_STREAM_LIMIT = 96
+# One identified caller (issuer + subject) holds at most this share of them, so no one
+# client can take every stream; anonymous callers cannot be told apart and share the limit.
+STREAMS_PER_IDENTITY = STANDALONE_STREAM_LIMIT // 4
+
+
+class StreamShareReached(Exception):
+    """The caller holds its share of this process's streams already (429, Retry-After)."""
 # A call's answer stays resumable this long after its last event (GET with Last-Event-ID).
 RESUMABLE_FOR = 60.0
 # What the gateway asks clients to wait before resuming a dropped call stream (SSE retry).
@@ -60,8 +67,9 @@ KEEPALIVE_EVERY = 15.0
 class StandaloneStream:
     """One client session's GET stream: messages pushed by anyone, written by its web thread."""
 
-    def __init__(self, session_id: str):
+    def __init__(self, session_id: str, owner: tuple[str, str] | None = None):
         self.session_id = session_id
+        self.owner = owner  # the identified caller holding it (None: anonymous)
         self._queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self.closed = False
 
@@ -221,16 +229,23 @@ class LiveSessions:
 
     # -- the standalone stream -----------------------------------------------------------
 
-    def open_stream(self, session_id: str, stream: StandaloneStream | None = None) -> StandaloneStream | None:
+    def open_stream(self, session_id: str, stream: StandaloneStream | None = None,
+                    owner: tuple[str, str] | None = None) -> StandaloneStream | None:
         """The session's standalone stream (or ``stream``, a listen stream under its own
         id); a newer one replaces (and ends) an older one, so a client that reconnects is
         never refused by a stream it lost. None when the process holds
-        STANDALONE_STREAM_LIMIT streams already."""
-        stream = stream if stream is not None else StandaloneStream(session_id)
+        STANDALONE_STREAM_LIMIT streams already; StreamShareReached when ``owner`` holds
+        STREAMS_PER_IDENTITY."""
+        stream = stream if stream is not None else StandaloneStream(session_id, owner)
+        stream.owner = owner
         with self._lock:
             session = self._sessions.get(session_id)
-            if (session is None or session.stream is None) and self._open_streams() >= STANDALONE_STREAM_LIMIT:
-                return None
+            if session is None or session.stream is None:
+                if self._open_streams() >= STANDALONE_STREAM_LIMIT:
+                    return None
+                if owner is not None and sum(1 for held in self._sessions.values() if held.stream is not None
+                                             and held.stream.owner == owner) >= STREAMS_PER_IDENTITY:
+                    raise StreamShareReached()
             session = self._sessions.setdefault(session_id, _Session())
             older, session.stream = session.stream, stream
         if older is not None:
