@@ -148,3 +148,29 @@ def test_no_store_round_trip_is_made_under_the_directory_lock(shared):
     assert sorted(record.session_id for record in directory.remove_idle_sessions(TTL)) == ["s1", "s4"]
     assert store.session("s1") is None and directory.session_count() == 0
     assert store.under_lock == []
+
+
+class DeletedAfterTheFirstRead(MemoryRecordStore):
+    """A shared store whose session is deleted by another process right after it is first read."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def session(self, session_id):
+        self.reads += 1
+        found = super().session(session_id)
+        if self.reads == 1:
+            self.delete_session(session_id)
+        return found
+
+
+def test_a_session_deleted_while_it_was_being_adopted_stays_deleted():
+    store = DeletedAfterTheFirstRead()
+    directory = Directory(store, Clock())
+    store.put_session(SessionRecord("s1", ALICE, "2025-11-25", {}, created=1.0, last_used=1.0))
+    identity = type("Caller", (), {"key": ("https://idp", "alice")})()
+    assert directory.begin("s1", identity) is None  # the DELETE stands
+    assert directory.session_count() == 0 and store.session("s1") is None

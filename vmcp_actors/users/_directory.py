@@ -86,6 +86,7 @@ class Directory:
         record = self.store.session(session_id)
         if record is None or record.owner != identity_key(identity):
             return None
+        adopted = False
         with self._lock:
             activity = self._sessions.get(session_id)
             if activity is None:
@@ -93,11 +94,19 @@ class Directory:
                     return None  # ended or reaped a moment ago
                 # Opened by another process (or by this one before a restart): serve it
                 # here from its record; the user's actors are revived on first use.
-                activity = self._track(record)
+                activity, adopted = self._track(record), True
             self._touch(activity, +1)
             user = self._users.get(record.user)
             if user is not None:
                 self._touch(self._user_activity[record.user], +1)
+        if adopted and self.store.session(session_id) is None:
+            # Deleted (by another process) between the read above and the adoption: the
+            # DELETE stands, and the session is not served here from the old record.
+            with self._lock:
+                if user is not None and record.user in self._user_activity:
+                    self._touch(self._user_activity[record.user], -1)
+                self._untrack(session_id)
+            return None
         return Lease(record, user, activity.attached)
 
     def mark_attached(self, session_id: str) -> None:
