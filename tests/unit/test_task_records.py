@@ -212,3 +212,30 @@ def test_the_tasks_settings_load_and_a_bad_one_names_its_field():
     for path in ("operational.tasks.maxLivePerUser", "operational.tasks.resultTTL", "operational.tasks.ttl",
                  "operational.tasks.maxLivePerWorker"):
         assert path in lines, lines
+
+
+class AnotherWorkerWritesBetween(MemoryRecordStore):
+    """Records shared with another worker, which writes a task of the same owner right
+    after this worker's cap check read the owner's live tasks (both saw room)."""
+
+    def __init__(self, wall) -> None:
+        super().__init__(wall=wall)
+        self.reads = 0
+
+    def live_tasks_of(self, owner):
+        self.reads += 1
+        found = super().live_tasks_of(owner)
+        if self.reads == 1:  # the other worker's task is created a moment before this one
+            self.put_task(record("theirs", runner="alive", owner=owner, created=999.0))
+        return found
+
+
+def test_two_workers_checking_at_once_do_not_both_pass_the_per_user_cap():
+    clock = Clock()
+    store = AnotherWorkerWritesBetween(clock)
+    tasks = CompositeTasks(store, Signals(living=("alive", "here")), TasksConfig(max_live_per_user=1), wall=clock)
+    with pytest.raises(JsonRpcError) as refused:
+        tasks.begin("owner", "alice", "careful_echo", 60.0, None, lambda: lambda: None)
+    assert refused.value.data == {"maxLiveTasks": 1}
+    assert [r.task_id for r in store.live_tasks_of("owner")] == ["theirs"]  # the earlier one runs, alone
+    assert tasks.live_count() == 0

@@ -145,10 +145,25 @@ class CompositeTasks:
         self._signals.start(self._received)  # alive before the record says it runs here
         try:
             self._store.put_task(record)
+            self._within_user_cap(record, cap)
         except Exception:
             self._forget(run)
             raise
         return run
+
+    def _within_user_cap(self, record: TaskRecord, cap: int) -> None:
+        """Checked again once the record is written, so workers that checked at once cannot
+        all pass: of the owner's live tasks, the first ``cap`` by creation (then id) run;
+        a later one is ended at once and refused. Every worker ranks the same records."""
+        live = sorted((other for other in self._store.live_tasks_of(record.owner)
+                       if not self._ended_if_orphaned(other).terminal),
+                      key=lambda other: (other.created, other.task_id))
+        if record.task_id in [other.task_id for other in live[:cap]]:
+            return
+        self._store.update_task(record.task_id, lambda current: current.ended(
+            FAILED, "refused: too many tasks under way", self._wall()))
+        raise JsonRpcError(INVALID_REQUEST, f"Too many tasks under way: at most {cap} per user. Wait for one to "
+                                            "end, or cancel one.", {"maxLiveTasks": cap})
 
     def start(self, run: _LocalRun, ref: pykka.ActorRef[Any]) -> None:
         """The run's actor is started: its result settles the record."""
