@@ -5,10 +5,12 @@ in reverse. The web front end receives the built ``Runtime``; nothing here impor
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -126,10 +128,28 @@ class Runtime:
             self.processes.stop_all()  # what the users' release left: shared children, stragglers
 
 
+PR_SET_DUMPABLE = 4  # prctl(2)
+
+
+def _not_dumpable() -> None:
+    """The process holding the secrets is made non-dumpable (prctl PR_SET_DUMPABLE 0): a
+    process of the same user, such as a stdio child, can then no longer read its
+    /proc/<pid>/environ or memory, nor attach to it. Children start dumpable again (exec)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            logger.warning("could not make this process non-dumpable (errno %d)", ctypes.get_errno())
+    except (OSError, AttributeError) as error:
+        logger.warning("could not make this process non-dumpable: %s", error)
+
+
 def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequence[LayerFactory] = ()) -> Runtime:
     """``layers``: an embedder's decorators over each user's core (``vmcp_actors.core``)."""
     for warning in config_warnings(config):
         logger.warning("config: %s", warning)
+    _not_dumpable()
     # Every secret the config names is read first: an unset one stops the start, naming
     # its field, before anything is started.
     admin_token = secret_from_env("admin.tokenEnv", config.admin.token_env)
