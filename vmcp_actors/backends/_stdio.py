@@ -50,6 +50,7 @@ stderr_logger = logging.getLogger("vmcp_actors.backends.stderr")
 # What a child inherits from the gateway's environment; everything else comes from config.
 INHERITED_ENV = ("PATH", "HOME", "LANG")
 MIN_REDACTED = 6  # env values at least this long are never logged from a child's stderr
+SPAWN_TIMEOUT = 10.0  # seconds a start waits for the spawner thread to fork the child
 # After SIGTERM, how long a child may take to exit before SIGKILL.
 STOP_GRACE = 2.0
 # The longest line read from a child's stdout; a longer one is skipped, whole.
@@ -97,9 +98,15 @@ class _Spawner:
         threading.Thread(target=self._run, name="vmcp-spawner", daemon=True).start()
 
     def popen(self, argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen:
+        """The started process; TimeoutError when the spawner has not started it within
+        SPAWN_TIMEOUT (a process it starts later is killed, nobody would read it)."""
         done: cf.Future[subprocess.Popen] = cf.Future()
         self._jobs.put((argv, env, cwd, done))
-        return done.result()
+        try:
+            return done.result(timeout=SPAWN_TIMEOUT)
+        except cf.TimeoutError:
+            done.add_done_callback(_kill_late)
+            raise TimeoutError(f"no process started within {SPAWN_TIMEOUT:g}s") from None
 
     def _run(self) -> None:
         while True:
@@ -110,6 +117,13 @@ class _Spawner:
                     start_new_session=True, preexec_fn=_die_with_parent, close_fds=True))
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 done.set_exception(error)
+
+
+def _kill_late(started: cf.Future[subprocess.Popen]) -> None:
+    if started.exception() is None:
+        process = started.result()
+        process.kill()
+        process.wait(timeout=STOP_GRACE)
 
 
 _spawner: _Spawner | None = None
