@@ -356,6 +356,7 @@ class UserActor(pykka.ThreadingActor):
         self._services = services
         self._board = board
         self._created = time.time()
+        self._started = time.monotonic()
         self._catalog: cf.Future[Catalog] | None = None
         self._catalog_done_at: float | None = None  # when the served catalog settled
         self._round: _Round | None = None
@@ -518,6 +519,11 @@ class UserActor(pykka.ThreadingActor):
         self._session_origins[session_id] = cached is not None
 
     def session_ended(self, session_id: str) -> None:
+        self._streamed = True  # its client has gone: what waited for its stream is refused now
+        if self._asks_waiting:
+            waiting, self._asks_waiting = self._asks_waiting, []
+            for backend, request in waiting:
+                run_in_thread(self._ask_a_client, backend, request, ())
         self._session_origins.pop(session_id, None)
         self._streams.pop(session_id, None)
         for uri in [uri for uri, sessions in self._subscribers.items() if session_id in sessions]:
@@ -719,13 +725,15 @@ class UserActor(pykka.ThreadingActor):
         channel = self._channels.get(backend)
         if channel is not None and channel.interject(request):
             return
-        if self._key.client and not self._streams and not self._streamed:
+        waited = time.monotonic() - self._started
+        if self._key.client and not self._streams and not self._streamed and waited < STREAM_WAIT:
             # Its client has not opened its stream yet (a backend asks for roots right
-            # after initialize): the request waits for it a while. One that closed its
-            # stream has gone: refused at once.
+            # after initialize): the request waits for it, until STREAM_WAIT after the
+            # session's start. A client that closed its stream, or opened none by then,
+            # is not coming: refused at once.
             self._asks_waiting.append((backend, request))
             ref = self.actor_ref
-            call_later(STREAM_WAIT, lambda: tell_quietly(ref, _AsksExpired(request)))
+            call_later(STREAM_WAIT - waited, lambda: tell_quietly(ref, _AsksExpired(request)))
             return
         # Only a user that serves one client session knows whose stream to ask on.
         streams = tuple(reversed(self._streams)) if self._key.client else ()
