@@ -520,10 +520,7 @@ class UserActor(pykka.ThreadingActor):
 
     def session_ended(self, session_id: str) -> None:
         self._streamed = True  # its client has gone: what waited for its stream is refused now
-        if self._asks_waiting:
-            waiting, self._asks_waiting = self._asks_waiting, []
-            for backend, request in waiting:
-                run_in_thread(self._ask_a_client, backend, request, ())
+        self._ask_waiting(lambda request: True, ())
         self._session_origins.pop(session_id, None)
         self._streams.pop(session_id, None)
         for uri in [uri for uri, sessions in self._subscribers.items() if session_id in sessions]:
@@ -538,8 +535,7 @@ class UserActor(pykka.ThreadingActor):
         self._streams[session_id] = None  # the latest stream last
         self._streamed = True
         self._update_streams()
-        if self._asks_waiting:
-            self._ask_waiting()
+        self._ask_waiting(lambda request: True, tuple(reversed(self._streams)))
         return self._streams_ready()
 
     def stream_closed(self, session_id: str) -> None:
@@ -627,11 +623,8 @@ class UserActor(pykka.ThreadingActor):
                 key, lambda record: record.with_backend(message.backend, message.handshake)))
         elif isinstance(message, _SessionsRead):
             message.then(message.sessions)
-        elif isinstance(message, _AsksExpired):
-            expired = [(backend, request) for backend, request in self._asks_waiting if request is message.request]
-            self._asks_waiting = [entry for entry in self._asks_waiting if entry[1] is not message.request]
-            for backend, request in expired:  # refused: no client stream to ask on
-                run_in_thread(self._ask_a_client, backend, request, ())
+        elif isinstance(message, _AsksExpired):  # refused: no client stream to ask on
+            self._ask_waiting(lambda request: request is message.request, ())
 
     # -- internals on the actor thread ---------------------------------------------------
 
@@ -739,11 +732,13 @@ class UserActor(pykka.ThreadingActor):
         streams = tuple(reversed(self._streams)) if self._key.client else ()
         run_in_thread(self._ask_a_client, backend, request, streams)
 
-    def _ask_waiting(self) -> None:
-        """A stream opened: the requests that waited for one are asked on it."""
-        waiting, self._asks_waiting = self._asks_waiting, []
-        for backend, request in waiting:
-            run_in_thread(self._ask_a_client, backend, request, tuple(reversed(self._streams)))
+    def _ask_waiting(self, chosen: Callable[[BackendRequest], bool], session_ids: tuple[str, ...]) -> None:
+        """The ``chosen`` requests that waited for the client's stream, asked on
+        ``session_ids``' streams now (none: refused)."""
+        asked = [(backend, request) for backend, request in self._asks_waiting if chosen(request)]
+        self._asks_waiting = [entry for entry in self._asks_waiting if not chosen(entry[1])]
+        for backend, request in asked:
+            run_in_thread(self._ask_a_client, backend, request, session_ids)
 
     def _ask_a_client(self, backend: str, request: BackendRequest, session_ids: tuple[str, ...]) -> None:
         timeout = self._config.operational.timeouts.for_backend(backend)

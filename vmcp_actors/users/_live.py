@@ -67,9 +67,9 @@ KEEPALIVE_EVERY = 15.0
 class StandaloneStream:
     """One client session's GET stream: messages pushed by anyone, written by its web thread."""
 
-    def __init__(self, session_id: str, owner: tuple[str, str] | None = None):
+    def __init__(self, session_id: str):
         self.session_id = session_id
-        self.owner = owner  # the identified caller holding it (None: anonymous)
+        self.owner: tuple[str, str] | None = None  # the identified caller holding it (set when opened)
         self._queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self.closed = False
 
@@ -236,7 +236,7 @@ class LiveSessions:
         never refused by a stream it lost. None when the process holds
         STANDALONE_STREAM_LIMIT streams already; StreamShareReached when ``owner`` holds
         STREAMS_PER_IDENTITY."""
-        stream = stream if stream is not None else StandaloneStream(session_id, owner)
+        stream = stream if stream is not None else StandaloneStream(session_id)
         stream.owner = owner
         with self._lock:
             session = self._sessions.get(session_id)
