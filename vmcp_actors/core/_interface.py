@@ -70,8 +70,9 @@ class Continuation:
         """The error a name this caller cannot reach gets (the same as a missing one)."""
         if self.method == "resources/read":
             return JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": self.name})
-        return JsonRpcError(INVALID_PARAMS, f"Unknown {'tool' if self.method == 'tools/call' else 'prompt'}: "
-                                            f"{self.name}")
+        if self.method == "tools/call":
+            return UnknownTool(self.name)
+        return JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {self.name}")
 
 
 def reachable(core: UserCore, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> bool:
