@@ -21,6 +21,7 @@ import pykka
 
 from vmcp_actors import tracing
 from vmcp_actors.backends import ExchangedTokenCache, build_outgoing_auth
+from vmcp_actors.backends._sandbox import problems as sandbox_problems
 from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.core._interface import LayerFactory
@@ -150,6 +151,9 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     for warning in config_warnings(config):
         logger.warning("config: %s", warning)
     _not_dumpable()
+    unsandboxable = sandbox_problems(config)
+    if unsandboxable:
+        raise ConfigError(unsandboxable)
     # Every secret the config names is read first: an unset one stops the start, naming
     # its field, before anything is started.
     admin_token = secret_from_env("admin.tokenEnv", config.admin.token_env)

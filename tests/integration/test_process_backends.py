@@ -137,21 +137,28 @@ def test_the_child_gets_only_what_config_names(gateway_with, server_script, monk
     assert seen("PATH") == os.environ["PATH"]
     assert seen("VMCP_TEST_GATEWAY_SECRET") == "<unset>"
     assert seen("VMCP_ADMIN_TOKEN_FOR_TEST") == "<unset>"
-    pid = int(session(gateway.url, "legacy", call("echo_pid"))["content"][0]["text"])
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    names = sorted(entry.split(b"=", 1)[0].decode() for entry in environ if entry)
-    assert set(names) <= {"PATH", "HOME", "LANG", "GREETING"}, names
+    assert seen("HOME") == "/tmp/home"  # its sandbox's own, not the gateway's
+    session(gateway.url, "legacy", call("echo_pid"))
+    (child,) = gateway.app.extensions[EXTENSION_KEY].processes.snapshot()
+    for pid in (child.pid, *descendants(child.pid)):  # the sandbox's launcher and the server it runs
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        names = sorted(entry.split(b"=", 1)[0].decode() for entry in environ if entry)
+        assert set(names) <= {"PATH", "HOME", "LANG", "GREETING", "PWD"}, names  # (bwrap sets PWD)
 
 
 def test_a_crashed_child_is_restarted_and_the_next_call_works(gateway_with, server_script):
     gateway = gateway_with(stdio_backend(server_script))
 
+    processes = gateway.app.extensions[EXTENSION_KEY].processes
+
     async def steps(client) -> tuple[Any, ...]:
-        first = (await client.call_tool("echo_pid", {})).content[0].text
+        await client.call_tool("echo_pid", {})
+        (first,) = [child.pid for child in processes.snapshot()]
         with pytest.raises(mcp.MCPError) as crashed:
             await client.call_tool("echo_crash", {})
         again = await client.call_tool("echo_echo", {"text": "again"})
-        second = (await client.call_tool("echo_pid", {})).content[0].text
+        await client.call_tool("echo_pid", {})
+        (second,) = [child.pid for child in processes.snapshot()]
         return first, crashed.value.error.message, again.content[0].text, second
 
     first, crashed, again, second = session(gateway.url, "legacy", steps)
@@ -211,7 +218,8 @@ def test_operators_see_the_children(gateway_with, server_script, monkeypatch):
 
     monkeypatch.setenv("VMCP_PROCESS_ADMIN_TOKEN", "process-admin-token-4d1b")
     gateway = gateway_with(stdio_backend(server_script), admin={"tokenEnv": "VMCP_PROCESS_ADMIN_TOKEN"})
-    pid = int(session(gateway.url, "legacy", call("echo_pid"))["content"][0]["text"])
+    session(gateway.url, "legacy", call("echo_pid"))
+    (pid,) = [child.pid for child in gateway.app.extensions[EXTENSION_KEY].processes.snapshot()]
     state = requests.get(gateway.base + "/admin/state", timeout=10,
                          headers={"Authorization": "Bearer process-admin-token-4d1b"}).json()
     (child,) = state["processes"]
@@ -233,6 +241,32 @@ RUN_GATEWAY = textwrap.dedent('''
 ''')
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process ``pid`` started, and theirs."""
+    found, waiting = [], [pid]
+    while waiting:
+        try:
+            children = Path(f"/proc/{waiting.pop()}/task").glob("*/children")
+            started = [int(child) for path in children for child in path.read_text().split()]
+        except OSError:
+            continue
+        found += started
+        waiting += started
+    return found
+
+
+def running(text: str) -> list[int]:
+    """The processes whose command line holds ``text``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
 def _alive(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -251,11 +285,13 @@ def test_no_child_outlives_its_gateway(server_script, tmp_path, how):
     gateway = subprocess.Popen([sys.executable, str(runner)], stdout=subprocess.PIPE, text=True)
     try:
         url = gateway.stdout.readline().strip()
-        pid = int(session(url, "legacy", call("echo_pid"))["content"][0]["text"])
-        assert _alive(pid)
+        session(url, "legacy", call("echo_pid"))
+        pids = running(str(server_script))  # the sandbox's launcher, its init and the server
+        assert len(pids) >= 2 and all(_alive(pid) for pid in pids), pids
         gateway.send_signal(getattr(signal, how))
         gateway.wait(timeout=10)
-        assert wait_until(lambda: not _alive(pid), timeout=10), f"the child {pid} outlived its gateway ({how})"
+        assert wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=10), \
+            f"a child of {pids} outlived its gateway ({how})"
     finally:
         if gateway.poll() is None:
             gateway.kill()

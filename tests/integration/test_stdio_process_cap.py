@@ -134,7 +134,7 @@ class Caller:
 
 def test_a_call_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp, tmp_path):
     gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1},
-                             "backends": [per_user_backend(HELD_SERVER)],
+                             "backends": [{**per_user_backend(HELD_SERVER), "sandbox": {"writable": [str(tmp_path)]}}],
                              "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}})
     alice, bob = (Caller(gateway, idp.issue_token(person, AUDIENCE)) for person in ("alice", "bob"))
     assert answer_of(bob.call("echo_echo", {"text": "b"}))["result"]["content"][0]["text"] == "echo:b"
@@ -215,7 +215,7 @@ def test_a_child_still_initializing_is_not_stopped_to_make_room(monkeypatch):
 
 def test_discovery_refused_because_every_process_is_busy_is_a_503_with_retry_after(start_gateway, idp, tmp_path):
     gateway = start_gateway({"name": "t", "operational": {"maxProcesses": 1},
-                             "backends": [per_user_backend(HELD_SERVER)],
+                             "backends": [{**per_user_backend(HELD_SERVER), "sandbox": {"writable": [str(tmp_path)]}}],
                              "incomingAuth": {"type": "oidc", "oidc": {"issuer": idp.issuer, "audience": AUDIENCE}}})
     alice = Caller(gateway, idp.issue_token("alice", AUDIENCE))
     held = Held(alice, tmp_path / "alice")

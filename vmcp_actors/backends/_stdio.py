@@ -12,17 +12,17 @@ refused with ``ProcessesBusy`` (503, ``Retry-After``).
 A child gets only the environment its config names, plus ``PATH``, ``HOME`` and ``LANG``,
 and the credential of ``outgoingAuth.backends.<name>.tokenEnv``: never the gateway's
 own secrets. Each stderr line is logged under the backend's name (credential values
-replaced); the last one is kept for the admin state. Children are started from one
-long-lived thread with ``PR_SET_PDEATHSIG``, so the kernel kills each when its gateway
-worker dies, even by SIGKILL (the death signal follows the thread that forked); they run
-in their own process group, which is what ``stop`` signals: SIGTERM, then SIGKILL after a
-grace. Every exit is reaped by the child's reader thread.
+replaced); the last one is kept for the admin state. A child runs in its backend's
+sandbox (``_sandbox``). Children are started from one long-lived thread, their launcher
+(bwrap or setpriv) setting ``PR_SET_PDEATHSIG``, so the kernel kills each when its
+gateway worker dies, even by SIGKILL (the death signal follows the thread that forked);
+they run in their own process group, which is what ``stop`` signals: SIGTERM, then
+SIGKILL after a grace. Every exit is reaped by the child's reader thread.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import ctypes
 import hashlib
 import json
 import logging
@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmcp_actors.backends import _sandbox as sandbox
 from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus, NotRunning
 from vmcp_actors.concurrency import TimerHandle, call_later
 from vmcp_actors.config import BackendAuthConfig, BackendConfig, VmcpConfig
@@ -64,18 +65,6 @@ BUSY_RETRY_AFTER = 2
 # How much of a stderr line is kept for the admin state.
 LAST_LINE_CHARS = 300
 
-_PR_SET_PDEATHSIG = 1
-try:  # resolved before any fork: the child only calls it
-    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux: children are stopped at shutdown only
-    _prctl = None
-
-
-def _die_with_parent() -> None:
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class ProcessesBusy(BackendNotTried):
     """Every child the gateway may run is busy: the call is refused, to be retried."""
 
@@ -89,8 +78,9 @@ def user_digest(owner: tuple[str, str] | None, headers: str = "") -> str:
 
 
 class _Spawner:
-    """The one thread children are started from: PR_SET_PDEATHSIG fires when the thread
-    that forked ends, so it must be one that lives as long as the process."""
+    """The one thread children are started from: PR_SET_PDEATHSIG (set by each child's
+    launcher) fires when the thread that forked ends, so it must be one that lives as long
+    as the process. Nothing runs between fork and exec (no ``preexec_fn``)."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -114,7 +104,7 @@ class _Spawner:
             try:
                 done.set_result(subprocess.Popen(
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                    start_new_session=True, preexec_fn=_die_with_parent, close_fds=True))
+                    start_new_session=True, close_fds=True))
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 done.set_exception(error)
 
@@ -218,11 +208,19 @@ class ChildLink:
                 logger.error("backend %r: process %d did not die", self.bus.backend, self.process.pid)
 
     def rss_bytes(self) -> int | None:
-        try:
-            with open(f"/proc/{self.process.pid}/statm") as statm:
-                return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            return None
+        """The resident memory of the child and what it started (its sandbox's processes)."""
+        pids, total, seen = [self.process.pid], 0, False
+        while pids:
+            pid = pids.pop()
+            try:
+                with open(f"/proc/{pid}/statm") as statm:
+                    total += int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                seen = True
+                with open(f"/proc/{pid}/task/{pid}/children") as children:
+                    pids += [int(child) for child in children.read().split()]
+            except (OSError, ValueError, IndexError):
+                continue
+        return total if seen else None
 
     def redacted(self, text: str) -> str:
         for secret in self._secrets:
@@ -501,7 +499,10 @@ class ChildProcesses:
         argv = [_resolved_command(backend), *(_with_user(arg, child.user) for arg in backend.args)]
         cwd = _with_user(backend.cwd, child.user) if backend.cwd else None
         try:
+            argv, env = sandbox.launch(backend, argv, env, cwd, child.user)
             process = _spawn(argv, env, cwd)
+        except sandbox.SandboxUnavailable as why:
+            raise BackendUnavailable(backend.name, f"backend {backend.name!r} could not be started: {why}") from None
         except (OSError, ValueError) as error:
             raise BackendUnavailable(backend.name, f"backend {backend.name!r} could not be started: "
                                                    f"{type(error).__name__}: {getattr(error, 'strerror', '') or ''}"

@@ -2,7 +2,7 @@
 
 from ._durations import parse_duration
 from ._env import required_env_vars
-from ._load import config_from_mapping, load_config
+from ._load import config_files_read, config_from_mapping, load_config
 from ._mcp_servers import McpServersImport, import_mcp_servers, read_mcp_servers
 from ._model import (
     AdminConfig,
@@ -20,6 +20,7 @@ from ._model import (
     OptimizerConfig,
     OutgoingAuthConfig,
     RateLimitingConfig,
+    SandboxConfig,
     SessionStorageConfig,
     TelemetryConfig,
     TasksConfig,
@@ -38,6 +39,7 @@ __all__ = [
     "AuditConfig",
     "CircuitBreakerConfig",
     "FailureHandlingConfig",
+    "SandboxConfig",
     "SessionStorageConfig",
     "AuthzConfig",
     "OptimizerConfig",
@@ -59,6 +61,7 @@ __all__ = [
     "ToolOverride",
     "VmcpConfig",
     "WorkloadToolsConfig",
+    "config_files_read",
     "config_from_mapping",
     "config_warnings",
     "load_config",

@@ -29,10 +29,20 @@ def load_config(path: str | os.PathLike[str]) -> VmcpConfig:
     return config_from_mapping(data)
 
 
+# Every config file this process read (absolute paths): a stdio child's sandbox hides
+# them, since they hold other backends' env values (API keys).
+_files_read: set[str] = set()
+
+
+def config_files_read() -> frozenset[str]:
+    return frozenset(_files_read)
+
+
 def read_text_file(where: str) -> str:
     """The UTF-8 text of a config file; ``ConfigError`` saying why it cannot be read."""
     try:
         with open(where, encoding="utf-8") as file:
+            _files_read.add(os.path.realpath(where))
             return file.read()
     except FileNotFoundError:
         raise ConfigError([f"{where}: no such file"]) from None

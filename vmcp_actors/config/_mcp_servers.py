@@ -31,8 +31,8 @@ SERVER_LISTS = ("mcpServers", "servers")
 TRANSPORT_OF_TYPE = {"stdio": "stdio", "sse": "sse", "http": "streamable-http", "streamablehttp": "streamable-http"}
 TYPE_KEYS = ("type", "transportType")
 URL_KEYS = ("url", "serverUrl")  # serverUrl: Windsurf
-# Passed on as they are, for the gateway's schema to judge (scope is the gateway's own key).
-PROCESS_KEYS = ("command", "args", "env", "cwd", "scope")
+# Passed on as they are, for the gateway's schema to judge (scope and sandbox are the gateway's own keys).
+PROCESS_KEYS = ("command", "args", "env", "cwd", "scope", "sandbox")
 # The file describes what one client runs: each client session gets its own process, as
 # each desktop client starts its own (an entry's "scope" may choose shared or perUser).
 DEFAULT_PROCESS_SCOPE = "perSession"

@@ -29,6 +29,31 @@ def _freeze_sequence(obj: object, attr: str) -> None:
     object.__setattr__(obj, attr, tuple(value))
 
 
+SANDBOX_MODES = ("bubblewrap", "none")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Where a stdio backend's process runs. ``bubblewrap`` (the default): in a sandbox of
+    its own (own PID, IPC and user namespaces; the filesystem read-only but for a private
+    /tmp, its cwd, the directories its args name and ``writable``; ``hidden`` paths and the
+    gateway's config files unseen); ``network`` false also gives it no network. ``none``:
+    as the gateway's own user, seeing what it sees."""
+
+    mode: str = "bubblewrap"
+    network: bool = True
+    writable: tuple[str, ...] = ()  # absolute paths; {user} in perUser and perSession backends
+    hidden: tuple[str, ...] = ()  # absolute paths
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "writable")
+        _freeze_sequence(self, "hidden")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+
 @dataclass(frozen=True)
 class BackendConfig:
     """One MCP server behind the gateway; ``name`` becomes its tools' prefix. An HTTP
@@ -36,7 +61,7 @@ class BackendConfig:
     ``url``; a ``stdio`` backend is a program the gateway starts (``command``, ``args``,
     ``env``, ``cwd``), one for everyone (``scope: shared``), one per user (``perUser``) or
     one per client session (``perSession``: what the backend sees is one client's, as
-    when a desktop client starts it)."""
+    when a desktop client starts it), in its ``sandbox``."""
 
     name: str
     url: str | None = None
@@ -50,6 +75,7 @@ class BackendConfig:
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     cwd: str | None = None
     scope: str = "shared"
+    sandbox: SandboxConfig = SandboxConfig()
     # A bulkhead: at most this many tools/call in flight to the backend at once (across
     # workers when records are in Redis); the others queue within their deadline. None: no limit.
     max_concurrent_calls: int | None = None

@@ -49,6 +49,7 @@ from ._model import (
     DEFAULT_PREFIX_FORMAT,
     DEFAULT_TRANSPORT,
     DISCOVERY_BUDGET,
+    SANDBOX_MODES,
     TRANSPORTS,
     USER_PLACEHOLDER,
     AdminConfig,
@@ -58,6 +59,7 @@ from ._model import (
     BackendAuthConfig,
     BackendConfig,
     CircuitBreakerConfig,
+    SandboxConfig,
     FailureHandlingConfig,
     HeaderInjectionConfig,
     IncomingAuthConfig,
@@ -344,6 +346,22 @@ def _not_blank_text(value: str) -> None:
         raise ValidationError("must not be blank or hold a NUL character")
 
 
+def _absolute_path(value: str) -> None:
+    if not value.startswith("/") or "\0" in value:
+        raise ValidationError("must be an absolute path (starting with /)")
+
+
+class SandboxSchema(_StrictSchema):
+    mode = _String(load_default="bubblewrap", validate=_Choice(list(SANDBOX_MODES), []))
+    network = _Boolean(load_default=True)
+    writable = _List(_String(validate=_absolute_path), load_default=tuple)
+    hidden = _List(_String(validate=_absolute_path), load_default=tuple)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> SandboxConfig:
+        return SandboxConfig(**data)
+
+
 class BackendSchema(_StrictSchema):
     name = _String(required=True, validate=_backend_name)
     url = _String(load_default=None, allow_none=True, validate=_http_url)
@@ -356,6 +374,7 @@ class BackendSchema(_StrictSchema):
     env = fields.Dict(keys=_String(validate=_env_var_name), values=_String(validate=_no_nul), load_default=dict)
     cwd = _String(load_default=None, allow_none=True, validate=_not_blank_text)
     scope = _String(load_default="shared", validate=_Choice(["shared", "perUser", "perSession"], []))
+    sandbox = fields.Nested(SandboxSchema, load_default=SandboxConfig)
     max_concurrent_calls = _Integer(data_key="maxConcurrentCalls", load_default=None, allow_none=True,
                                     validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
 
@@ -376,7 +395,7 @@ class BackendSchema(_StrictSchema):
         elif transport in TRANSPORTS:
             if original_data.get("url") is None:
                 errors["url"] = [f"is required for transport {transport}"]
-            for key in ("command", "args", "env", "cwd", "scope"):
+            for key in ("command", "args", "env", "cwd", "scope", "sandbox"):
                 if key in original_data:
                     errors[key] = [f"is for transport stdio only (this backend's transport is {transport})"]
         if errors:
@@ -403,6 +422,13 @@ def _user_placeholders(original: Mapping[str, Any], message: str) -> dict[str, l
     cwd = original.get("cwd")
     if isinstance(cwd, str) and USER_PLACEHOLDER in cwd:
         found["cwd"] = [message]
+    sandbox = original.get("sandbox")
+    writable = sandbox.get("writable") if isinstance(sandbox, Mapping) else None
+    if isinstance(writable, list):
+        at = {index: [message] for index, path in enumerate(writable)
+              if isinstance(path, str) and USER_PLACEHOLDER in path}
+        if at:
+            found["sandbox"] = {"writable": at}
     return found
 
 

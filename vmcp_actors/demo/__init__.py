@@ -9,11 +9,15 @@
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vmcp_actors.backends._sandbox import SandboxUnavailable, bubblewrap_works
 from vmcp_actors.demo._serve import DEMO_EXTRA_MESSAGE, require_demo_extra
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # pragma: no cover
     from vmcp_actors.demo._serve import ServedApp
@@ -107,14 +111,26 @@ def stop_demo_backends(backends: Iterable[tuple[str, ServedApp]]) -> None:
         served.stop()
 
 
+def _sandbox_here() -> bool:
+    try:
+        bubblewrap_works()
+    except SandboxUnavailable:
+        logger.info("demo: bubblewrap cannot run here, so the clock backend runs unsandboxed "
+                    "(apt-get install bubblewrap to see it sandboxed)")
+        return False
+    return True
+
+
 def demo_config_mapping(backends: Sequence[tuple[str, ServedApp]]) -> dict[str, Any]:
     """The gateway configuration (the dict a YAML config file would load to) for ``backends``."""
     return {
         "name": DEMO_GATEWAY_NAME,
         "backends": [
             *({"name": name, "url": served.url + "/mcp", "transport": "streamable-http"} for name, served in backends),
-            # A program the gateway starts and speaks to over stdio.
-            {"name": "clock", "transport": "stdio", "command": sys.executable, "args": ["-m", "vmcp_actors.demo.clock"]},
+            # A program the gateway starts and speaks to over stdio: in a sandbox where this
+            # machine can make one (Debian's bubblewrap), else as the demo's own user.
+            {"name": "clock", "transport": "stdio", "command": sys.executable, "args": ["-m", "vmcp_actors.demo.clock"],
+             "sandbox": {"mode": "bubblewrap" if _sandbox_here() else "none"}},
         ],
         "aggregation": {
             "conflictResolution": "prefix",
