@@ -8,6 +8,12 @@ import pykka
 import pytest
 
 from tests.gateway import QuickStopGatewayServer
+from vmcp_actors.concurrency import CHECK_STORE_CALLS_ENV, check_store_calls
+
+# Every test: a store call on an actor's message loop raises StoreOnActorLoop (in this
+# process, and in the gateway processes tests start).
+os.environ[CHECK_STORE_CALLS_ENV] = "1"
+check_store_calls(True)
 
 
 @pytest.fixture(autouse=True)

@@ -18,13 +18,15 @@ threads so a hung exchange never holds up process exit.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import contextvars
 import heapq
 import itertools
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -306,3 +308,57 @@ def failed(exc: BaseException) -> cf.Future[Any]:
 # Actors here never block their loop on the network, so this only trips when an
 # actor is dead or wedged; it turns that into a clean error instead of a hung thread.
 ASK_TIMEOUT = 5.0
+
+
+# -- actors' loops and the store ------------------------------------------------------------
+#
+# DESIGN rule 2: no actor holds its message loop on store I/O. The threads that run
+# actors' loops are marked (a ``LoopActor``'s thread for its whole life; a pool thread
+# while it handles a ``PooledActor``'s messages), and the stores call
+# ``refuse_on_actor_loop`` first: while checking is on (the test suite turns it on, as
+# does ``VMCP_CHECK_STORE_CALLS=1``), a store call on a marked thread raises
+# ``StoreOnActorLoop``; off (production's default), the check is one global read.
+
+CHECK_STORE_CALLS_ENV = "VMCP_CHECK_STORE_CALLS"
+_checking = os.environ.get(CHECK_STORE_CALLS_ENV) == "1"
+_loop = threading.local()  # .actor: the actor whose loop this thread runs now (absent: none)
+
+
+class StoreOnActorLoop(RuntimeError):
+    """A store call made on an actor's message loop (a bug: hand it to the I/O pool)."""
+
+
+def check_store_calls(on: bool = True) -> None:
+    """Turn the check on (the test suite) or off (the default)."""
+    global _checking
+    _checking = on
+
+
+def refuse_on_actor_loop(what: str) -> None:
+    """Called by the stores before any I/O: raises ``StoreOnActorLoop`` on an actor's
+    loop while checking is on."""
+    if _checking:
+        actor = getattr(_loop, "actor", None)
+        if actor is not None:
+            raise StoreOnActorLoop(f"{what} called on the message loop of {actor}: store I/O runs off actors' "
+                                   "loops (on the I/O pool or the caller's thread), reporting back by message")
+
+
+@contextlib.contextmanager
+def actor_loop(actor: str) -> Iterator[None]:
+    """This thread runs ``actor``'s loop until the block ends (a pooled actor's turn)."""
+    outer = getattr(_loop, "actor", None)
+    _loop.actor = actor
+    try:
+        yield
+    finally:
+        _loop.actor = outer
+
+
+class LoopActor(pykka.ThreadingActor):
+    """A ``ThreadingActor`` whose thread is marked as its loop (``refuse_on_actor_loop``)
+    from ``on_start`` to ``on_stop``: every thread-per-actor actor here is one."""
+
+    def _actor_loop(self) -> None:  # pykka's thread target: this thread is the loop for its whole life
+        _loop.actor = type(self).__name__
+        super()._actor_loop()

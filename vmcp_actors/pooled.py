@@ -15,7 +15,9 @@ from another actor on the same pool. Actors that do ask and wait (the UserActor 
 connections) stay ``ThreadingActor``; the connections they ask answer at once.
 
 pykka calls the inbox's ``put`` from any thread; its ``get``/``empty`` are only used by
-pykka's teardown, which runs in the drain job here.
+pykka's teardown, which runs in the drain job here. A drain job marks its thread as the
+actor's loop for its turn (``concurrency.actor_loop``), so a store call there is refused
+while the check is on, as on a ``LoopActor``'s thread.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import pykka
 from pykka import ActorRegistry
 from pykka._envelope import Envelope  # noqa: PLC2701 - the inbox protocol's item type
 
-from vmcp_actors.concurrency import BoundedPool
+from vmcp_actors.concurrency import BoundedPool, actor_loop
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +109,15 @@ class PooledActor(pykka.Actor):
         _ACTOR_POOL.submit(self._first_drain)
 
     def _first_drain(self) -> None:
-        self._actor_loop_setup()  # on_start, before any message
-        self._drain()
+        with actor_loop(type(self).__name__):  # this pool thread is the actor's loop for the turn
+            self._actor_loop_setup()  # on_start, before any message
+            self._drain()
 
     def _drain(self) -> None:
+        with actor_loop(type(self).__name__):
+            self._drain_turn()
+
+    def _drain_turn(self) -> None:
         inbox = self.actor_inbox
         for _ in range(BATCH):
             if self.actor_stopped.is_set():

@@ -467,8 +467,9 @@ def test_a_backend_that_joins_after_the_budget_is_announced_on_the_sessions_stre
     cue = tmp_path / "join-now"
     gateway = start_gateway({"name": "apart",
                              "backends": [backend_entry("good", good),
-                                          stdio_entry("late", script(tmp_path, "late", JOINING_LATE), "perSession",
-                                                      str(cue))],
+                                          {**stdio_entry("late", script(tmp_path, "late", JOINING_LATE), "perSession",
+                                                         str(cue)),
+                                           "sandbox": {"writable": [str(tmp_path)]}}],  # where its cue comes
                              "operational": {"discoveryBudget": {"default": "1s"}}})
     session = gateway.initialize()
 

@@ -26,12 +26,12 @@ class FakeRun(pykka.ThreadingActor):
         return self.outcome
 
 
-def started_run(tasks: CompositeTasks) -> tuple[str, cf.Future[dict[str, Any]]]:
-    """(the task id, the outcome that ends the run)."""
+def started_run(tasks: CompositeTasks) -> tuple[Any, cf.Future[dict[str, Any]]]:
+    """(the run, the outcome that ends it)."""
     run = tasks.begin("owner-digest", "alice", "careful_echo", 30.0, None, lambda: lambda: None)
     outcome: cf.Future[dict[str, Any]] = cf.Future()
     tasks.start(run, FakeRun.start(outcome))
-    return run.record.task_id, outcome
+    return run, outcome
 
 
 def test_ended_runs_are_counted_by_the_status_their_records_end_with():
@@ -44,11 +44,13 @@ def test_ended_runs_are_counted_by_the_status_their_records_end_with():
 
         finishing.set_result({"content": [{"type": "text", "text": "hi"}]})
         # Another worker's tasks/cancel wrote the record before this run's own end came.
-        store.update_task(overtaken, lambda record: record.ended(CANCELLED, "cancelled by the client",
-                                                                 record.updated))
+        store.update_task(overtaken.record.task_id, lambda record: record.ended(CANCELLED, "cancelled by the client",
+                                                                                record.updated))
         overtaken_outcome.set_result({"content": []})
+        # Each end is recorded on the I/O pool, then counted.
+        assert (finished.ended.result(timeout=5), overtaken.ended.result(timeout=5)) == ("completed", "cancelled")
 
         assert tasks.ended_counts() == {("careful_echo", "completed"): 1, ("careful_echo", "cancelled"): 1}
-        assert tasks.running() == [] and store.task(finished).status == "completed"
+        assert tasks.running() == [] and store.task(finished.record.task_id).status == "completed"
     finally:
         pykka.ActorRegistry.stop_all()

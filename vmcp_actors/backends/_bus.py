@@ -49,7 +49,14 @@ SEND_TIMEOUT = 10.0
 # child asks for roots right after initialize, before the client's stream is there).
 UNCLAIMED_WAIT = 10.0
 
-_LOST, _MESSAGE = "lost", "message"
+# Messages of the backend's a call holds that its client has not read yet (the call's web
+# thread waits while writing to a client that reads slowly; the link's reader never waits).
+# A call's progress and log messages come in tens, not hundreds, between two reads of a
+# client that keeps up. Past it a notification is dropped (the client is told how many, in
+# a warning where they were), a request refused at once; the answer is always kept.
+CALL_BACKLOG = 256
+
+_LOST, _MESSAGE, _DROPPED = "lost", "message", "dropped"
 # Requests the gateway makes for itself: what the backend sends outside a call while one
 # of these is in flight is not theirs (no client takes part in them).
 GATEWAYS_OWN = frozenset({"initialize", "ping", "tools/list", "prompts/list", "resources/list",
@@ -84,6 +91,8 @@ class _Call:
     progress_token: Any
     inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     for_a_client: bool = False  # a client's call (not the gateway's own list, ping or initialize)
+    unread: int = 0  # the backend's messages in the inbox (under the bus's _lock; at most CALL_BACKLOG)
+    dropped: int = 0  # notifications dropped since the last warning was read (under the bus's _lock)
 
 
 @dataclass(frozen=True)
@@ -174,7 +183,12 @@ class MessageBus:
                     raise BackendCancelled(self.backend, f"the call to backend {self.backend!r} was cancelled")
                 if kind == _LOST:
                     raise value
+                if kind == _DROPPED:
+                    yield self._dropped_warning(call)
+                    continue
                 if "method" in value:
+                    with self._lock:
+                        call.unread -= 1
                     yield value
                     continue
                 return {**value, "id": call.own_id}
@@ -278,8 +292,22 @@ class MessageBus:
                 return  # an old link's last words
             target = self._route(message)
             listeners = list(self._listeners) if target is None else []
+            taken, first_drop = True, False
+            if target is not None and "method" in message:  # the backend's request or notification for a call
+                taken = target.unread < CALL_BACKLOG
+                if taken:
+                    target.unread += 1
+                elif "id" not in message:
+                    target.dropped += 1
+                    first_drop = target.dropped == 1
         if target is not None:
-            target.inbox.put((_MESSAGE, message))
+            if taken:
+                target.inbox.put((_MESSAGE, message))
+            elif "id" in message:  # its client is not reading: the backend hears so at once
+                self._refuse(link, message, "the client is not reading this call's stream (CALL_BACKLOG messages "
+                                            "wait for it)")
+            elif first_drop:  # the warning goes where the gap begins
+                target.inbox.put((_DROPPED, None))
             return
         if "id" in message and "method" not in message:
             logger.debug("backend %r answered a request no one waits for any more", self.backend)
@@ -495,13 +523,23 @@ class MessageBus:
         except BackendError:
             pass  # the link is gone: nothing runs the call any more
 
-    def _refuse(self, link: Link, request: dict[str, Any]) -> None:
+    def _refuse(self, link: Link, request: dict[str, Any], why: str = "the gateway cannot tie this request to a "
+                "client: it came outside any call, or while several calls were in flight") -> None:
         try:
-            link.send({"jsonrpc": "2.0", "id": request.get("id"), "error": {
-                "code": -32603, "message": "the gateway cannot tie this request to a client: it came outside any "
-                                           "call, or while several calls were in flight"}})
+            link.send({"jsonrpc": "2.0", "id": request.get("id"), "error": {"code": -32603, "message": why}})
         except BackendError:
             pass
+
+    def _dropped_warning(self, call: _Call) -> dict[str, Any]:
+        """Where a call's notifications were dropped (its client read too slowly): how many."""
+        with self._lock:
+            dropped, call.dropped = call.dropped, 0
+        logger.warning("backend %r: %d notifications of a call were dropped: its client read too slowly",
+                       self.backend, dropped)
+        return {"jsonrpc": "2.0", "method": "notifications/message", "params": {
+            "level": "warning", "logger": "vmcp-actors", "data": {
+                "warning": f"{dropped} notifications of this call from backend {self.backend!r} were dropped here: "
+                           "the client read the call's stream too slowly", "dropped": dropped}}}
 
     def _forget(self, wire_id: int, used: bool = True) -> None:
         with self._lock:

@@ -72,7 +72,7 @@ from vmcp_actors.protocol.mcp import (
     encode_header_value,
 )
 from vmcp_actors.shared_cache import SharedCache
-from vmcp_actors.limits import Bulkheads, QueueTimeout
+from vmcp_actors.limits import Bulkheads, Place, QueueTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +97,13 @@ class BackendRequest:
 class CallOpened:
     """First of an exchange's events: ``cancel(reason)`` ends it (the backend is told with
     notifications/cancelled under the id the gateway gave the request); ``leave()`` only
-    closes the stream (the request's work goes on at the backend)."""
+    closes the stream (the request's work goes on at the backend); ``place``: a tools/call's
+    place at the backend's bulkhead (None without one), which a parked call gives back."""
 
     backend: str
     cancel: Callable[[str | None], None]
     leave: Callable[[], None] = lambda: None
+    place: Place | None = None
 
 
 NO_LONGER_WANTED = "the caller no longer wants the answer (its composite run ended)"
@@ -269,7 +271,11 @@ class BackendEras:
 
 
 _STREAMED, _INTERJECTED, _ANSWERED, _FAILED = "streamed", "interjected", "answered", "failed"
-_Mailbox = queue.SimpleQueue  # of (kind, value): what the reader thread and interjections bring
+_Mailbox = queue.Queue  # of (kind, value): what the reader thread and interjections bring
+# What a call's reader thread queues for a client that has not read it yet. Past it the
+# reader waits, and the backend's stream with it, as on a direct connection (nothing is
+# dropped); a request interjected into a full mailbox is not delivered to that call.
+CALL_MAILBOX = 256
 
 
 class _CallsInFlight:
@@ -280,7 +286,7 @@ class _CallsInFlight:
         self._open: list[_Mailbox] = []
 
     def open(self) -> _Mailbox:
-        mailbox: _Mailbox = queue.SimpleQueue()
+        mailbox: _Mailbox = queue.Queue(maxsize=CALL_MAILBOX)
         with self._lock:
             self._open.append(mailbox)
         return mailbox
@@ -304,7 +310,10 @@ class _CallsInFlight:
         with self._lock:
             if len(self._open) != 1:
                 return False
-            self._open[0].put((_INTERJECTED, request))
+            try:
+                self._open[0].put_nowait((_INTERJECTED, request))
+            except queue.Full:  # its client is not reading the call: the request goes elsewhere
+                return False
             return True
 
 
@@ -672,9 +681,10 @@ class BackendChannel:
         # thread of its own while this one waits on its mailbox; any other is read here.
         mailbox = self._calls.open() if self.takes_requests and not handshake.is_modern \
             and not getattr(self._client, "routes_requests", False) else None
-        yield CallOpened(self.name, cancel, abort.abort)
+        place = self._bulkheads.place(self.name) if self._bulkheads is not None and method == "tools/call" else None
+        yield CallOpened(self.name, cancel, abort.abort, place)
         try:
-            leave = self._place_for(method, deadline, timeout, abort)
+            self._take_place(place, deadline, timeout, abort)
         except BaseException:
             if mailbox is not None:
                 self._calls.close(mailbox, self.name)
@@ -684,16 +694,15 @@ class BackendChannel:
                 timeout = deadline.cap(self.timeout)  # less what the wait for a place took
             return (yield from self._sent(method, message, handshake, headers, timeout, abort, mailbox))
         finally:
-            leave()
+            if place is not None:
+                place.leave()
 
-    def _place_for(self, method: str, deadline: Deadline | None, timeout: float, abort: Abort) -> Callable[[], None]:
-        """A place at the backend's bulkhead for a tools/call (waited for within the
-        deadline); what gives it back."""
-        if self._bulkheads is None or method != "tools/call":
-            return lambda: None
+    def _take_place(self, place: Place | None, deadline: Deadline | None, timeout: float, abort: Abort) -> None:
+        """A place at the backend's bulkhead for a tools/call (waited for within the deadline)."""
+        if place is None:
+            return
         try:
-            return self._bulkheads.enter(self.name, deadline if deadline is not None else Deadline(timeout),
-                                         lambda: abort.aborted)
+            place.take(deadline if deadline is not None else Deadline(timeout), lambda: abort.aborted)
         except QueueTimeout:
             if abort.aborted:
                 raise BackendCancelled(self.name, "cancelled while it waited for a place") from None
@@ -733,17 +742,29 @@ class BackendChannel:
         order; returns the backend's answer. A ``vmcp-call-<backend>`` thread reads the
         exchange into the mailbox (and closes it); closing this generator aborts that read."""
 
+        def last(item: tuple[str, Any]) -> None:  # the waiting thread reads it, or has emptied the mailbox
+            try:
+                mailbox.put(item, timeout=timeout + 5.0)
+            except queue.Full:
+                logger.debug("backend %r: a call's end found no one reading", self.name)
+
         def read() -> None:
             try:
                 while True:
                     try:
                         streamed = next(exchange)
                     except StopIteration as answered:
-                        mailbox.put((_ANSWERED, answered.value))
+                        last((_ANSWERED, answered.value))
                         return
-                    mailbox.put((_STREAMED, streamed))
+                    while True:  # a full mailbox: the client reads slowly, the backend's stream waits
+                        try:
+                            mailbox.put((_STREAMED, streamed), timeout=1.0)
+                            break
+                        except queue.Full:
+                            if abort.aborted:
+                                raise BackendCancelled(self.name, "the call was given up") from None
             except BaseException as error:  # noqa: BLE001 - the waiting thread raises it
-                mailbox.put((_FAILED, error))
+                last((_FAILED, error))
             finally:
                 exchange.close()
 

@@ -542,11 +542,12 @@ class McpHttpClient:
         return BackendTimeout(self._name, f"backend {self._name!r} did not answer within {timeout:g}s")
 
     def _send(
-        self, method: str, headers: CaseInsensitiveDict, body: bytes | None, deadline: float, timeout: float,
-        abort: Abort | None = None,
+        self, method: str, headers: Mapping[str, str], body: bytes | None, deadline: float, timeout: float,
+        abort: Abort | None = None, url: str | None = None,
     ) -> requests.Response:
         """``abort`` (a call's): aborted before the response begins, the send ends with
-        BackendCancelled and its socket is shut, so the backend sees the request end."""
+        BackendCancelled and its socket is shut, so the backend sees the request end.
+        ``url``: another URL of the backend's than its own (a 2024-11-05 SSE message endpoint)."""
         remaining = self._remaining(deadline, timeout)
         if abort is not None and abort.aborted:
             raise self._cancelled()  # cancelled before it was sent: nothing goes out, no circuit probe taken
@@ -562,7 +563,7 @@ class McpHttpClient:
         try:
             resp = self._http.request(
                 method,
-                self._url,
+                self._url if url is None else url,
                 data=body,
                 headers=headers,
                 timeout=(remaining, remaining),

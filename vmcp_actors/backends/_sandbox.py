@@ -160,8 +160,8 @@ class _Mounts:
 
     def hide(self, path: str) -> None:
         path = os.path.realpath(path)  # a symlink (/var/run -> /run) is hidden where it leads
-        if path == "/" or not os.path.exists(path):
-            return
+        if path == "/" or _under(path, "/tmp") or not os.path.exists(path):
+            return  # (what was in /tmp is not in the child's own)
         self._covers[path] = ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         self._hidden.add(path)
 

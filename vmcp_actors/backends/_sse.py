@@ -5,6 +5,10 @@ answer and every message of the server comes back on that stream.
 One stream per user's channel (it is that user's session, opened with its credentials),
 carried by a ``MessageBus``: a dropped stream is opened again on the next use and given
 the same ``initialize`` first, so the channel never notices.
+
+Every GET and POST goes through the backend's ``McpHttpClient``, as a streamable HTTP
+backend's would: its session (the environment's proxies and CA bundle, no netrc), its
+circuit breaker, its metrics, no redirects, and the deadline of the call it is for.
 """
 
 from __future__ import annotations
@@ -13,51 +17,88 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Mapping
-from typing import Any
+import time
+from collections.abc import Generator, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
-import requests
+from requests.adapters import DEFAULT_POOLSIZE
 
-from vmcp_actors.backends._bus import BusClient, MessageBus
-from vmcp_actors.backends._http import McpHttpClient, _split_lines
+from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus
+from vmcp_actors.backends._http import McpHttpClient, PostResult, _split_lines
 from vmcp_actors.exceptions import (
     BackendError,
     BackendHTTPError,
     BackendProtocolError,
     BackendSessionExpired,
-    BackendUnavailable,
 )
 from vmcp_actors.protocol.sse import iter_sse_events
 
+if TYPE_CHECKING:
+    from vmcp_actors.backends._health import CircuitBreaker
+
 logger = logging.getLogger(__name__)
 
-# How long the GET may take to bring its endpoint event, and a POST its answer.
-CONNECT_TIMEOUT = 10.0
-POST_TIMEOUT = 30.0
 _CHUNK = 64 * 1024
+
+
+class _CallDeadline(threading.local):
+    # The bus opens links and sends messages inside a call's steps, on whichever thread
+    # drives the call, without passing its deadline on: the client leaves it here.
+    due: tuple[float, float] | None = None  # (monotonic deadline, the call's timeout)
+
+
+_CALL = _CallDeadline()
+
+
+@contextmanager
+def _within(due: tuple[float, float]) -> Iterator[None]:
+    before, _CALL.due = _CALL.due, due
+    try:
+        yield
+    finally:
+        _CALL.due = before
+
+
+def _each_step_within(due: tuple[float, float], steps: Generator[dict, None, dict]) -> Generator[dict, None, dict]:
+    """``steps`` with ``due`` as the deadline of each of its steps, on the thread that runs it."""
+    try:
+        while True:
+            with _within(due):
+                try:
+                    streamed = next(steps)
+                except StopIteration as answered:
+                    return answered.value
+            yield streamed
+    finally:
+        steps.close()
+
+
+def _deadline_here() -> tuple[float, float]:
+    """The deadline of the call this thread runs; outside any call (a cancellation sent
+    from an abort, a refusal from the reader), the bus's SEND_TIMEOUT."""
+    return _CALL.due or (time.monotonic() + SEND_TIMEOUT, SEND_TIMEOUT)
 
 
 class SseLink:
     """One open event stream and its endpoint: a ``Link`` of the channel's bus."""
 
-    def __init__(self, bus: MessageBus, http: requests.Session, url: str, headers: Mapping[str, str]):
+    def __init__(self, bus: MessageBus, client: McpHttpClient, url: str, headers: Mapping[str, str]):
         self._bus = bus
-        self._http = http
+        self._client = client
         self._headers = dict(headers)
         self._closed = threading.Event()
-        try:
-            self._stream = http.get(url, headers={**self._headers, "Accept": "text/event-stream"},
-                                    stream=True, timeout=(CONNECT_TIMEOUT, CONNECT_TIMEOUT))
-        except requests.RequestException as error:
-            raise BackendUnavailable(bus.backend, f"backend {bus.backend!r} could not be reached: "
-                                                  f"{type(error).__name__}") from None
+        deadline, timeout = _deadline_here()
+        self._stream = client._send("GET", {**self._headers, "Accept": "text/event-stream"}, None, deadline, timeout,
+                                    url=url)
         if self._stream.status_code != 200:
             self._stream.close()
             raise BackendHTTPError(bus.backend, f"backend {bus.backend!r} answered HTTP {self._stream.status_code} "
                                                 "to its event stream's GET", status=self._stream.status_code)
+        self._endpoint_due: tuple[float, float] | None = (deadline, timeout)  # until the endpoint event came
         self._events = iter_sse_events(_split_lines(self._chunks()))
-        self.endpoint = self._read_endpoint(url)
+        self.endpoint = self._read_endpoint(url, timeout)
         McpHttpClient._set_read_timeout(self._stream, None)  # events come when they come
         threading.Thread(target=self._read, name=f"vmcp-sse-{bus.backend}", daemon=True).start()
 
@@ -68,13 +109,14 @@ class SseLink:
         if headers is not None:
             self._headers = dict(headers)
         body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        deadline, timeout = _deadline_here()
+        answer = self._client._send("POST", {**self._headers, "Content-Type": "application/json"}, body,
+                                    deadline, timeout, url=self.endpoint)
         try:
-            answer = self._http.post(self.endpoint, data=body, timeout=(CONNECT_TIMEOUT, POST_TIMEOUT),
-                                     headers={**self._headers, "Content-Type": "application/json"})
-        except requests.RequestException as error:
-            raise BackendUnavailable(self._bus.backend, f"backend {self._bus.backend!r} could not be reached: "
-                                                        f"{type(error).__name__}") from None
-        answer.close()
+            if 200 <= answer.status_code < 300:
+                self._client._drain(answer, deadline, timeout)  # so its connection goes back to the pool
+        finally:
+            answer.close()
         if answer.status_code == 404:
             # The server no longer knows this stream's session (it restarted; the stream was
             # cut off without the gateway hearing of it): the link is dead however open it
@@ -104,10 +146,15 @@ class SseLink:
         if read1 is None:
             yield from self._stream.iter_content(_CHUNK)
             return
-        while chunk := read1(_CHUNK, decode_content=True):
+        while True:
+            if self._endpoint_due is not None:  # a backend trickling comments cannot hold the opener past it
+                McpHttpClient._set_read_timeout(self._stream, self._client._remaining(*self._endpoint_due))
+            chunk = read1(_CHUNK, decode_content=True)
+            if not chunk:
+                return
             yield chunk
 
-    def _read_endpoint(self, url: str) -> str:
+    def _read_endpoint(self, url: str, timeout: float) -> str:
         try:
             for event in self._events:
                 if event.event == "endpoint":
@@ -116,13 +163,18 @@ class SseLink:
                         raise BackendProtocolError(self._bus.backend, f"backend {self._bus.backend!r} named an "
                                                                       "endpoint on another origin")
                     return endpoint
-        except (requests.RequestException, OSError, UnicodeDecodeError) as error:
-            self._stream.close()
-            raise BackendUnavailable(self._bus.backend, f"backend {self._bus.backend!r} sent no endpoint: "
-                                                        f"{type(error).__name__}") from None
         except BackendError:
             self._stream.close()
             raise
+        except UnicodeDecodeError:
+            self._stream.close()
+            raise BackendProtocolError(self._bus.backend, f"backend {self._bus.backend!r} sent an event that is "
+                                                          "not UTF-8") from None
+        except Exception as error:  # noqa: BLE001 - mapped as the HTTP client maps a body read's failure
+            self._stream.close()
+            raise self._client._map_exception(error, timeout) from None
+        finally:
+            self._endpoint_due = None
         self._stream.close()
         raise BackendProtocolError(self._bus.backend, f"backend {self._bus.backend!r} ended its event stream "
                                                       "before naming an endpoint")
@@ -149,13 +201,22 @@ class SseLink:
 class LegacySseClient(BusClient):
     """A channel's client for a 2024-11-05 HTTP+SSE backend: its own stream and session."""
 
-    def __init__(self, backend: str, url: str, *, one_client: bool = False):
+    def __init__(self, backend: str, url: str, *, one_client: bool = False, breaker: CircuitBreaker | None = None):
         """``one_client``: the connection serves one client session (else a person's
-        2026-07-28 requests, among which a request outside a call cannot be placed)."""
-        http = requests.Session()
-        http.trust_env = False  # no netrc credentials for backends (as the HTTP client)
+        2026-07-28 requests, among which a request outside a call cannot be placed).
+        ``breaker``: the backend's circuit, shared with every user's client."""
+        # Idle connections kept: a plain requests.Session's, not the shared HTTP client's many.
+        http = McpHttpClient(backend, url, breaker=breaker, pool_size=DEFAULT_POOLSIZE)
         bus = MessageBus(backend, lambda bus, headers: SseLink(bus, http, url, headers), one_client=one_client)
         super().__init__(bus, lambda _view: (bus.close(), http.close()))
+
+    def post(self, message: dict, *, timeout: float, **rest: Any) -> PostResult:
+        with _within((time.monotonic() + timeout, timeout)):
+            return super().post(message, timeout=timeout, **rest)
+
+    def exchange(self, request: dict, *, timeout: float, **rest: Any) -> Generator[dict, None, dict]:
+        steps = super().exchange(request, timeout=timeout, **rest)
+        return _each_step_within((time.monotonic() + timeout, timeout), steps)
 
     def __repr__(self) -> str:  # never the URL
         return f"LegacySseClient(backend={self.backend_name!r})"

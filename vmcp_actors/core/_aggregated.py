@@ -343,13 +343,22 @@ class AggregatedBackends:
         """Subscribe at the backend that owns ``uri`` and note ``subscriber`` (a client
         session) as one to tell of its updates."""
         backend = self._subscribable(identity, uri, deadline)
-        if not self._channels[backend].speaks_modern():  # a 2026-07-28 backend hears it in subscriptions/listen
-            self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
-        if self._record_subscription is not None:
-            self._record_subscription(subscriber, uri, True)
+        # Noted first, the backend streams open, then the backend told: an update it sends
+        # the moment it is subscribed reaches the subscriber, as on a direct connection.
         with self._user_answering():
             streams = self._user.subscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
-        streams.wait(deadline.cap(ASK_TIMEOUT))  # subscribed once the update can reach the gateway
+        streams.wait(deadline.cap(ASK_TIMEOUT))
+        if not self._channels[backend].speaks_modern():  # a 2026-07-28 backend hears it in subscriptions/listen
+            try:
+                self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
+            except Exception:
+                try:  # not subscribed after all
+                    self._user.unsubscribed(subscriber, uri).get(timeout=ASK_TIMEOUT)
+                except (pykka.ActorDeadError, pykka.Timeout):
+                    pass
+                raise
+        if self._record_subscription is not None:
+            self._record_subscription(subscriber, uri, True)
         return {}
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
@@ -373,6 +382,7 @@ class AggregatedBackends:
         speaks 2026-07-28 (else the input is ignored, as the specification lets a server
         do, and the request is an ordinary one). The name must still be offered."""
         method, name = continuation.method, continuation.name
+        route = None
         if method == "resources/read":
             owner = self.lookup_resource(identity, name, deadline)
             if owner is None:
@@ -402,11 +412,14 @@ class AggregatedBackends:
         params["inputResponses"] = dict(continuation.input_responses)
         if continuation.backend_state is not None:
             params["requestState"] = continuation.backend_state
+        # Each round is a tools/call of its own: its tool's Mcp-Param-* headers go along again.
+        headers = self._param_headers(identity, route, continuation.arguments, deadline) \
+            if method == "tools/call" and route is not None and route.backend == backend else None
         task = requested_task.get() if method == "tools/call" else None
         if task is None:
-            return self._request(identity, backend, method, params, deadline)
+            return self._request(identity, backend, method, params, deadline, headers)
         params = self._tasks.call_params(backend, None, params, task)
-        return self._tasks.call(backend, self._request(identity, backend, method, params, deadline), task)
+        return self._tasks.call(backend, self._request(identity, backend, method, params, deadline, headers), task)
 
     def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:
         """A client notification every backend session of the user should hear (roots changed)."""
@@ -450,8 +463,8 @@ class AggregatedBackends:
     def _call(self, identity, backend, method, params, deadline) -> dict[str, Any]:
         return drained(self._channels[backend].request(identity, method, params, deadline))
 
-    def _request(self, identity, backend, method, params, deadline) -> Exchange:
-        return from_backend(self._channels[backend].request(identity, method, params, deadline), backend)
+    def _request(self, identity, backend, method, params, deadline, headers=None) -> Exchange:
+        return from_backend(self._channels[backend].request(identity, method, params, deadline, headers), backend)
 
 
 def _offered(found: InternalTool, name: str, catalog: Catalog) -> Finding:

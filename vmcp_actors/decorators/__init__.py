@@ -15,6 +15,7 @@ from typing import Any
 
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.core._interface import LayerFactory, UserCore
+from vmcp_actors.decorators._admission import StepAdmission
 from vmcp_actors.decorators._cedar import CedarAuthz, CedarPolicies
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.decorators._composite_tasks import CompositeTasks, UserTasks
@@ -39,6 +40,7 @@ class DecoratorStack:
     above_filter: tuple[LayerFactory, ...]  # innermost first: authz, an embedder's layers, the optimizer
     workflow_metrics: WorkflowMetrics
     limiter: RateLimiter | None = None  # under the filter; composite steps pass their tools' buckets too
+    policies: CedarPolicies | None = None  # Cedar authz over the filter; composite steps are decided too
 
     def build(self, backends: Any, client_capabilities: Mapping[str, Any],
               tasks: UserTasks | None = None) -> tuple[UserCore, CompositeTools]:
@@ -47,7 +49,7 @@ class DecoratorStack:
         runs clients accept tasks of go)."""
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
                                     self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks,
-                                    limiter=self.limiter)
+                                    admission=StepAdmission(self.policies, self.limiter))
         limited: UserCore = composites if self.limiter is None else RateLimits(composites, self.limiter)
         outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation)
         for wrap in self.above_filter:
@@ -59,6 +61,7 @@ def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
           workflow_metrics: WorkflowMetrics | None = None, limiter: RateLimiter | None = None) -> DecoratorStack:
     """Every decorator the config and the embedder ask for, in their one order."""
     above: list[LayerFactory] = []
+    policies = None
     if config.incoming_auth.authz is not None:
         policies = CedarPolicies(config.incoming_auth.authz)  # parsed once for the process
         above.append(lambda inner: CedarAuthz(inner, policies))
@@ -67,7 +70,7 @@ def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
     if config.optimizer is not None:
         limit = config.optimizer.max_tools_to_return
         above.append(lambda inner: ToolOptimizer(inner, limit))
-    return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics(), limiter)
+    return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics(), limiter, policies)
 
 
 __all__ = [

@@ -164,14 +164,12 @@ class CedarAuthz(CoreLayer):
         return decided
 
     def _denied(self, identity: Identity | None, action: str, name: str) -> None:
-        audit.info("%s", json.dumps({"event": "authz.denied", "issuer": identity.issuer if identity else "",
-                                     "subject": identity.subject if identity else ANONYMOUS,
-                                     "action": action, "resource": name}, sort_keys=True))
+        audit_denied(identity, action, name)
 
     def _tool_hints(self, identity: Identity | None, name: str, deadline: Deadline) -> Mapping[str, Any] | None:
         tools = self._inner.list_tools(identity, deadline)
         tool = self._definitions.get(tools, lambda: by_name(tools)).get(name)
-        return _hints(tool) if tool is not None else None
+        return tool_hints(tool) if tool is not None else None
 
     def _allowed_entries(self, cache: PerList[tuple[dict[str, Any], ...]], identity: Identity | None,
                          entries: tuple[dict[str, Any], ...], action: str, key: str) -> tuple[dict[str, Any], ...]:
@@ -198,7 +196,7 @@ class CedarAuthz(CoreLayer):
 
         def allowed() -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]:
             kept = tuple(tool for tool in tools if self._decide(identity, CALL_TOOL, str(tool.get("name")),
-                                                                _hints(tool), principal=principal).allowed)
+                                                                tool_hints(tool), principal=principal).allowed)
             return kept, by_name(kept)
 
         return self._allowed_tools.get(tools, allowed, principal.digest)
@@ -312,7 +310,14 @@ def _hint_key(hints: Mapping[str, Any] | None) -> tuple[tuple[str, bool], ...]:
         if hints else ()
 
 
-def _hints(tool: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def audit_denied(identity: Identity | None, action: str, name: str) -> None:
+    audit.info("%s", json.dumps({"event": "authz.denied", "issuer": identity.issuer if identity else "",
+                                 "subject": identity.subject if identity else ANONYMOUS,
+                                 "action": action, "resource": name}, sort_keys=True))
+
+
+def tool_hints(tool: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A tool's annotations, which policies may read (``readOnlyHint``, ...)."""
     annotations = tool.get("annotations")
     return annotations if isinstance(annotations, Mapping) else None
 

@@ -35,10 +35,19 @@ import pykka
 
 from vmcp_actors import tracing
 from vmcp_actors.backends import CallOpened
-from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline, stop_quietly
+from vmcp_actors.concurrency import (
+    ASK_TIMEOUT,
+    Deadline,
+    failed,
+    on_settled,
+    run_in_thread,
+    settle_from,
+    stop_quietly,
+)
 from vmcp_actors.config import AggregationConfig
 from vmcp_actors.core._aggregated import ANSWER_MARGIN, AggregatedBackends
 from vmcp_actors.core._catalog import Catalog, InternalTool, Route, by_name
+from vmcp_actors.decorators._admission import StepAdmission
 from vmcp_actors.core._exchange import (
     SESSION_ENDED,
     CallCancelled,
@@ -53,7 +62,6 @@ from vmcp_actors.core._tasks import LEGACY_TASK_METHODS, MODERN_TASK_METHODS, Ta
 from vmcp_actors.decorators._composite_tasks import UserTasks
 from vmcp_actors.decorators._filter import is_advertised
 from vmcp_actors.identity import Identity
-from vmcp_actors.limits import RateLimiter
 from vmcp_actors.metrics import METRICS
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
 from vmcp_actors.protocol.mcp import missing_capability
@@ -202,9 +210,9 @@ class _StepCaller:
     def __init__(self, backends: AggregatedBackends, identity: Identity | None, targets: Mapping[str, InternalTool],
                  client_capabilities: Mapping[str, Any], to_client: Any,
                  ask: Callable[[str, dict[str, Any]], cf.Future[dict[str, Any]]] | None = None,
-                 limiter: RateLimiter | None = None):
+                 admission: StepAdmission = StepAdmission()):
         self._backends = backends
-        self._limiter = limiter  # a step's call passes its tool's own buckets
+        self._admission = admission  # what a step's call passes: Cedar as the caller, its tool's own buckets
         self._identity = identity
         self._targets = targets
         self._client_capabilities = client_capabilities
@@ -221,8 +229,31 @@ class _StepCaller:
         target = self._targets.get(tool)
         if target is None:
             raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
-        if self._limiter is not None:
-            self._limiter.admit(self._identity, tool, client_call=False)
+        admission = self._admission
+        if not admission.decides(target):
+            return self._submit(tool, target, arguments, deadline)
+        # Called in the run's actor: the decision may be a Redis round trip, so it is made
+        # on the I/O pool, and the call is submitted from there.
+        outcome: cf.Future[dict[str, Any]] = cf.Future()
+
+        def admit_then_submit() -> None:
+            if outcome.cancelled():
+                return  # the run ended first
+            try:
+                if not admission.admit(self._identity, target, arguments):  # as for no such tool: nothing revealed
+                    raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
+                submitted = self._submit(tool, target, arguments, deadline)
+            except Exception as error:  # noqa: BLE001 - refused (429, 503) or not sent: the step's failure
+                settle_from(outcome, failed(error))
+                return
+            outcome.add_done_callback(lambda done: submitted.cancel() if done.cancelled() else None)
+            on_settled(submitted, lambda done: None if done.cancelled() else settle_from(outcome, done))
+
+        run_in_thread(admit_then_submit)
+        return outcome
+
+    def _submit(self, tool: str, target: InternalTool, arguments: dict[str, Any],
+                deadline: Deadline) -> cf.Future[dict[str, Any]]:
         span = tracing.start_span(f"composite step {tool}", self._trace, {"vmcp.backend": target.route.backend})
         outcome = tracing.within(span, self._backends.submit_route, self._identity, target.route, arguments, deadline)
         if span is not None:
@@ -261,11 +292,11 @@ class CompositeTools(CoreLayer):
 
     def __init__(self, inner: AggregatedBackends, composites: Sequence[CompositeTool], aggregation: AggregationConfig,
                  metrics: WorkflowMetrics | None = None, *, client_capabilities: Mapping[str, Any] | None = None,
-                 tasks: UserTasks | None = None, limiter: RateLimiter | None = None):
+                 tasks: UserTasks | None = None, admission: StepAdmission = StepAdmission()):
         """``tasks``: where a call the client accepts a task of runs as one (None: never);
-        ``limiter``: the rate limits its steps' calls pass."""
+        ``admission``: what its steps' calls pass."""
         super().__init__(inner)
-        self._limiter = limiter
+        self._admission = admission
         self._tasks = tasks
         self._client_capabilities = client_capabilities or {}
         self._composites = tuple(composites)
@@ -337,7 +368,7 @@ class CompositeTools(CoreLayer):
         user, tasks = self._tasks, self._tasks.tasks
         run = tasks.begin(user.owner, user.user, composite.name, composite.timeout, task.params.get("ttl"), user.hold)
         caller = _StepCaller(self._inner, identity, view.targets, self._client_capabilities, None,
-                             ask=lambda step_id, request: tasks.ask(run, step_id, request), limiter=self._limiter)
+                             ask=lambda step_id, request: tasks.ask(run, step_id, request), admission=self._admission)
         self._metrics.started(composite.name)
         ref = WorkflowRun.start(composite, arguments, caller, run_id=run.record.task_id[:16],
                                 deadline=Deadline.after(composite.timeout), on_finish=self._metrics.finished,
@@ -404,7 +435,7 @@ class CompositeTools(CoreLayer):
                                                 "message": message}}))
 
         caller = _StepCaller(self._inner, identity, view.targets, self._client_capabilities, events.put,
-                             limiter=self._limiter)
+                             admission=self._admission)
         ref = WorkflowRun.start(
             composite, arguments, caller,
             run_id=run_id,

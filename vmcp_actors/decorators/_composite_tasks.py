@@ -3,11 +3,17 @@ worker answers ``tasks/*`` about it from the task record.
 
 ``CompositeTasks`` is the process's share (one per worker, thread-safe): the runs this
 worker holds (each a ``WorkflowRun`` actor, as for a plain call) and every read and write
-of task records. The run writes its record as it goes (the step in progress, the questions
-an elicitation step waits on, then its result or error); another worker's ``tasks/update``
+of task records. The run's record follows it (the step in progress, the questions an
+elicitation step waits on, then its result or error); another worker's ``tasks/update``
 and ``tasks/cancel`` write the record and signal the runner (``TaskSignals``), which
 answers the waiting step or stops the run. A task whose runner is gone (the worker died)
 is written ``failed`` by whoever reads it next.
+
+The run tells its changes on its actor's loop, where no store is called: each run's record
+is written on the I/O pool by one job at a time (``_write_record``), which writes the run as
+it is then, again if it changed meanwhile, and its end last. A progress write that fails is
+logged (the next write carries the whole state); an end that fails is tried again until the
+record expires, the run held here (alive to readers) until it lands.
 
 ``UserTasks`` is one user's view (per user stack): it starts their runs and answers their
 ``tasks/*`` in either revision, under handles sealed to them (``TaskHandles``, the same as
@@ -27,7 +33,7 @@ from typing import Any, Protocol
 
 import pykka
 
-from vmcp_actors.concurrency import ASK_TIMEOUT, stop_quietly
+from vmcp_actors.concurrency import ASK_TIMEOUT, call_later, run_in_thread, stop_quietly
 from vmcp_actors.config import TasksConfig
 from vmcp_actors.core._exchange import Exchange, ServerRequest
 from vmcp_actors.core._task_records import (
@@ -62,6 +68,7 @@ RUNNER_GONE = ("The gateway worker that ran this task stopped before it finished
                "Call the tool again.")
 RESULT_POLL = 0.1  # seconds between reads of the record while a 2025 client's tasks/result waits
 WORKER_FULL_RETRY_AFTER = 5  # seconds a client is told to wait when this worker holds all the runs it may
+END_RETRY_FIRST, END_RETRY_MAX = 1.0, 30.0  # seconds before a failed end write is tried again (doubling)
 
 
 class TaskSignals(Protocol):
@@ -74,7 +81,8 @@ class TaskSignals(Protocol):
 
 
 class _LocalRun:
-    """A task this worker runs: its actor, and the questions its steps wait on."""
+    """A task this worker runs: its actor, the questions its steps wait on, and its
+    record's writes."""
 
     def __init__(self, record: TaskRecord, release: Callable[[], None]):
         self.record = record  # as created (the live state is in the store)
@@ -84,6 +92,12 @@ class _LocalRun:
         self.cancelled = False
         self.asks: dict[str, tuple[dict[str, Any], cf.Future[dict[str, Any]]]] = {}  # step -> (request, answer)
         self.steps: dict[str, str] = {}  # step id -> state, as the run last reported
+        self.writing = False  # a job writes the record (at most one per run)
+        self.changed = False  # the run changed since that job read it: it writes again
+        self.end: tuple[str, Callable[[TaskRecord], TaskRecord]] | None = None  # (status, change), once it settled
+        self.end_tries = 0  # failed end writes (the writing job's own)
+        # The status its record ended with, once written (or given up on) and the run let go.
+        self.ended: cf.Future[str] = cf.Future()
 
     def stop(self) -> None:
         with self.lock:
@@ -180,11 +194,12 @@ class CompositeTasks:
         outcome.add_done_callback(lambda done: self._settled(run, done))
 
     def ask(self, run: _LocalRun, step_id: str, request: dict[str, Any]) -> cf.Future[dict[str, Any]]:
-        """A step's question for the client: the task waits for input until it is answered."""
+        """A step's question for the client (asked in the run's actor): the task waits for
+        input until it is answered."""
         answer: cf.Future[dict[str, Any]] = cf.Future()
         with run.lock:
             run.asks[step_id] = (request, answer)
-        self._write_progress(run)
+        self._record(run)
         return answer
 
     def progressed(self, run: _LocalRun, steps: Mapping[str, str]) -> None:
@@ -195,18 +210,71 @@ class CompositeTasks:
         for answer in moved_on:  # the step ended without its answer (timed out): a late one changes nothing
             if not answer.done():
                 answer.set_exception(JsonRpcError(INTERNAL_ERROR, "the step ended before it was answered"))
-        self._write_progress(run)
+        self._record(run)
 
-    def _write_progress(self, run: _LocalRun) -> None:
+    def _record(self, run: _LocalRun, end: tuple[str, Callable[[TaskRecord], TaskRecord]] | None = None) -> None:
+        """The run's record is to say what the run does now (or ``end``): written on the
+        I/O pool, never here (this may be the run's loop)."""
         with run.lock:
-            waiting = {step_id: request for step_id, (request, answer) in run.asks.items() if not answer.done()}
-            message = _status_message(run.steps, waiting)
+            if end is not None:
+                run.end = end
+            run.changed = True
+            if run.writing:
+                return  # the job under way writes it
+            run.writing = True
+        run_in_thread(self._write_record, run)
+
+    def _write_record(self, run: _LocalRun) -> None:
+        """On the I/O pool, the run's one writing job: the run as it is now, again while it
+        changed meanwhile; its end last, and the job ends with it."""
+        while True:
+            with run.lock:
+                if not run.changed:
+                    run.writing = False
+                    return
+                run.changed = False
+                end = run.end
+                waiting = {step_id: request for step_id, (request, answer) in run.asks.items() if not answer.done()}
+                message = _status_message(run.steps, waiting)
+            if end is not None:
+                self._write_end(run, end)
+                return
+            try:
+                self._store.update_task(run.record.task_id,
+                                        lambda record: record.progressed(message, waiting, self._wall()))
+            except Exception as error:  # noqa: BLE001 - a store hiccup must not break the run; the next write has it all
+                logger.warning("task %s: progress not recorded (%s)", run.record.task_id[:12], type(error).__name__)
+
+    def _write_end(self, run: _LocalRun, end: tuple[str, Callable[[TaskRecord], TaskRecord]]) -> None:
+        """The run's end, recorded; then it is counted and let go. One that cannot be
+        written is tried again (the run held here, alive to readers) until its record
+        expires: then readers write it failed, its runner gone."""
+        final, change = end
         try:
-            self._store.update_task(run.record.task_id, lambda record: record.progressed(message, waiting, self._wall()))
-        except Exception as error:  # noqa: BLE001 - a store hiccup must not break the run
-            logger.warning("task %s: progress not recorded (%s)", run.record.task_id[:12], type(error).__name__)
+            recorded = self._store.update_task(run.record.task_id, change)
+            if recorded is not None:
+                final = recorded.status  # a tasks/cancel (on any worker) may have ended it first
+        except Exception as failure:  # noqa: BLE001 - tried again below
+            run.end_tries += 1
+            delay = min(END_RETRY_MAX, END_RETRY_FIRST * 2 ** (run.end_tries - 1))
+            if self._wall() + delay < run.record.expires:
+                logger.warning("task %s: its end not recorded (%s); trying again in %gs", run.record.task_id[:12],
+                               type(failure).__name__, delay)
+                with run.lock:
+                    run.changed = True  # the job after the delay writes the end (writing stays set)
+                call_later(delay, lambda: run_in_thread(self._write_record, run))
+                return
+            logger.error("task %s: its end could not be recorded (%s); readers will find its runner gone",
+                         run.record.task_id[:12], type(failure).__name__)
+            final = FAILED  # what those readers will make of it
+        # Counted before it leaves running(): reading running() then ended_counts() never misses it.
+        self._count_ended(run.record.tool, final)
+        self._forget(run)
+        run.ended.set_result(final)
 
     def _settled(self, run: _LocalRun, outcome: cf.Future[dict[str, Any]]) -> None:
+        """The run's result (on its loop, or the thread that started it): its end is to be
+        recorded."""
         from vmcp_actors.workflows.engine import WorkflowCancelled  # noqa: PLC0415 - the engine imports the config
 
         now = self._wall()
@@ -224,18 +292,7 @@ class CompositeTasks:
         def change(record: TaskRecord) -> TaskRecord:
             return record.ended(status, message, now, result=result, error=shaped)
 
-        final = status
-        try:
-            recorded = self._store.update_task(run.record.task_id, change)
-            if recorded is not None:
-                final = recorded.status  # a tasks/cancel (on any worker) may have ended it first
-        except Exception as failure:  # noqa: BLE001 - the readers will find the runner gone
-            final = FAILED  # what those readers will make of it
-            logger.warning("task %s: its end not recorded (%s)", run.record.task_id[:12], type(failure).__name__)
-        finally:
-            # Counted before it leaves running(): reading running() then ended_counts() never misses it.
-            self._count_ended(run.record.tool, final)
-            self._forget(run)
+        self._record(run, end=(status, change))
 
     def _count_ended(self, tool: str, status: str) -> None:
         with self._lock:

@@ -29,8 +29,10 @@ from vmcp_actors.core._exchange import (
     Notification,
     ServerRequest,
 )
+from vmcp_actors.limits import Place, QueueTimeout
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
+    REQUEST_TIMEOUT,
     JsonRpcError,
     error_response,
     result_response,
@@ -85,13 +87,16 @@ def response_for(outcome: Outcome, request_id: Any) -> tuple[int, dict[str, Any]
 @dataclass
 class CallRun:
     """A call's backend side as it is driven: its exchange (replaced by the retry after an
-    input round), how to cancel it, the backend it reached, and the client's answers it
-    waits for while parked (a 2026-07-28 client's retry brings them)."""
+    input round), how to cancel it, the backend it reached, its place at that backend's
+    bulkhead, and the client's answers it waits for while parked (a 2026-07-28 client's
+    retry brings them). A parked call holds no bulkhead place: it gives it back when it
+    parks and takes one again, like a new call, before the retry's answers reach the backend."""
 
     exchange: Exchange
     deadline: Deadline
     cancel: Callable[[str | None], None] | None = None
     backend: str | None = None
+    place: Place | None = None
     pending: dict[str, ServerRequest] = field(default_factory=dict)
     rounds: int = 0
     parked: bool = False
@@ -103,6 +108,23 @@ class CallRun:
         if self._id is None:
             self._id = secrets.token_urlsafe(12)
         return self._id
+
+    def give_back_place(self) -> None:
+        """The call parks: it waits on its client, so its bulkhead place is free meanwhile."""
+        if self.place is not None:
+            self.place.give_back()
+
+    def take_place_again(self) -> None:
+        """The client's retry came: a place again before the backend hears the answers,
+        waited for as a new call waits, until the call's deadline (then -32001)."""
+        if self.place is None:
+            return
+        try:
+            self.place.take(self.deadline)
+        except QueueTimeout:
+            raise JsonRpcError(REQUEST_TIMEOUT, f"backend {self.place.backend!r}: the call's deadline passed while "
+                                                "its continuation waited for a place (maxConcurrentCalls)",
+                               {"backend": self.place.backend}) from None
 
 
 def started(start: Callable[[], Exchange | Mapping[str, Any]]) -> Exchange:
@@ -164,6 +186,7 @@ def drive(run: CallRun, side: ClientSide) -> Iterator[Write | Outcome]:
             elif isinstance(event, CallOpened):
                 run.cancel = event.cancel
                 run.backend = run.backend or event.backend or None
+                run.place = event.place if event.place is not None else run.place
                 side.opened(run)
             elif isinstance(event, InputRequired):
                 run.rounds += 1

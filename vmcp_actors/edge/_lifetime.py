@@ -10,7 +10,7 @@ session reaped).
 the view calls ``Answer.close()`` however the response ends. A call answered as SSE ends
 its lifetime when the call ends: a client that drops a 2025-11-25 call's stream may come
 back for the rest (GET with ``Last-Event-ID``), so the call goes on alone, still holding
-its lease, and its events are kept.
+its lease, and its newest events are kept (``users._live.CallStream`` says how many).
 """
 
 from __future__ import annotations

@@ -338,6 +338,7 @@ class ParkedCalls:
 
     def park(self, run: CallRun) -> None:
         run.parked = True
+        run.give_back_place()  # it waits on its client: no bulkhead place until the retry comes
         timer = call_later(max(run.deadline.remaining(), 0.0), lambda: self._expire(run.id))
         with self._lock:
             self._calls[run.id] = (run, timer)
@@ -477,6 +478,11 @@ class StatelessSide:
         """A parked call taken by this retry: its answers go to whoever asked. The outcome
         when the call cannot go on yet (still unanswered: parked again; too many rounds),
         else None: drive it on."""
+        try:
+            run.take_place_again()  # before the backend hears an answer and goes on working
+        except JsonRpcError as error:
+            abandon(run, error.message)
+            return self.failed(error)
         for key, answer in (self._request.input_responses or {}).items():
             asked = run.pending.get(key)
             if asked is None:

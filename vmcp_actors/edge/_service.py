@@ -562,35 +562,23 @@ class McpService:
                                                    "stream (open another for more)")
         watch = self._task_watch(task_ids, identity, user, request) if task_ids is not None else None
         listen_id = f"listen:{secrets.token_hex(12)}"
-        deadline = Deadline.after(ASK_TIMEOUT)
-        subscribed = []
-        for uri in dict.fromkeys(uris):
-            try:
-                user.core.subscribe_resource(identity, listen_id, uri, deadline)
-                subscribed.append(uri)
-            except JsonRpcError as error:
-                logger.debug("listen: not subscribing to a resource: %s", error.message)
         agreed: dict[str, Any] = {flag: True for flag in ("toolsListChanged", "promptsListChanged",
                                                           "resourcesListChanged") if wanted.get(flag) is True}
-        if subscribed:
-            agreed["resourceSubscriptions"] = subscribed
-        if watch is not None:
-            agreed["taskIds"] = watch.accept(task_ids)
+        # The stream is registered before anything is subscribed: what a backend sends the
+        # moment it is subscribed waits on it (after the acknowledgment), never dropped.
+        stream = ListenStream(listen_id, message.id, {**agreed, "resourceSubscriptions": list(dict.fromkeys(uris))})
         try:
-            stream = self._live.open_stream(listen_id, ListenStream(listen_id, message.id, agreed),
-                                            owner=identity_key(identity))
+            opened = self._live.open_stream(listen_id, stream, owner=identity_key(identity))
         except StreamShareReached:
             if watch is not None:
                 watch.stop()
-            self._unsubscribe_all(user, identity, listen_id, subscribed)
             raise
-        if stream is None:
-            self._unsubscribe_all(user, identity, listen_id, subscribed)
+        if opened is None:
             return settled(lifetime, 503, error_response(message.id, JsonRpcError(
                 INTERNAL_ERROR, "Service Unavailable: this process holds as many streams as it can")))
+        subscribed: list[str] = []
 
         def closed() -> None:
-            assert isinstance(stream, ListenStream)
             if watch is not None:
                 watch.stop()
             stream.client_left()
@@ -602,6 +590,18 @@ class McpService:
             self._unsubscribe_all(user, identity, listen_id, subscribed)
 
         lifetime.ends_with(closed)
+        deadline = Deadline.after(ASK_TIMEOUT)
+        for uri in dict.fromkeys(uris):
+            try:
+                user.core.subscribe_resource(identity, listen_id, uri, deadline)
+                subscribed.append(uri)
+            except JsonRpcError as error:
+                logger.debug("listen: not subscribing to a resource: %s", error.message)
+        if subscribed:
+            agreed["resourceSubscriptions"] = subscribed
+        if watch is not None:
+            agreed["taskIds"] = watch.accept(task_ids)
+        stream.agree(agreed)  # what the acknowledgment says, and all the stream takes from now on
         # Acknowledged once the backends' streams are open too: what a backend sends after the
         # acknowledgment reaches this stream (the specification's promise to the client).
         self._ask(user.proxy.stream_opened(listen_id, identity)).wait(ASK_TIMEOUT)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vmcp_actors.concurrency import refuse_on_actor_loop
 from vmcp_actors.config import TokenBucket
 
 SWEEP_EVERY = 4096  # decisions between two sweeps of idle buckets (memory)
@@ -61,7 +62,8 @@ class MemoryBuckets:
 
     def decide(self, buckets: Sequence[Bucket]) -> tuple[int, float]:
         """(-1, 0) when every bucket gave a token; else (index of the first that had
-        none, seconds until it has one)."""
+        none, seconds until it has one). Never on an actor's loop: with Redis, a round trip."""
+        refuse_on_actor_loop("a rate-limit decision")
         ordered = sorted(range(len(buckets)), key=lambda index: buckets[index].key)
         while True:
             now = self._clock()

@@ -3,6 +3,16 @@ in flight to the backend at once; the others wait their turn within their own de
 and one still waiting when it passes gets the deadline's error without reaching the
 backend.
 
+A call holds its place from before it is sent until it ends (``Place``), except while it
+is parked: a 2026-07-28 call whose backend asked its client something waits, in this
+process, for the client's retry with the answer (``edge._modern.ParkedCalls``), possibly
+until its deadline. The backend's handler then only waits on the client, so the parked
+call gives its place back (``Place.give_back``); the retry takes a place again
+(``Place.take``) before the answers reach the backend, waiting like any new call, within
+the call's deadline. A client that never comes back holds no place, so it cannot exhaust
+``maxConcurrentCalls``: the bulkhead bounds the calls a backend works on, not the ones
+parked on a client.
+
 In one process the places are a semaphore per backend. With records in Redis they are
 leases in a sorted set per backend (``{keyPrefix}bh:{backend}``, scored by when each
 lease lapses): one script drops lapsed leases and takes a place when there is one, so the
@@ -52,6 +62,55 @@ return 1
 """
 
 
+class Place:
+    """One call's place at a backend's bulkhead (see the module docstring): ``take`` waits
+    for one (at once when the backend has no limit, or the place is held already),
+    ``give_back`` frees it while the call is parked, ``leave`` frees it for good (once,
+    however often called; a call that is over takes none again). Calling it is ``leave``."""
+
+    def __init__(self, bulkheads: Bulkheads, backend: str):
+        self._bulkheads = bulkheads
+        self.backend = backend
+        self._lock = threading.Lock()  # guards _release and _left; never held while waiting or releasing
+        self._release: Release | None = None  # set while the place is held
+        self._left = False
+
+    def __call__(self) -> None:
+        self.leave()
+
+    @property
+    def held(self) -> bool:
+        with self._lock:
+            return self._release is not None
+
+    def take(self, deadline: Deadline, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """A place, waited for until ``deadline`` or ``cancelled()`` (QueueTimeout)."""
+        with self._lock:
+            if self._release is not None or self._left:
+                return
+        release = self._bulkheads.wait_for_place(self.backend, deadline, cancelled)
+        with self._lock:
+            left = self._left
+            if not left:
+                self._release = release
+        if left:  # the call ended while it waited: the place goes straight back
+            release()
+
+    def give_back(self) -> None:
+        """The call waits on its client (parked): its place is free meanwhile."""
+        with self._lock:
+            release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._left = True
+            release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
 class Bulkheads:
     """The process's bulkheads (thread-safe), by backend name."""
 
@@ -69,9 +128,19 @@ class Bulkheads:
     def limit(self, backend: str) -> int | None:
         return self._limits.get(backend)
 
-    def enter(self, backend: str, deadline: Deadline, cancelled: Callable[[], bool] = lambda: False) -> Release:
+    def place(self, backend: str) -> Place:
+        """A call's place at ``backend``, not taken yet."""
+        return Place(self, backend)
+
+    def enter(self, backend: str, deadline: Deadline, cancelled: Callable[[], bool] = lambda: False) -> Place:
         """Wait for a place at ``backend`` (at once when it has no limit) until ``deadline``
-        or until ``cancelled()``; what frees it."""
+        or until ``cancelled()``; the place (calling it frees it)."""
+        place = self.place(backend)
+        place.take(deadline, cancelled)
+        return place
+
+    def wait_for_place(self, backend: str, deadline: Deadline, cancelled: Callable[[], bool]) -> Release:
+        """(``Place.take``.) Wait for a place at ``backend``; what frees it (once)."""
         if backend not in self._limits:
             return _nothing
         self._count(self._waiting, backend, 1)

@@ -24,7 +24,10 @@ State the actor owns: the catalog and discovery rounds, the sessions with a stre
 the subscribers per resource URI, and the order of its record writes. The store is
 never called on its loop: the user record's writes run in order on the I/O pool
 (``_RecordWrites``), session records are read there (log levels, client capabilities,
-subscriptions of a revived user) and what the actor needs comes back by message.
+subscriptions of a revived user) and what the actor needs comes back by message. So is
+the shared discovery cache (Redis): the loop reads only the local level, and a full round
+reads the shared one first on the I/O pool (``_SharedCatalogRead``), asking the
+connections only when it has none.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.concurrency import (
     ASK_TIMEOUT,
     Deadline,
+    LoopActor,
     TimerHandle,
     call_later,
     failed,
@@ -227,8 +231,8 @@ def backend_client(backend: BackendConfig, breaker: Any, processes: ChildProcess
                                 client_capabilities, key.client if key is not None else "")
     if backend.transport == "sse":
         from vmcp_actors.backends._sse import LegacySseClient  # noqa: PLC0415 - only configs that use it
-        # no circuit: its bus reopens a dropped stream
-        return LegacySseClient(backend.name, backend.url or "", one_client=key is not None and bool(key.client))
+        return LegacySseClient(backend.name, backend.url or "", one_client=key is not None and bool(key.client),
+                               breaker=breaker)
     return McpHttpClient(backend.name, backend.url or "", breaker=breaker)
 
 
@@ -304,6 +308,15 @@ class _SessionsRead:
 
 
 @dataclass(frozen=True)
+class _SharedCatalogRead:
+    """What the shared discovery cache holds for a round's caller (None: nothing), read on
+    the I/O pool."""
+
+    round_id: int
+    catalog: Catalog | None
+
+
+@dataclass(frozen=True)
 class _BackendDiscovered:
     round_id: int
     backend: str
@@ -344,7 +357,7 @@ class _Round:
     started: float = field(default_factory=time.monotonic)
 
 
-class UserActor(pykka.ThreadingActor):
+class UserActor(LoopActor):
     def __init__(self, record: UserRecord, identity: Identity | None, config: VmcpConfig,
                  services: SessionServices, channels: Mapping[str, BackendChannel], board: CatalogBoard,
                  writes: _RecordWrites | None = None):
@@ -365,6 +378,9 @@ class UserActor(pykka.ThreadingActor):
         self._discovered: dict[str, DiscoveredBackend] = {}
         self._failures: dict[str, str] = {}
         self._session_origins: dict[str, bool] = {}  # session id -> its catalog came from the cache
+        # Sessions attached on a local cache miss: from the cache too if the next full round's
+        # shared read has their catalog.
+        self._origins_pending: set[str] = set()
         self._ending = False
         self._connections: dict[str, Any] = {}
         self._channels = dict(channels)
@@ -452,12 +468,12 @@ class UserActor(pykka.ThreadingActor):
         self._identity = identity
         current = self._catalog
         if current is None or (current.done() and not _has_backends(current)):
-            cached = self._services.discovery_cache.get(self._cache_key(identity))
+            cached = self._services.discovery_cache.local(self._cache_key(identity))
             if cached is not None:
                 self._discovered, self._failures = dict(cached.backends), {}
                 self._serve(resolved(cached))
             elif self._round is None or not self._round.full:
-                self._serve(self._discover(sorted(self._connections), full=True).future)
+                self._serve(self._discover(sorted(self._connections), full=True, shared_first=True).future)
             else:
                 self._serve(self._round.future)
         else:
@@ -507,15 +523,20 @@ class UserActor(pykka.ThreadingActor):
 
     def attach_session(self, session_id: str, identity: Identity | None) -> None:
         """A session's first request: it gets a catalog discovered at most
-        discoveryCacheTTL ago (from the cache), else a discovery of its own."""
-        cached = self._services.discovery_cache.get(self._cache_key(identity))
+        discoveryCacheTTL ago (from the cache), else a discovery of its own (whose round
+        reads the shared level of the cache first)."""
+        cache = self._services.discovery_cache
+        cached = cache.local(self._cache_key(identity))
         if cached is not None:
             if result_or_none(self._catalog) is not cached:
                 self._discovered, self._failures = dict(cached.backends), {}
                 self._serve(resolved(cached))
-        elif self._catalog is not None and self._catalog.done():
-            self._catalog = None  # the next request discovers anew
-            self._board.publish(None)
+        else:
+            if self._catalog is not None and self._catalog.done():
+                self._catalog = None  # the next request discovers anew
+                self._board.publish(None)
+            if cache.shares:
+                self._origins_pending.add(session_id)
         self._session_origins[session_id] = cached is not None
 
     def session_ended(self, session_id: str) -> None:
@@ -611,6 +632,8 @@ class UserActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         if isinstance(message, _BackendDiscovered):
             self._backend_discovered(message)
+        elif isinstance(message, _SharedCatalogRead):
+            self._shared_catalog_read(message)
         elif isinstance(message, _FromBackendStream):
             if self._services.fanout is not None and isinstance(message.message, dict):
                 run_in_thread(self._services.fanout.publish, self._key, message.backend, message.message)  # Redis: off the loop
@@ -790,10 +813,49 @@ class UserActor(pykka.ThreadingActor):
     def _cache_key(self, identity: Identity | None) -> Any:
         return discovery_key(identity, self._config, self._key.features)
 
-    def _discover(self, names: list[str], *, full: bool) -> _Round:
-        """Ask each named connection to discover; each outcome comes back as a message."""
+    def _discover(self, names: list[str], *, full: bool, shared_first: bool = False) -> _Round:
+        """Ask each named connection to discover; each outcome comes back as a message.
+        ``shared_first``: the shared discovery cache is read first, on the I/O pool, and
+        the connections are asked only when it has nothing."""
         round_ = _Round(next(self._round_ids), set(names), full)
         self._round = round_
+        cache = self._services.discovery_cache
+        if shared_first and cache.shares:
+            key, ref, label = self._cache_key(self._identity), self.actor_ref, self._key.label
+
+            def read() -> None:
+                try:
+                    found = cache.shared(key)
+                except Exception as error:  # noqa: BLE001 - a help, never a dependency: discover instead
+                    logger.warning("user %s: shared discovery cache not read: %s", label, error)
+                    found = None
+                tell_quietly(ref, _SharedCatalogRead(round_.id, found))
+
+            run_in_thread(read)
+        else:
+            self._ask_to_discover(round_, names)
+        return round_
+
+    def _shared_catalog_read(self, message: _SharedCatalogRead) -> None:
+        """A round's shared read: its catalog (nothing discovered), else discovery."""
+        round_ = self._round
+        if round_ is None or round_.id != message.round_id:
+            return  # a newer round speaks for the backends
+        if message.catalog is None:
+            self._ask_to_discover(round_, sorted(round_.pending))
+            return
+        self._round = None
+        self._discovered, self._failures = dict(message.catalog.backends), {}
+        for session_id in self._origins_pending & self._session_origins.keys():
+            self._session_origins[session_id] = True
+        self._origins_pending.clear()
+        if not round_.first.done():
+            round_.first.set_result(None)
+        round_.future.set_result(message.catalog)  # the round's future: already served
+        self._catalog_done_at = time.monotonic()
+
+    def _ask_to_discover(self, round_: _Round, names: list[str]) -> None:
+        """The round's connections discover (pooled work): each outcome comes back as a message."""
         health = self._services.health
         skipped = {name: reason for name in names
                    if health is not None and (reason := health.skip_reason(name)) is not None}
@@ -809,7 +871,6 @@ class UserActor(pykka.ThreadingActor):
                     outcome = failed(BackendError(name, f"backend {name!r} connection is closed"))
             outcome.add_done_callback(
                 lambda done, name=name: tell_quietly(ref, _BackendDiscovered(round_.id, name, done)))
-        return round_
 
     def _backend_discovered(self, message: _BackendDiscovered) -> None:
         round_ = self._round
@@ -837,6 +898,7 @@ class UserActor(pykka.ThreadingActor):
             # The cache itself refuses catalogs with failures or conflicts.
             self._services.discovery_cache.put(self._cache_key(self._identity), catalog)
         if round_.full:
+            self._origins_pending.clear()
             round_.future.set_result(catalog)
             self._catalog_done_at = time.monotonic()
             if self._answered_early is not None:  # late backends join: clients list again

@@ -7,13 +7,15 @@ from typing import Any
 import pykka
 
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
+from vmcp_actors.users._directory import session_records
 
 EXPLAIN_TIMEOUT = 30.0  # discovery may run for a revived user
 
 
 def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = None,
-                        tasks: Any = None, limits: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's);
+                        tasks: Any = None, limits: dict[str, Any] | None = None, *, store: Any) -> dict[str, Any]:
+    """``store``: the record store, whose session records are read here (not in the
+    gateway's loop); ``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's);
     ``processes``: the stdio backends' children of this worker (None: none configured);
     ``tasks``: the composite tasks (``CompositeTasks``), of which this worker's runs are
     shown (rows with an id prefix, never a handle); ``limits``: the rate limits and
@@ -36,7 +38,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
             "tasks": [row for row in task_rows if row["user"] == user.key.label],
         }
     sessions = []
-    for record, activity in overview["sessions"]:
+    for record, activity in session_records(store, overview["sessions"]):
         user = users.get(record.user)
         sessions.append({
             "id": record.session_id,

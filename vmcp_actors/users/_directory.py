@@ -298,21 +298,22 @@ class Directory:
             self._user_activity.clear()
             return users
 
-    def overview(self) -> dict[str, Any]:
-        """Sessions with their activity and the live users, for the admin state."""
+    def board(self) -> dict[str, Any]:
+        """The sessions' ids with their activity and the live users, for the admin state
+        (no store I/O: the Gateway answers with it)."""
         now = self._clock()
         with self._lock:
-            sessions = {sid: (a.last_used, a.in_flight) for sid, a in self._sessions.items()}
+            sessions = [(sid, {"idleSeconds": round(now - a.last_used, 3), "inFlight": a.in_flight})
+                        for sid, a in self._sessions.items()]
             users = [(user, round(now - self._user_activity[key].last_used, 3), self._user_activity[key].in_flight)
                      for key, user in self._users.items()]
-        rows = []
-        for session_id, (last_used, in_flight) in sessions.items():
-            record = self.store.session(session_id)
-            if record is not None:
-                rows.append((record, {"idleSeconds": round(now - last_used, 3), "inFlight": in_flight}))
-        with self._lock:
             sessionless = len(self._sessionless_seen)
-        return {"sessions": rows, "users": users, "sessionlessUsers": sessionless}
+        return {"sessions": sessions, "users": users, "sessionlessUsers": sessionless}
+
+    def overview(self) -> dict[str, Any]:
+        """``board`` with each session's record (read from the store: web threads only)."""
+        board = self.board()
+        return {**board, "sessions": session_records(self.store, board["sessions"])}
 
     def session_count(self) -> int:
         return len(self._sessions)
@@ -361,3 +362,10 @@ class Directory:
         if self._sessions_of[user] <= 0:
             del self._sessions_of[user]
         return activity.record
+
+
+def session_records(store: RecordStore,
+                    sessions: list[tuple[str, dict[str, Any]]]) -> list[tuple[SessionRecord, dict[str, Any]]]:
+    """(record, activity) for each of ``board``'s sessions whose record is still there."""
+    return [(record, activity) for session_id, activity in sessions
+            if (record := store.session(session_id)) is not None]

@@ -31,7 +31,9 @@ def discovery_key(identity: Identity | None, config: VmcpConfig, features: str =
 
 class DiscoveryCache:
     """``shared``: a second level in Redis (``SharedCache``), read on a local miss and written
-    with every put; its catalogs are rebuilt here with ``aggregation`` (the same config)."""
+    with every put; its catalogs are rebuilt here with ``aggregation`` (the same config).
+    On an actor's loop only ``local`` is read; ``shared`` (a Redis round trip) runs on the
+    I/O pool, and ``put`` writes the shared level there."""
 
     def __init__(self, ttl: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic,
                  shared: SharedCache | None = None, aggregation: AggregationConfig | None = None):
@@ -50,7 +52,20 @@ class DiscoveryCache:
     def enabled(self) -> bool:
         return self._ttl > 0
 
+    @property
+    def shares(self) -> bool:
+        """Whether a local miss is to be looked up in the shared level (``shared``)."""
+        return self.enabled and self._shared is not None
+
     def get(self, key: Hashable) -> Catalog | None:
+        """The catalog kept for ``key``: this process's, else the shared level's (never on an
+        actor's loop)."""
+        found = self.local(key)
+        return found if found is not None or not self.shares else self.shared(key)
+
+    def local(self, key: Hashable) -> Catalog | None:
+        """This process's catalog for ``key`` (no I/O). A miss counts here unless the
+        shared level is still to be read (``shares``)."""
         if not self.enabled:
             return None
         with self._lock:
@@ -59,6 +74,13 @@ class DiscoveryCache:
                 self.hits += 1
                 return entry[0]
             self._entries.pop(key, None)
+            if self._shared is None:
+                self.misses += 1
+            return None
+
+    def shared(self, key: Hashable) -> Catalog | None:
+        """After a local miss: the shared level's catalog for ``key`` (a Redis round trip),
+        kept here too."""
         shared = self._from_shared(key)
         with self._lock:
             if shared is None:

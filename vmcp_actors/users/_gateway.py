@@ -27,6 +27,7 @@ import pykka
 
 from vmcp_actors.backends import HealthMonitor
 from vmcp_actors.concurrency import (
+    LoopActor,
     TimerHandle,
     call_later,
     pool_stats,
@@ -84,7 +85,7 @@ class _UserSettled:
     outcome: cf.Future[tuple[bool, UserRecord | None]]
 
 
-class Gateway(pykka.ThreadingActor):
+class Gateway(LoopActor):
     def __init__(self, config: VmcpConfig, directory: Directory | None = None,
                  services: SessionServices | None = None, signer: Signer | None = None, *,
                  clock: Callable[[], float] = time.monotonic):
@@ -248,8 +249,8 @@ class Gateway(pykka.ThreadingActor):
         return next((user for user in self._directory.live_users() if user.key.label == subject), None)
 
     def overview(self) -> dict[str, Any]:
-        """Gateway-level facts plus the users to ask for details (asked by the caller,
-        so a large registry never holds the gateway's loop)."""
+        """Gateway-level facts plus the users to ask for details and the sessions' ids (the
+        caller asks the users and reads the records, so neither holds the gateway's loop)."""
         return {
             "uptime": time.time() - self._started,
             "discoveryCache": self._services.discovery_cache.stats(),
@@ -264,7 +265,7 @@ class Gateway(pykka.ThreadingActor):
                               "maxSessionsPerIdentity": self._config.operational.max_sessions_per_identity,
                               **self._limits},
             "liveUserLimits": {"maxLiveUsers": self._config.operational.max_live_users, **self._user_limits},
-            **self._directory.overview(),
+            **self._directory.board(),
         }
 
     def session_count(self) -> int:

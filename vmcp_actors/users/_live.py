@@ -12,6 +12,10 @@
 
 Every wait is bounded: a request the client leaves unanswered is answered with an error
 at its call's deadline, and one whose stream closes first is answered with an error then.
+So is what waits for a client that reads slowly or not at all: a standalone or listen
+stream holds at most STREAM_BACKLOG unread messages (``StandaloneStream``), a resumable
+call keeps at most RESUMABLE_EVENTS events and RESUMABLE_BYTES (``CallStream``); each says
+what happens past its bound, and nothing is dropped without the client being told.
 All of it is in-process and thread-safe; the web threads and actors call it directly.
 """
 
@@ -19,16 +23,17 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import secrets
 import threading
-from collections.abc import Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from vmcp_actors.concurrency import Deadline, TimerHandle, call_later
 from vmcp_actors.core._exchange import ServerRequest
 from vmcp_actors.protocol import (
+    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -57,6 +62,18 @@ class StreamShareReached(Exception):
     """The caller holds its share of this process's streams already (429, Retry-After)."""
 # A call's answer stays resumable this long after its last event (GET with Last-Event-ID).
 RESUMABLE_FOR = 60.0
+# Messages a standalone or listen stream holds that its client has not read. A client that
+# reads keeps this near zero; 256 holds a burst in which every resource one listen may name
+# (MAX_LISTENED, 100) changes twice, with room to spare, while the process's
+# STANDALONE_STREAM_LIMIT streams, full, stay within a few MB. Past it the client is not
+# keeping up, and its stream ends (StandaloneStream).
+STREAM_BACKLOG = 256
+# Events a resumable call keeps for a client that comes back (GET with Last-Event-ID), and
+# their size: the newest are kept. A client reconnects within RESUME_RETRY_MS; 1024 events is
+# progress 10 times a second for well over a minute, and 4 MiB keeps a call's big answer
+# with it. Older ones are dropped, and a resume asking for one gets an error (CallStream).
+RESUMABLE_EVENTS = 1024
+RESUMABLE_BYTES = 4 * 1024 * 1024
 # What the gateway asks clients to wait before resuming a dropped call stream (SSE retry).
 RESUME_RETRY_MS = 500
 # An SSE comment this often on an idle standalone stream: proxies keep it open, and a
@@ -65,33 +82,104 @@ KEEPALIVE_EVERY = 15.0
 
 
 class StandaloneStream:
-    """One client session's GET stream: messages pushed by anyone, written by its web thread."""
+    """One client session's GET stream: messages pushed by anyone, written by its web thread.
+
+    Bounded, with one overflow rule: at most STREAM_BACKLOG messages wait for the client. A
+    list change already waiting is not queued again (it only tells the client to list
+    again). When one more message would not fit, the client is not keeping up, and the
+    stream ends then: what waits is dropped at once (memory is freed, however long the
+    client stays), a backend's request among it is answered with an error (``undelivered``)
+    so the backend waits for nothing, and the client's last event says the stream fell
+    behind (``farewell``: for a 2025 stream an error log message). The client opens its
+    stream again and lists again: what it missed were hints. A stream the client leaves,
+    or the gateway ends, drops what waits in the same way."""
+
+    LIST_CHANGES = {
+        "notifications/tools/list_changed": "toolsListChanged",
+        "notifications/prompts/list_changed": "promptsListChanged",
+        "notifications/resources/list_changed": "resourcesListChanged",
+    }
 
     def __init__(self, session_id: str):
         self.session_id = session_id
         self.owner: tuple[str, str] | None = None  # the identified caller holding it (set when opened)
-        self._queue: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        # Answers a backend's request dropped unread with an error (set when the stream is opened)
+        self.undelivered: Callable[[dict[str, Any]], None] | None = None
+        self._cond = threading.Condition()  # guards the backlog, closed and fell_behind; wakes the writer; never nested
+        self._backlog: deque[dict[str, Any]] = deque()
         self.closed = False
+        self.fell_behind = 0  # messages the client lost when the stream ended for falling behind (0: it did not)
 
-    def push(self, message: dict[str, Any]) -> None:
-        self._queue.put(message)
+    def push(self, message: dict[str, Any]) -> bool:
+        """Queue ``message`` for the client; False when it was not taken: the stream has
+        ended, or ends now because its client fell behind."""
+        method = message.get("method")
+        with self._cond:
+            if self.closed:
+                return False
+            if method in self.LIST_CHANGES and any(queued.get("method") == method for queued in self._backlog):
+                return True  # the same change waits already: one list is enough
+            if len(self._backlog) < STREAM_BACKLOG:
+                self._backlog.append(message)
+                self._cond.notify()
+                return True
+            dropped = list(self._backlog)
+            self._backlog.clear()
+            self.closed = True
+            self.fell_behind = len(dropped) + 1
+            self._cond.notify_all()
+        logger.warning("a client stream (%s) fell %d messages behind: it ends, and its client is told to open it "
+                       "again", self.session_id[:16], self.fell_behind)
+        self._undelivered(dropped)
+        return False
 
     def close(self) -> None:
-        self.closed = True
-        self._queue.put(None)
+        with self._cond:
+            self.closed = True
+            dropped = list(self._backlog)
+            self._backlog.clear()
+            self._cond.notify_all()
+        self._undelivered(dropped)
+
+    @property
+    def waiting(self) -> int:
+        """Messages pushed and not yet written."""
+        with self._cond:
+            return len(self._backlog)
 
     def messages(self, keepalive: float | None = None) -> Iterator[dict[str, Any] | None]:
-        """Each message as it is pushed; None after ``keepalive`` seconds of silence."""
+        """Each message as it is pushed; None after ``keepalive`` seconds of silence; when
+        the stream ended because its client fell behind, the event that says so last."""
         keepalive = KEEPALIVE_EVERY if keepalive is None else keepalive
-        while not self.closed:
-            try:
-                message = self._queue.get(timeout=keepalive)
-            except queue.Empty:
+        while True:
+            with self._cond:
+                if not self._backlog and not self.closed:
+                    self._cond.wait(keepalive)
+                message = self._backlog.popleft() if self._backlog else None
+                closed = self.closed
+            if message is not None:
+                yield message
+            elif closed:
+                break
+            else:
                 yield None
-                continue
-            if message is None:
-                return
-            yield message
+        if self.fell_behind:
+            yield self.farewell()
+
+    def farewell(self) -> dict[str, Any]:
+        """The last event of a stream that fell behind: why it ends, and what to do."""
+        return {"jsonrpc": "2.0", "method": "notifications/message", "params": {
+            "level": "error", "logger": "vmcp-actors", "data": {
+                "error": "this stream fell behind and was closed: open it again (GET) and list again, since "
+                         f"{self.fell_behind} notifications were dropped", "dropped": self.fell_behind,
+                "limit": STREAM_BACKLOG}}}
+
+    def _undelivered(self, dropped: list[dict[str, Any]]) -> None:
+        if self.undelivered is None:
+            return
+        for message in dropped:
+            if "id" in message and "method" in message:  # a backend's request: answered, not left waiting
+                self.undelivered(message)
 
 
 class ListenStream(StandaloneStream):
@@ -100,32 +188,33 @@ class ListenStream(StandaloneStream):
     of the listen request); the acknowledgment first, and when the gateway ends it (at
     shutdown) the response to the listen request, so the client knows it ended cleanly."""
 
-    LIST_CHANGES = {
-        "notifications/tools/list_changed": "toolsListChanged",
-        "notifications/prompts/list_changed": "promptsListChanged",
-        "notifications/resources/list_changed": "resourcesListChanged",
-    }
-
     def __init__(self, stream_id: str, subscription_id: Any, wanted: Mapping[str, Any]):
         super().__init__(stream_id)
         self.subscription_id = subscription_id
-        self.wanted = dict(wanted)
+        self._ended_by_client = False
+        self.agree(wanted)
+
+    def agree(self, wanted: Mapping[str, Any]) -> None:
+        """What the stream takes from now on (and what its acknowledgment says): the
+        stream is opened with what the client asked for, before the subscriptions are
+        made, and narrowed to what was agreed before the client hears of it. Each value is
+        replaced whole, so a push on another thread reads one or the other."""
         self._uris = frozenset(wanted.get("resourceSubscriptions", ()))
         self._tasks = frozenset(wanted.get("taskIds", ()))
-        self._ended_by_client = False
+        self.wanted = dict(wanted)
 
-    def push(self, message: dict[str, Any]) -> None:
+    def push(self, message: dict[str, Any]) -> bool:
         method = message.get("method")
         flag = self.LIST_CHANGES.get(method or "")
         if flag is not None and not self.wanted.get(flag):
-            return
+            return True
         if flag is None:
             params = message.get("params")
             if not isinstance(params, dict) or not (
                     method == "notifications/resources/updated" and params.get("uri") in self._uris
                     or method == "notifications/tasks" and params.get("taskId") in self._tasks):
-                return  # nothing else belongs on a listen stream
-        super().push(self._tagged(message))
+                return True  # nothing else belongs on a listen stream
+        return super().push(self._tagged(message))
 
     def client_left(self) -> None:
         self._ended_by_client = True
@@ -135,9 +224,19 @@ class ListenStream(StandaloneStream):
         yield self._tagged({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
                             "params": {"notifications": self.wanted}})
         yield from super().messages(keepalive)
-        if not self._ended_by_client:
+        if not self._ended_by_client and not self.fell_behind:
             yield {"jsonrpc": "2.0", "id": self.subscription_id,
                    "result": {"resultType": "complete", "_meta": {META_SUBSCRIPTION_ID: self.subscription_id}}}
+
+    def farewell(self) -> dict[str, Any]:
+        """A listen stream that fell behind ends with the error response to its listen
+        request: the client listens again, and lists again what it listens to."""
+        return {"jsonrpc": "2.0", "id": self.subscription_id, "error": {
+            "code": INTERNAL_ERROR, "message": "this listen stream fell behind and was closed: listen again, and list "
+                                              f"again what it listened to ({self.fell_behind} notifications were "
+                                              "dropped)",
+            "data": {"dropped": self.fell_behind, "limit": STREAM_BACKLOG,
+                     "_meta": {META_SUBSCRIPTION_ID: self.subscription_id}}}}
 
     def _tagged(self, message: dict[str, Any]) -> dict[str, Any]:
         params = dict(message.get("params") or {})
@@ -149,13 +248,23 @@ class CallStream:
     """A call's SSE answer as written (2025-11-25 sessions): event ids ``<stream>-<n>``, the
     priming event being n = 0. When the client's connection drops before the answer, the
     call goes on and its events keep arriving here, so the client resumes with a GET
-    carrying the last id it saw and gets the rest."""
+    carrying the last id it saw and gets the rest.
+
+    Bounded, with one overflow rule: the newest RESUMABLE_EVENTS events, at most
+    RESUMABLE_BYTES of them (the newest one always), are kept; older ones are dropped as new
+    ones come. A resume that asks for the events after one that is kept, or after the
+    last dropped, gets them all; one asking for a dropped event gets ``EventsDropped``
+    (which names where the kept events begin), never a silent gap. A replay whose reader
+    falls behind the kept events ends without the answer, so its client's next resume gets
+    that error too."""
 
     def __init__(self, session_id: str):
         self.session_id = session_id
         self.stream_id = secrets.token_hex(8)
         self._cond = threading.Condition()  # guards the call stream's events and done flag; wakes its readers; never nested
-        self._events: list[str] = []  # encoded SSE events 1..n
+        self._events: deque[str] = deque()  # encoded SSE events first..n
+        self._first = 1  # the index of the oldest event kept
+        self._bytes = 0
         self.done = False
 
     def event_id(self, index: int) -> str:
@@ -164,6 +273,10 @@ class CallStream:
     def add(self, encoded: str) -> None:
         with self._cond:
             self._events.append(encoded)
+            self._bytes += len(encoded)
+            while len(self._events) > RESUMABLE_EVENTS or self._bytes > RESUMABLE_BYTES and len(self._events) > 1:
+                self._bytes -= len(self._events.popleft())
+                self._first += 1
             self._cond.notify_all()
 
     def finish(self) -> None:
@@ -171,15 +284,35 @@ class CallStream:
             self.done = True
             self._cond.notify_all()
 
+    @property
+    def kept(self) -> tuple[int, int]:
+        """The indexes of the oldest and the newest event kept (newest < oldest: none)."""
+        with self._cond:
+            return self._first, self._first + len(self._events) - 1
+
+    def check_resumable(self, after: int) -> None:
+        """EventsDropped when some event after ``after`` is no longer kept."""
+        with self._cond:
+            first = self._first
+        if after + 1 < first:
+            raise EventsDropped(self.event_id(after), self.event_id(first - 1), first - 1 - max(after, 0))
+
     def replay(self, after: int, keepalive: float | None = None) -> Iterator[str | None]:
-        """The events after ``after``, then each new one until the answer; None to keep alive."""
+        """The events after ``after``, then each new one until the answer; None to keep
+        alive. Ends early, without the answer, when events it had yet to give were dropped."""
         keepalive = KEEPALIVE_EVERY if keepalive is None else keepalive
         sent = max(after, 0)
         while True:
             with self._cond:
-                if len(self._events) <= sent and not self.done:
+                if self._first + len(self._events) - 1 <= sent and not self.done:
                     self._cond.wait(keepalive)
-                fresh, done = self._events[sent:], self.done
+                behind = sent + 1 < self._first
+                fresh = [] if behind else list(itertools.islice(self._events, sent + 1 - self._first, None))
+                done = self.done
+            if behind:
+                logger.info("a resumed call stream fell behind the events kept (RESUMABLE_EVENTS): it ends, and "
+                            "its client's next resume is refused")
+                return
             if fresh:
                 sent += len(fresh)
                 yield from fresh
@@ -187,6 +320,17 @@ class CallStream:
                 return
             else:
                 yield None
+
+
+class EventsDropped(JsonRpcError):
+    """A resume asked for events a call no longer keeps (HTTP 410): the client reads the
+    call's stream too slowly, or came back too late."""
+
+    def __init__(self, asked_after: str, resume_from: str, dropped: int):
+        super().__init__(INVALID_REQUEST, f"Gone: the events after {asked_after} are no longer kept ({dropped} of "
+                                          f"them were dropped: a call keeps its last {RESUMABLE_EVENTS}); resume "
+                                          f"from {resume_from} to get the rest without them",
+                         {"resumeFrom": resume_from, "dropped": dropped}, http_status=410)
 
 
 @dataclass
@@ -238,6 +382,8 @@ class LiveSessions:
         STREAMS_PER_IDENTITY."""
         stream = stream if stream is not None else StandaloneStream(session_id)
         stream.owner = owner
+        stream.undelivered = lambda request: self._settle(session_id, request["id"], {"error": {
+            "code": INVALID_REQUEST, "message": "the client's stream ended before the client read the request"}})
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None or session.stream is None:
@@ -269,14 +415,14 @@ class LiveSessions:
             return session is not None and session.stream is not None
 
     def push(self, session_id: str, message: dict[str, Any]) -> bool:
-        """A notification on the session's standalone stream; False when it has none open."""
+        """A notification on the session's standalone stream; False when it has none open
+        or the stream did not take it (it ended: its client fell behind)."""
         with self._lock:
             session = self._sessions.get(session_id)
             stream = session.stream if session is not None else None
         if stream is None:
             return False
-        stream.push(message)
-        return True
+        return stream.push(message)
 
     # -- resumable call streams ----------------------------------------------------------
 
@@ -292,14 +438,18 @@ class LiveSessions:
         call_later(RESUMABLE_FOR, lambda: self._forget_call_stream(stream))
 
     def resume(self, session_id: str, last_event_id: str) -> tuple[CallStream, int] | None:
-        """The call stream ``last_event_id`` belongs to (this session's only) and the index to go on after."""
+        """The call stream ``last_event_id`` belongs to (this session's only) and the index
+        to go on after; EventsDropped when events after it are no longer kept."""
         stream_id, _, index = last_event_id.rpartition("-")
         if not index.isdigit():
             return None
         with self._lock:
             session = self._sessions.get(session_id)
             stream = session.call_streams.get(stream_id) if session is not None else None
-        return (stream, int(index)) if stream is not None else None
+        if stream is None:
+            return None
+        stream.check_resumable(int(index))  # EventsDropped (410), never a silent gap
+        return stream, int(index)
 
     def _forget_call_stream(self, stream: CallStream) -> None:
         with self._lock:
@@ -458,12 +608,19 @@ class LiveSessions:
     def counts(self) -> dict[str, int]:
         """For the admin state."""
         with self._lock:
-            return {
+            counts = {
                 "standaloneStreams": self._open_streams(),
                 "standaloneStreamLimit": STANDALONE_STREAM_LIMIT,
                 "awaitingClient": sum(len(s.pending) for s in self._sessions.values()),
                 "callsInFlight": sum(len(s.calls) for s in self._sessions.values()),
             }
+            streams = [session.stream for session in self._sessions.values() if session.stream is not None]
+        # Read after the lock: a stream's own lock is never taken under this one.
+        counts["deepestStreamBacklog"] = max((stream.waiting for stream in streams), default=0)
+        counts["streamBacklogLimit"] = STREAM_BACKLOG
+        # Streams ended for falling behind whose client has not gone yet (holding a thread).
+        counts["streamsFellBehind"] = sum(1 for stream in streams if stream.fell_behind)
+        return counts
 
     # -- internals -----------------------------------------------------------------------
 

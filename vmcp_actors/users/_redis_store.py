@@ -16,6 +16,10 @@ either change.
 
 Every failure to reach Redis is ``StoreUnavailable``: the request gets 503 and nothing in
 the process breaks; the next request tries again.
+
+No Redis command is sent from an actor's message loop: the store's methods check
+(``off_actor_loops``), and so does every connection of its client (``_OffLoopConnection``),
+which the shared caches, rate-limit buckets, bulkheads, fanout and task signals use too.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
+from vmcp_actors.concurrency import refuse_on_actor_loop
 from vmcp_actors.core._task_records import TaskRecord
 from vmcp_actors.signing import Signer, Unsealable
 from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
-from vmcp_actors.users._store import StoreUnavailable
+from vmcp_actors.users._store import StoreUnavailable, off_actor_loops
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,21 @@ SOCKET_TIMEOUT = 2.0  # seconds for one Redis command: an unreachable Redis is a
 USER_TTL_FACTOR = 2
 
 
+@cache
+def _off_loop_connection_class() -> type:
+    """A Redis connection that refuses to send from an actor's loop (every command of a
+    client, pipelines, scripts and pub/sub included, is sent through ``send_packed_command``)."""
+    import redis
+
+    class _OffLoopConnection(redis.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            refuse_on_actor_loop("Redis")
+            super().send_packed_command(command, check_health)
+
+    return _OffLoopConnection
+
+
+@off_actor_loops
 class RedisRecordStore:
     shared = True
 
@@ -58,11 +79,12 @@ class RedisRecordStore:
 
         host, _, port = address.rpartition(":")
         # One quick retry (a dropped pooled connection), then the request gets its 503.
-        client = redis.Redis(host=host.strip("[]") or "127.0.0.1", port=int(port), db=db, password=password,
-                             socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
-                             health_check_interval=30,
-                             retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1))
-        return cls(client, signer, key_prefix=key_prefix, session_ttl=session_ttl)
+        pool = redis.ConnectionPool(connection_class=_off_loop_connection_class(),
+                                    host=host.strip("[]") or "127.0.0.1", port=int(port), db=db, password=password,
+                                    socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
+                                    health_check_interval=30,
+                                    retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), retries=1))
+        return cls(redis.Redis(connection_pool=pool), signer, key_prefix=key_prefix, session_ttl=session_ttl)
 
     @property
     def client(self) -> Any:

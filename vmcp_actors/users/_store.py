@@ -1,6 +1,11 @@
 """Where records live. In memory by default: one process, records lost with it; the
 interface is what a shared store (Redis, for several workers and VMs) implements too.
-Values are the frozen records themselves, never live objects."""
+Values are the frozen records themselves, never live objects.
+
+No actor calls a store on its message loop (DESIGN rule 2): every ``RecordStore`` method
+of both stores checks first (``off_actor_loops``), which the test suite turns into a
+``StoreOnActorLoop`` error, so a store call that would hold a loop on Redis fails there
+even with records in memory."""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from functools import wraps
+from typing import Any, Protocol, TypeVar
 
+from vmcp_actors.concurrency import refuse_on_actor_loop
 from vmcp_actors.core._task_records import TaskRecord
 from vmcp_actors.users._records import SessionRecord, UserKey, UserRecord
 
@@ -43,6 +50,28 @@ class RecordStore(Protocol):
     def put_asked(self, key: str, questions: dict[str, Any], ttl: float) -> None: ...
 
 
+STORE_METHODS = tuple(name for name, value in vars(RecordStore).items() if callable(value) and not name.startswith("_"))
+
+StoreClass = TypeVar("StoreClass", bound=type)
+
+
+def off_actor_loops(cls: StoreClass) -> StoreClass:
+    """``cls`` with each of its ``RecordStore`` methods refusing an actor's loop first."""
+    def checked(method: Callable[..., Any]) -> Callable[..., Any]:
+        what = f"{cls.__name__}.{method.__name__}"
+
+        @wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            refuse_on_actor_loop(what)
+            return method(*args, **kwargs)
+        return call
+
+    for name in STORE_METHODS:
+        setattr(cls, name, checked(getattr(cls, name)))
+    return cls
+
+
+@off_actor_loops
 class MemoryRecordStore:
     """Thread-safe dictionaries of records."""
 

@@ -6,7 +6,10 @@ timers) and never waits in its loop: every step call, and every question to the 
 its outcome comes back as a message (``_CallDone``, ``_Elicited``); timers report with
 ``_StepTimedOut`` / ``_RunTimedOut`` / ``_Relaunch``. Templates are rendered and
 arguments coerced to the target's input schema in the actor (CPU only, bounded by the
-sandbox's budget).
+sandbox's budget). Nor does anything on its loop call a store: what the StepCaller, the
+observers (``on_steps``, ``on_progress``, ``on_finish``) and the result future's callbacks
+run on the loop only hands store I/O (a task's record, a rate-limit decision) to the I/O
+pool (a ``LoopActor``: the test suite refuses a store call here).
 
 Semantics follow ToolHive's vMCP: every step whose dependencies are done starts at once,
 up to ``max_parallel``; ``onError`` decides whether a failure aborts the run, lets its
@@ -31,11 +34,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import pykka
 from jsonschema.exceptions import best_match
 
 from vmcp_actors.concurrency import (
     Deadline,
+    LoopActor,
     TimerHandle,
     call_later,
     on_settled,
@@ -75,7 +78,7 @@ class StepCaller(Protocol):
     def elicit(self, step_id: str, message: str, requested_schema: Mapping[str, Any],
                deadline: Deadline) -> cf.Future[dict[str, Any]]:
         """Ask the client that called the composite (elicitation/create, form mode), without
-        blocking. The future settles with the client's ElicitResult dict
+        blocking or calling a store (a task's question is recorded on the I/O pool). The future settles with the client's ElicitResult dict
         ({"action": "accept" | "decline" | "cancel", "content": {...}}), or fails with a
         JsonRpcError: the client did not declare elicitation (ElicitationUnsupported), it
         answered with an error, or it did not answer by ``deadline``."""
@@ -84,7 +87,8 @@ class StepCaller(Protocol):
         """The target tool's input schema, from below the advertising filter."""
 
     def call(self, tool: str, arguments: dict[str, Any], deadline: Deadline) -> cf.Future[dict[str, Any]]:
-        """Start calling ``tool`` without blocking; the future settles with the MCP
+        """Start calling ``tool`` without blocking or calling a store (called in the
+        run's actor: a rate-limit decision is pooled work too); the future settles with the MCP
         CallToolResult dict, or with ``JsonRpcError`` (or any exception) on failure. The run
         cancels the future when it ends first: the call is then dropped or cancelled."""
 
@@ -168,7 +172,7 @@ class _Running:
 # -- the actor ---------------------------------------------------------------------------
 
 
-class WorkflowRun(pykka.ThreadingActor):
+class WorkflowRun(LoopActor):
     """One composite-tool call. Ask ``result()`` for the CallToolResult future,
     ``status()`` for the admin snapshot, ``cancel()`` to stop it."""
 
@@ -181,7 +185,7 @@ class WorkflowRun(pykka.ThreadingActor):
                  on_steps: Callable[[dict[str, str]], None] | None = None):
         """``on_progress(done, total, message)`` is called (in the actor) as each step
         ends; ``on_steps(states)`` with every step's state after steps start or end;
-        ``on_finish(status)`` once, when the run settles. None may block.
+        ``on_finish(status)`` once, when the run settles. None may block or call a store.
         ``deadline`` ends the run (default: the composite's timeout from now);
         ``schedule(delay, fn)`` runs timers (back-off, timeouts)."""
         super().__init__()
@@ -219,7 +223,8 @@ class WorkflowRun(pykka.ThreadingActor):
 
     def result(self) -> cf.Future[dict[str, Any]]:
         """The run's CallToolResult. Once the owner holds it and it is settled, the run
-        stops itself (not before: a run settled in ``on_start`` must stay askable)."""
+        stops itself (not before: a run settled in ``on_start`` must stay askable). The
+        future is settled in the actor: its callbacks run on the loop unless added later."""
         self._result_taken = True
         if self._future.done():
             self._stop_soon()
