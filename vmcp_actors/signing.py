@@ -106,7 +106,7 @@ class Signer:
         if not isinstance(token, str) or not token or len(token) > MAX_SEALED_CHARS:
             raise Unsealable("not a sealed value")
         try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            raw = _canonical_b64(token)
             plain = self._aead.decrypt(raw[:_SEAL_NONCE_BYTES], raw[_SEAL_NONCE_BYTES:], purpose.encode())
             data = json.loads(plain)
         except (binascii.Error, ValueError, InvalidTag):
@@ -129,7 +129,7 @@ class Signer:
         if not isinstance(token, str) or not token or len(token) > MAX_SEALED_CHARS:
             raise Unsealable("not a handle")
         try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            raw = _canonical_b64(token)
             data = json.loads(self._handles.decrypt(raw[:_SEAL_NONCE_BYTES], raw[_SEAL_NONCE_BYTES:],
                                                     purpose.encode()))
         except (binascii.Error, ValueError, InvalidTag):
@@ -141,3 +141,13 @@ class Signer:
     def _tag(self, purpose: str, text: str) -> str:
         # The purpose keeps a tag made for one kind of value from verifying as another.
         return hmac.digest(self._key, f"{purpose}:{text}".encode(), "sha256").hex()[:_TAG_HEX]
+
+
+def _canonical_b64(token: str) -> bytes:
+    """The bytes of URL-safe base64 without padding, written the one way ``seal`` writes
+    them: another spelling of the same bytes (padding, the standard alphabet, other unused
+    bits) is refused, so a sealed value has one text (a replay check can compare texts)."""
+    raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    if base64.urlsafe_b64encode(raw).decode().rstrip("=") != token:
+        raise ValueError("not canonical base64")
+    return raw

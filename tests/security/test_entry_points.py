@@ -601,6 +601,7 @@ KNOWN_CALL_SITES: dict[tuple[str, str, str], str] = {
     ("core/_interface.py", "CoreLayer", "resume"): "the layers' pass-through: C F.C",
     ("decorators/_cedar.py", "CedarAuthz", "call_tool"): "the cedar column",
     ("decorators/_cedar.py", "CedarAuthz", "resume"): "the cedar column of C F.C",
+    ("decorators/_filter.py", "AdvertisingFilter", "resume"): "the filter column of C F.C",
     ("decorators/_filter.py", "AdvertisingFilter", "call_tool"): "the filter column",
     ("decorators/_rate_limits.py", "RateLimits", "call_tool"): "the rate-limit column",
     ("decorators/_rate_limits.py", "RateLimits", "resume"): "the rate-limit column of C F.C",

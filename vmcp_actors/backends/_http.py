@@ -40,6 +40,7 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.metrics import record_backend
+from vmcp_actors.protocol import wire_bytes
 from vmcp_actors.protocol.mcp import (
     MODERN_PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,
@@ -456,7 +457,7 @@ class McpHttpClient:
         with backend_span(self._name, message.get("method"), headers) as span:
             if span is not None and protocol_version is not None and protocol_version >= MODERN_PROTOCOL_VERSION:
                 message = _with_traceparent(message, headers["traceparent"])  # 2026-07-28: in _meta too
-            body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            body = wire_bytes(message)
             resp = self._send("POST", headers, body, deadline, timeout, abort)
             if span is not None:
                 span.set_attribute("http.response.status_code", resp.status_code)

@@ -33,6 +33,7 @@ from vmcp_actors.exceptions import (
     BackendProtocolError,
     BackendSessionExpired,
 )
+from vmcp_actors.protocol import wire_bytes
 from vmcp_actors.protocol.sse import iter_sse_events
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class SseLink:
         messages after it; without them, the latest this link was given."""
         if headers is not None:
             self._headers = dict(headers)
-        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        body = wire_bytes(message)
         deadline, timeout = _deadline_here()
         answer = self._client._send("POST", {**self._headers, "Content-Type": "application/json"}, body,
                                     deadline, timeout, url=self.endpoint)

@@ -44,6 +44,7 @@ from vmcp_actors.concurrency import TimerHandle, call_later
 from vmcp_actors.config import BackendAuthConfig, BackendConfig, VmcpConfig
 from vmcp_actors.config._model import USER_PLACEHOLDER
 from vmcp_actors.exceptions import BackendError, BackendNotTried, BackendTimeout, BackendUnavailable
+from vmcp_actors.protocol import wire_bytes
 
 logger = logging.getLogger(__name__)
 stderr_logger = logging.getLogger("vmcp_actors.backends.stderr")
@@ -162,7 +163,7 @@ class ChildLink:
 
     def send(self, message: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
         """``headers`` are not a child's: its credential went into its environment."""
-        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
+        data = wire_bytes(message) + b"\n"
         deadline = time.monotonic() + SEND_TIMEOUT
         with self._write_lock:
             view = memoryview(data)

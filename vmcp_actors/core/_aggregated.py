@@ -20,6 +20,7 @@ import pykka
 
 from vmcp_actors.backends import BackendChannel
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
+from vmcp_actors.core._admitted import Requirements, refuse_unless_admitted
 from vmcp_actors.core._catalog import Catalog, InternalTool, Route
 from vmcp_actors.core._exchange import Exchange, drained, from_backend
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
@@ -136,6 +137,7 @@ class AggregatedBackends:
         # request's thread (a store round trip; never on the user actor's loop).
         self._record_subscription = record_subscription
         self._fail_on_partial = fail_on_partial  # operational.failureHandling.partialFailureMode: fail
+        self._required = Requirements()  # what a call must have been decided by (the stack says: require)
 
     # -- catalog -----------------------------------------------------------------------
 
@@ -265,10 +267,15 @@ class AggregatedBackends:
 
     # -- calls -------------------------------------------------------------------------
 
+    def require(self, requirements: Requirements) -> None:
+        """What a call must have been decided by to reach a backend (the stack's layers)."""
+        self._required = requirements
+
     def call_tool(self, identity, name, arguments, meta, deadline) -> Exchange:
         route = self.lookup_tool(identity, name, deadline)
         if route is None:
             raise UnknownTool(name)
+        refuse_unless_admitted(name, self._required.client)
         return self.call_route(identity, route, arguments, meta, deadline)
 
     def call_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
@@ -299,6 +306,11 @@ class AggregatedBackends:
                      deadline: Deadline) -> cf.Future[dict[str, Any]]:
         """``call_route`` as pooled work (composite steps, hidden tools too): the result
         lands in the future; nothing blocks on the way."""
+        if self._required.step:
+            found = self.catalog(identity, deadline).internal_tools.get((route.backend, route.original_name))
+            advertised = found.advertised_as if found is not None else None
+            refuse_unless_admitted(advertised or f"{route.backend}.{route.resolved_name or route.original_name}",
+                                   self._required.step)
         params = {"name": route.original_name, "arguments": arguments or {}}
         headers = self._param_headers(identity, route, arguments, deadline)
         return self._channels[route.backend].submit(identity, "tools/call", params, deadline, headers)
@@ -392,6 +404,8 @@ class AggregatedBackends:
             route = (self.lookup_tool if method == "tools/call" else self.lookup_prompt)(identity, name, deadline)
             if route is None:
                 raise continuation.unknown()
+            if method == "tools/call":
+                refuse_unless_admitted(name, self._required.client)
             backend, target = route.backend, route.original_name
         if continuation.backend is not None:
             if continuation.backend not in self._channels:

@@ -47,9 +47,11 @@ class DecoratorStack:
         """One user's stack over its ``AggregatedBackends``: the outermost layer, and the
         composite tools layer (its runs are the user's to cancel; ``tasks``: where the
         runs clients accept tasks of go)."""
+        admission = StepAdmission(self.policies, self.limiter)
+        backends.require(admission.requirements())  # no backend call without these layers' decisions
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
                                     self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks,
-                                    admission=StepAdmission(self.policies, self.limiter))
+                                    admission=admission)
         limited: UserCore = composites if self.limiter is None else RateLimits(composites, self.limiter)
         outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation)
         for wrap in self.above_filter:

@@ -10,16 +10,20 @@ call it (its advertised name; ``backend.tool`` for one the filter hides), so a c
 never launders a tool the caller may not call, nor a name around its bucket. The filter
 does not refuse steps: composites may use tools it hides from lists (by design).
 
-``tests/security/test_entry_points.py`` enumerates every way a call enters and proves each
-is decided; a new way in fails it until it is listed there.
+Its decisions are stamped on the call (``admitting``) like the layers' own, and
+``AggregatedBackends`` sends no call without the stamps the config asks for
+(``core/_admitted.py``). ``tests/security/test_entry_points.py`` enumerates every way a
+call enters and proves each is decided; a new way in fails it until it is listed there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from vmcp_actors.core._admitted import AUTHZ, FILTER, LIMITS, Requirements, admitted
 from vmcp_actors.core._catalog import InternalTool
 from vmcp_actors.decorators._cedar import CALL_TOOL, CedarPolicies, audit_denied, tool_hints
 from vmcp_actors.identity import Identity
@@ -36,9 +40,31 @@ class StepAdmission:
         """The tool as clients call it."""
         return target.advertised_as or f"{target.route.backend}.{target.route.resolved_name or target.route.original_name}"
 
-    def decides(self, target: InternalTool) -> bool:
-        """Whether a call of ``target`` has anything to pass (else it is sent at once)."""
-        return self.policies is not None or (self.limiter is not None and self.limiter.limits(self.name_of(target)))
+    @property
+    def checks(self) -> frozenset[str]:
+        """What a step's call is decided by (what ``AggregatedBackends`` requires of it)."""
+        return frozenset(check for check, used in ((AUTHZ, self.policies), (LIMITS, self.limiter)) if used is not None)
+
+    def requirements(self) -> Requirements:
+        """What the stack requires of a client's call (the filter, always) and of a step's."""
+        return Requirements(client=self.checks | {FILTER}, step=self.checks)
+
+    def decides(self) -> bool:
+        """Whether a step's call has anything to pass (else it is sent at once)."""
+        return bool(self.checks)
+
+    @contextmanager
+    def admitting(self, identity: Identity | None, target: InternalTool,
+                  arguments: Mapping[str, Any] | None) -> Iterator[bool]:
+        """Whether the call may go (``admit``); while the block runs, it is stamped as
+        decided by each check, for the door in ``AggregatedBackends``."""
+        if not self.admit(identity, target, arguments):
+            yield False
+            return
+        with ExitStack() as stamps:
+            for check in self.checks:
+                stamps.enter_context(admitted(check, self.name_of(target)))
+            yield True
 
     def admit(self, identity: Identity | None, target: InternalTool, arguments: Mapping[str, Any] | None) -> bool:
         """False when the policies forbid the caller this tool (audited); ``RateLimited``

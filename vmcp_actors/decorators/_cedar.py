@@ -29,6 +29,7 @@ import cedarpy
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import AuthzConfig
 from vmcp_actors.config._cedar import parse_entities
+from vmcp_actors.core._admitted import AUTHZ, admitted
 from vmcp_actors.core._catalog import Route, by_name
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, PASSES, Explanation, Finding
@@ -215,7 +216,8 @@ class CedarAuthz(CoreLayer):
         if not self._decide(identity, CALL_TOOL, name, self._tool_hints(identity, name, deadline), arguments).allowed:
             self._denied(identity, CALL_TOOL, name)
             raise UnknownTool(name)  # as for no such tool: nothing revealed
-        return self._inner.call_tool(identity, name, arguments, meta, deadline)
+        with admitted(AUTHZ, name):
+            return self._inner.call_tool(identity, name, arguments, meta, deadline)
 
     # -- prompts -------------------------------------------------------------------------
 
@@ -279,7 +281,8 @@ class CedarAuthz(CoreLayer):
         if not self._decide(identity, action, name, hints, arguments).allowed:
             self._denied(identity, action, name)
             raise continuation.unknown()
-        return self._inner.resume(identity, continuation, deadline)
+        with admitted(AUTHZ, name):
+            return self._inner.resume(identity, continuation, deadline)
 
     # -- explain -------------------------------------------------------------------------
 

@@ -230,7 +230,7 @@ class _StepCaller:
         if target is None:
             raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
         admission = self._admission
-        if not admission.decides(target):
+        if not admission.decides():
             return self._submit(tool, target, arguments, deadline)
         # Called in the run's actor: the decision may be a Redis round trip, so it is made
         # on the I/O pool, and the call is submitted from there.
@@ -240,9 +240,10 @@ class _StepCaller:
             if outcome.cancelled():
                 return  # the run ended first
             try:
-                if not admission.admit(self._identity, target, arguments):  # as for no such tool: nothing revealed
-                    raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
-                submitted = self._submit(tool, target, arguments, deadline)
+                with admission.admitting(self._identity, target, arguments) as allowed:
+                    if not allowed:  # as for no such tool: nothing revealed
+                        raise JsonRpcError(INVALID_PARAMS, f"tool {tool!r} is not available in this session")
+                    submitted = self._submit(tool, target, arguments, deadline)
             except Exception as error:  # noqa: BLE001 - refused (429, 503) or not sent: the step's failure
                 settle_from(outcome, failed(error))
                 return

@@ -14,6 +14,7 @@ from typing import Any
 
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import AggregationConfig
+from vmcp_actors.core._admitted import FILTER, admitted
 from vmcp_actors.core._catalog import Route, by_name
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._explain import HIDES, Explanation, Finding
@@ -70,7 +71,13 @@ class AdvertisingFilter(CoreLayer):
                   meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
         if self.lookup_tool(identity, name, deadline) is None:
             raise UnknownTool(name)  # the same answer as for no such tool
-        return self._inner.call_tool(identity, name, arguments, meta, deadline)
+        with admitted(FILTER, name):
+            return self._inner.call_tool(identity, name, arguments, meta, deadline)
+
+    def resume(self, identity, continuation, deadline):
+        """As a new call: refused unless the tool is advertised (``CoreLayer.resume``)."""
+        with admitted(FILTER, continuation.name):
+            return super().resume(identity, continuation, deadline)
 
     def finding(self, identity: Identity | None, name: str, deadline: Deadline, below: Explanation,
                 listed: bool, callable_: bool) -> Finding:

@@ -11,6 +11,7 @@ backend again, and a sealed requestState could otherwise be replayed without lim
 
 from __future__ import annotations
 
+from vmcp_actors.core._admitted import LIMITS, admitted
 from vmcp_actors.core._explain import PASSES, Explanation, Finding
 from vmcp_actors.core._interface import CoreLayer, PerList, UserCore, reachable
 from vmcp_actors.identity import Identity
@@ -35,13 +36,15 @@ class RateLimits(CoreLayer):
     def call_tool(self, identity, name, arguments, meta, deadline):
         if self._inner.lookup_tool(identity, name, deadline) is not None:  # else: the layer below's "unknown"
             self._limiter.admit(identity, name)
-        return self._inner.call_tool(identity, name, arguments, meta, deadline)
+        with admitted(LIMITS, name):
+            return self._inner.call_tool(identity, name, arguments, meta, deadline)
 
     def resume(self, identity, continuation, deadline):
         """A continued call spends a token as a new one would (after the checks below it)."""
         if continuation.method == "tools/call" and reachable(self._inner, identity, continuation, deadline):
             self._limiter.admit(identity, continuation.name)
-        return super().resume(identity, continuation, deadline)
+        with admitted(LIMITS, continuation.name):
+            return super().resume(identity, continuation, deadline)
 
     def explain_tool(self, identity: Identity | None, name: str, deadline) -> Explanation:
         below = self._inner.explain_tool(identity, name, deadline)

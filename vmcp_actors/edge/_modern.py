@@ -45,7 +45,6 @@ from vmcp_actors.edge._driver import (
     Outcome,
 )
 from vmcp_actors.protocol import (
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
@@ -495,7 +494,8 @@ class StatelessSide:
         run.rounds += 1
         if run.rounds > MAX_INPUT_ROUNDS:
             abandon(run, "too many input rounds")
-            return self.failed(JsonRpcError(INTERNAL_ERROR, f"the call took more than {MAX_INPUT_ROUNDS} input rounds"))
+            # the client's doing (answers that answer nothing): refused as its request
+            return self.failed(JsonRpcError(INVALID_PARAMS, f"the call took more than {MAX_INPUT_ROUNDS} input rounds"))
         if run.pending:
             return self.park(run)
         return None

@@ -12,6 +12,7 @@ from vmcp_actors.protocol.jsonrpc import (
     Message,
     error_response,
     parse_message,
+    wire_bytes,
     result_response,
 )
 from vmcp_actors.protocol.mcp import (
@@ -44,5 +45,6 @@ __all__ = [
     "iter_sse_events",
     "negotiate_protocol_version",
     "parse_message",
+    "wire_bytes",
     "result_response",
 ]

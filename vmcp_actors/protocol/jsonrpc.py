@@ -61,12 +61,23 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
+def wire_bytes(message: Any) -> bytes:
+    """``message`` as compact UTF-8 JSON. A string JSON may carry but UTF-8 cannot (a lone
+    surrogate, ``"\\ud800"``) goes escaped, as the client sent it, for the backend to judge."""
+    try:
+        return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(message, separators=(",", ":")).encode("ascii")
+
+
 def parse_message(body: bytes | str) -> Message:
     """Parse one JSON-RPC message or raise JsonRpcError (-32700 / -32600)."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise JsonRpcError(PARSE_ERROR, f"Parse error: {exc.__class__.__name__}") from None
+    except RecursionError:  # ~1,000 levels of arrays or objects
+        raise JsonRpcError(PARSE_ERROR, "Parse error: nested too deeply") from None
     if isinstance(payload, list):
         raise JsonRpcError(INVALID_REQUEST, "Invalid Request: batches are not supported; send one message per request")
     if not isinstance(payload, dict):
