@@ -30,6 +30,7 @@ import logging
 import queue
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -489,6 +490,35 @@ def test_a_backend_that_joins_after_the_budget_is_announced_on_the_sessions_stre
     assert [tool["name"] for tool in listed["result"]["tools"]] == ["good_echo", "late_joined"]
     called = gateway.rpc(session, "tools/call", {"name": "late_joined", "arguments": {}})
     assert called["result"]["content"] == [{"type": "text", "text": "joined late"}]
+
+
+def test_a_call_of_a_tool_whose_backend_is_still_starting_waits_for_it(start_gateway, good, tmp_path, caplog):
+    """The list was answered when the 1 s budget ended, without the late backend; a call of
+    its tool then waits for the discovery under way (as a client connected to the starting
+    server would wait for it), instead of answering "Unknown tool"."""
+    caplog.set_level(logging.DEBUG, logger="vmcp_actors.core._dispatch")
+    cue = tmp_path / "join-now"
+    gateway = start_gateway({"name": "apart",
+                             "backends": [backend_entry("good", good),
+                                          {**stdio_entry("late", script(tmp_path, "late", JOINING_LATE), "perSession",
+                                                         str(cue)),
+                                           "sandbox": {"writable": [str(tmp_path)]}}],
+                             "operational": {"discoveryBudget": {"default": "1s"}}})
+    session = gateway.initialize()
+    listed = gateway.rpc(session, "tools/list")
+    assert [tool["name"] for tool in listed["result"]["tools"]] == ["good_echo"]
+    answers: queue.Queue[dict[str, Any]] = queue.Queue()
+    caller = threading.Thread(target=lambda: answers.put(
+        gateway.rpc(session, "tools/call", {"name": "late_joined", "arguments": {}})))
+    caller.start()
+    try:
+        assert wait_until(lambda: "tools/call of 'late_joined' waits for the discovery under way" in caplog.text,
+                          timeout=20)
+    finally:
+        cue.touch()
+        caller.join(30)
+    called = answers.get(timeout=1)
+    assert called["result"]["content"] == [{"type": "text", "text": "joined late"}], called
 
 
 # Adds a tool with each call, and says so (notifications/tools/list_changed) after its answer:

@@ -196,6 +196,18 @@ class AggregatedBackends:
         except pykka.ActorDeadError:
             pass  # the user is stopping; the next request gets a new one
 
+    def discovered(self, deadline: Deadline) -> bool:
+        """Whether a discovery that was under way (a request was answered with the backends
+        ready when its budget ended) has ended, waiting for it until the deadline."""
+        published = self._board.current
+        if published is None or published.done():
+            return False
+        try:
+            published.result(timeout=max(0.0, deadline.remaining() - ANSWER_MARGIN))
+        except Exception:  # noqa: BLE001 - timed out, or no catalog: the name stays unknown
+            return False
+        return True
+
     def unavailable(self) -> Mapping[str, str]:
         """The backends the published catalog misses, and why (while discovery goes on,
         what it has not found yet: asked of the UserActor)."""

@@ -7,6 +7,7 @@ and the revisions' own checks are the edge's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,14 +24,19 @@ from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, Message
 from vmcp_actors.protocol.mcp import LOGGING_LEVELS
 
+logger = logging.getLogger(__name__)
+
 
 class McpDispatcher:
     def __init__(self, capabilities: UserCore, *, page_size: int,
-                 unavailable: Callable[[], Mapping[str, str]] | None = None):
+                 unavailable: Callable[[], Mapping[str, str]] | None = None,
+                 discovered: Callable[[Deadline], bool] | None = None):
         """``unavailable``: the backends the caller's catalog misses now, and why (an
-        unknown tool's error names them: the tool may be theirs)."""
+        unknown tool's error names them: the tool may be theirs). ``discovered``: waits,
+        within the deadline, for a discovery still under way (True once it has ended)."""
         self._capabilities = capabilities
         self._unavailable = unavailable
+        self._discovered = discovered
         self._page_size = page_size
         self._methods: dict[str, Callable[[Identity | None, dict[str, Any], Deadline], Any]] = {
             "ping": lambda identity, params, deadline: {},
@@ -94,10 +100,19 @@ class McpDispatcher:
 
     def _call_tool(self, identity, params, deadline):
         name = _required_string(params, "name")
+        arguments, meta = _optional_object(params, "arguments"), _optional_object(params, "_meta")
         try:
-            return self._capabilities.call_tool(
-                identity, name, _optional_object(params, "arguments"), _optional_object(params, "_meta"), deadline
-            )
+            try:
+                return self._capabilities.call_tool(identity, name, arguments, meta, deadline)
+            except UnknownTool:
+                # Not among the backends ready when the discovery budget ended: one still
+                # starting may offer it, and a client connected to it directly would wait.
+                if self._discovered is None:
+                    raise
+                logger.debug("tools/call of %r waits for the discovery under way", name)
+                if not self._discovered(deadline):
+                    raise
+                return self._capabilities.call_tool(identity, name, arguments, meta, deadline)
         except UnknownTool as unknown:
             missing = self._unavailable() if self._unavailable is not None else {}
             if not missing:

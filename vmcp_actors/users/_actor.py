@@ -211,7 +211,8 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
     tasks = UserTasks(services.composite_tasks, handles, handles.owner, record.key.label,
                       lambda: services.hold_user(record.key)) if services.composite_tasks is not None else None
     outermost, composites = decorators.build(aggregated, record.client_capabilities, tasks)
-    dispatcher = McpDispatcher(outermost, page_size=config.operational.page_size, unavailable=aggregated.unavailable)
+    dispatcher = McpDispatcher(outermost, page_size=config.operational.page_size, unavailable=aggregated.unavailable,
+                               discovered=aggregated.discovered)
     return UserHandle(record.key, ref, proxy, outermost, dispatcher, composites, aggregated)
 
 
