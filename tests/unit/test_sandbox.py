@@ -70,13 +70,16 @@ def test_unsandboxed_children_get_their_death_signal_from_setpriv_not_preexec_fn
 
 
 def test_a_sandboxed_child_sees_its_own_processes_only_and_a_private_tmp(tmp_path):
-    (tmp_path / "left-by-the-gateway").write_text("x")
-    done = _run(_backend(), "import os; print(sorted(os.listdir('/proc')) and [p for p in os.listdir('/proc') "
-                            "if p.isdigit()]); print(os.listdir('/tmp')); print(os.environ['HOME'])")
+    left = tmp_path / "left-by-the-gateway"
+    left.write_text("x")
+    done = _run(_backend(), "import os; print([p for p in os.listdir('/proc') if p.isdigit()]); "
+                            f"print(os.path.exists({str(left)!r})); print(os.environ['HOME']); "
+                            "open('/tmp/home/mine', 'w').write('ok'); print(os.listdir('/tmp/home'))")
     assert done.returncode == 0, done.stderr
-    pids, tmp, home = done.stdout.splitlines()
+    pids, seen, home, own = done.stdout.splitlines()
     assert len(eval(pids)) <= 3  # bwrap's init, the child (and its listing)  # noqa: S307 - our own output
-    assert eval(tmp) == ["home"] and home == "/tmp/home"  # noqa: S307
+    assert seen == "False" and home == "/tmp/home" and own == "['mine']"
+    assert not (Path("/tmp/home") / "mine").exists()  # its /tmp is its own
 
 
 def test_the_config_files_and_credentials_are_hidden_and_other_users_files_unseen(tmp_path, monkeypatch):
@@ -115,3 +118,20 @@ def test_network_false_leaves_a_child_no_way_to_the_gateways_loopback(network):
         listener.close()
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ("reached" if network else "refused")
+
+
+def test_a_command_installed_under_tmp_runs_in_its_sandbox(tmp_path):
+    """A virtualenv under /tmp (a CI checkout, say): its prefix stays visible, read-only,
+    though every sandbox has a /tmp of its own."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    (venv / "module_here.py").write_text("print('from the venv')")
+    argv, environment = _sandbox.launch(_backend(), [str(venv / "bin" / "python"), str(venv / "module_here.py")],
+                                        {"PATH": "/usr/bin:/bin"}, None, None)
+    done = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=30, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "from the venv"), done.stderr
+    argv, environment = _sandbox.launch(_backend(), [str(venv / "bin" / "python"), "-c",
+                                                     f"open({str(venv / 'x')!r}, 'w')"], {"PATH": "/usr/bin:/bin"},
+                                        None, None)
+    written = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=30, check=False)
+    assert written.returncode != 0 and "Read-only file system" in written.stderr  # seen, not writable

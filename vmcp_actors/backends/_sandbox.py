@@ -11,8 +11,9 @@ In the sandbox (``launch``) a child gets:
 * writable: the directories its args and env values name (absolute paths: what a server
   is given to work in, as a desktop client gives server-filesystem its directories), the
   directory of a file an env value names (a server's data file, rewritten through a
-  temporary file beside it), its ``{user}`` paths and ``sandbox.writable``; its command,
-  the files its args name and its cwd stay visible (read-only) even under ``/tmp``;
+  temporary file beside it), its ``{user}`` paths and ``sandbox.writable``; its command's
+  installation, the gateway's own code, the files its args name and its cwd stay visible
+  (read-only) even under ``/tmp``;
 * unseen (an empty directory, or a file that cannot be opened, in their place): the config
   files the gateway read (they hold other backends' keys), ``/run`` and ``/var/run``
   (sockets), the usual credential files under the gateway's ``HOME`` (``HIDDEN_IN_HOME``)
@@ -34,6 +35,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
@@ -124,13 +126,32 @@ def launch(backend: BackendConfig, argv: list[str], env: dict[str, str], cwd: st
     for path in given:  # a file env names is data the server keeps: its directory, for a safe rewrite
         if not os.path.isdir(path) and os.path.isdir(os.path.dirname(path)) and os.path.dirname(path) != "/":
             mounts.writable(os.path.dirname(path))
-    for path in (argv[0], *named_args, cwd or ""):
+    for path in (*_installation(argv[0]), *_gateways_own(), *named_args, cwd or ""):
         if path.startswith("/") and os.path.exists(path):
             mounts.visible(path)
     launcher = [bwrap, *_isolation(backend.sandbox.network), "--die-with-parent", *mounts.arguments()]
     if cwd is not None:
         launcher += ["--chdir", cwd]
     return [*launcher, "--", *argv], env
+
+
+def _installation(command: str) -> list[str]:
+    """What a command needs to run, wherever it is installed (under /tmp, say): the prefix
+    it lives in (``<prefix>/bin/<command>``: a virtualenv, a Node package), as it is named
+    and where its links lead, else its directory."""
+    places = []
+    for path in dict.fromkeys((os.path.abspath(command), os.path.realpath(command))):
+        directory = os.path.dirname(path)
+        places.append(os.path.dirname(directory) if os.path.basename(directory) == "bin" else directory)
+    return places
+
+
+@functools.cache
+def _gateways_own() -> tuple[str, ...]:
+    """The gateway's own code and environment (read-only): a child may be the gateway's
+    Python running one of its modules (the demo's clock), and none of it is secret."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../vmcp_actors/..
+    return tuple(dict.fromkeys((sys.prefix, os.path.dirname(package_root))))
 
 
 def _isolation(network: bool) -> list[str]:
