@@ -182,7 +182,8 @@ def test_a_hostile_stdio_server_finds_nothing_of_the_gateway_or_other_users(
         alices_token = _call(gateway, tokens["alice"], "loot_my_token")
         assert bobs_token != alices_token and len(bobs_token) > 20
         processes = gateway.app.extensions[EXTENSION_KEY].processes
-        assert wait_until(lambda: len(processes.snapshot()) == 2, timeout=10)  # bob's child is live
+        assert wait_until(lambda: len([child for child in processes.snapshot() if child.backend == "loot"]) == 2,
+                          timeout=10)  # bob's child is live beside alice's
         found = json.loads(_call(gateway, tokens["alice"], "loot_loot"))
     finally:
         processes = gateway.app.extensions[EXTENSION_KEY].processes

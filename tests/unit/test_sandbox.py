@@ -135,3 +135,12 @@ def test_a_command_installed_under_tmp_runs_in_its_sandbox(tmp_path):
                                         None, None)
     written = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=30, check=False)
     assert written.returncode != 0 and "Read-only file system" in written.stderr  # seen, not writable
+
+
+def test_what_env_and_args_name_never_makes_the_root_or_devices_writable():
+    backend = _backend(env={"DATA": "/", "SINK": "/dev/null"}, args=["/"])
+    argv, _env = _sandbox.launch(backend, [sys.executable, "/"], {"DATA": "/", "SINK": "/dev/null"}, None, None)
+    binds = [argv[index + 1] for index, word in enumerate(argv) if word == "--bind"]
+    assert binds == [], binds
+    done = _run(backend, "open('/etc/x', 'w')", DATA="/", SINK="/dev/null")
+    assert done.returncode != 0 and "Read-only file system" in done.stderr

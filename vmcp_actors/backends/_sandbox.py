@@ -51,7 +51,10 @@ SANDBOX_HOME = "/tmp/home"
 HIDDEN_IN_HOME = (".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".config/gh", ".kube", ".docker",
                   ".netrc", ".npmrc", ".pypirc", ".git-credentials", ".pgpass", ".vault-token")
 HIDDEN_ALWAYS = ("/run", "/var/run")  # sockets (Docker, D-Bus, databases) a child must not reach
-SEEN_AGAIN = ("/run/systemd/resolve",)  # under a hidden path, but what /etc/resolv.conf may point at
+SEEN_AGAIN = ("/run/systemd/resolve",)
+# Never writable because args or env name them (``/dev/null``, ``/``): only ``writable`` grants these.
+NEVER_GRANTED = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/run",
+                           "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/tmp", "/home", "/root"})  # under a hidden path, but what /etc/resolv.conf may point at
 SHADOW_DIRECTORY = ".vmcp-sandbox"  # where each user's {user} files are kept, a directory per user
 PROBE_TIMEOUT = 10.0  # seconds the one trial run of bwrap may take
 
@@ -121,11 +124,13 @@ def launch(backend: BackendConfig, argv: list[str], env: dict[str, str], cwd: st
     given = [env[name] for name, template in backend.env.items()
              if USER_PLACEHOLDER not in template and env.get(name, "").startswith("/")]
     for path in (*named_args, *given):
-        if path.startswith("/") and os.path.isdir(path):
+        if path.startswith("/") and os.path.isdir(path) and os.path.realpath(path) not in NEVER_GRANTED:
             mounts.writable(path)
     for path in given:  # a file env names is data the server keeps: its directory, for a safe rewrite
-        if not os.path.isdir(path) and os.path.isdir(os.path.dirname(path)) and os.path.dirname(path) != "/":
-            mounts.writable(os.path.dirname(path))
+        directory = os.path.dirname(path)
+        if (os.path.isfile(path) or not os.path.lexists(path)) and os.path.isdir(directory) \
+                and os.path.realpath(directory) not in NEVER_GRANTED:
+            mounts.writable(directory)
     for path in (*_installation(argv[0]), *_gateways_own(), *named_args, cwd or ""):
         if path.startswith("/") and os.path.exists(path):
             mounts.visible(path)
