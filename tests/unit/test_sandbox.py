@@ -144,3 +144,18 @@ def test_what_env_and_args_name_never_makes_the_root_or_devices_writable():
     assert binds == [], binds
     done = _run(backend, "open('/etc/x', 'w')", DATA="/", SINK="/dev/null")
     assert done.returncode != 0 and "Read-only file system" in done.stderr
+
+
+def test_a_config_file_inside_a_visible_checkout_under_tmp_stays_hidden(tmp_path):
+    checkout = tmp_path / "checkout"
+    venv = checkout / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    config = checkout / "config.yaml"
+    config.write_text("name: t\nbackends: [{name: b, url: 'http://127.0.0.1:1/mcp'}]\n")
+    load_config(config)
+    argv, environment = _sandbox.launch(_backend(cwd=str(checkout)), [
+        str(venv / "bin" / "python"), "-c",
+        f"import os\ntry:\n    print(open({str(config)!r}).read())\nexcept OSError:\n    print('unreadable')\n"
+        f"print(os.path.isdir({str(venv)!r}))"], {"PATH": "/usr/bin:/bin"}, str(checkout), None)
+    done = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=30, check=False)
+    assert done.stdout.splitlines() == ["unreadable", "True"], done.stderr

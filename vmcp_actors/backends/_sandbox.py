@@ -186,8 +186,8 @@ class _Mounts:
 
     def hide(self, path: str) -> None:
         path = os.path.realpath(path)  # a symlink (/var/run -> /run) is hidden where it leads
-        if path == "/" or _under(path, "/tmp") or not os.path.exists(path):
-            return  # (what was in /tmp is not in the child's own)
+        if path == "/" or not os.path.exists(path):
+            return
         self._covers[path] = ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
         self._hidden.add(path)
 
@@ -227,23 +227,34 @@ class _Mounts:
         self._binds.setdefault(os.path.realpath(path), "--ro-bind")
 
     def arguments(self) -> list[str]:
-        ordered: list[str] = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-        for path in sorted(self._covers, key=_depth):
-            ordered += self._covers[path]
-        ordered += ["--dir", SANDBOX_HOME]
+        """Each mount after those above it, so a deeper one is never covered by a shallower
+        one: a config file hidden inside a visible checkout, a user's entry in its hidden
+        directory, a hidden path inside a writable one."""
+        binds = {path: kind for path, kind in self._binds.items()
+                 if kind == "--bind" or (not any(_under(path, hidden) for hidden in self._hidden)  # hidden on purpose
+                                         and any(_under(path, covered) for covered in self._covers))}  # else: seen
+        mounts: list[tuple[tuple[int, str], int, list[str]]] = []
+        for path, cover in self._covers.items():
+            if path != "/tmp" and _under(path, "/tmp") and cover[0] != "--bind" \
+                    and not any(_under(path, bound) or _under(bound, path) for bound in binds):
+                continue  # a hiding cover of what the child's own /tmp does not have anyway
+            mounts.append((_depth(path), 0, cover))
+        mounts.append((_depth(SANDBOX_HOME), 0, ["--dir", SANDBOX_HOME]))
         for path in SEEN_AGAIN:
             if os.path.isdir(path) and any(_under(path, hidden) for hidden in self._hidden):
-                ordered += ["--ro-bind", path, path]
-        for path in sorted(self._binds, key=_depth):
-            kind = self._binds[path]
-            if kind == "--ro-bind" and (any(_under(path, hidden) for hidden in self._hidden)
-                                        or not any(_under(path, covered) for covered in self._covers)):
-                continue  # hidden on purpose, or seen through the read-only root already
-            ordered += [kind, path, path]
+                mounts.append((_depth(path), 1, ["--ro-bind", path, path]))
+        mounts += [(_depth(path), 1, [kind, path, path]) for path, kind in binds.items()]
+        ordered: list[str] = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+        for _depth_of, _kind, words in sorted(mounts, key=lambda mount: (mount[0][0], mount[1], mount[0][1])):
+            ordered += words
         for path in sorted(self._covers, key=_depth):  # what covers a path shows nothing new, and takes nothing
-            if self._covers[path][0] == "--tmpfs" and path != "/tmp":
+            if self._covers[path][0] == "--tmpfs" and path != "/tmp" and ("--tmpfs", path) in _emitted(ordered):
                 ordered += ["--remount-ro", path]
         return ordered
+
+
+def _emitted(ordered: list[str]) -> set[tuple[str, str]]:
+    return {(word, ordered[index + 1]) for index, word in enumerate(ordered[:-1]) if word == "--tmpfs"}
 
 
 def _depth(path: str) -> tuple[int, str]:
