@@ -120,3 +120,23 @@ def test_stamps_end_with_the_call_and_name_their_tool(built):
     with pytest.raises(JsonRpcError):  # nothing left over from the block above
         backends.call_tool(None, "a_y", {}, None, soon())
     assert channel.sent == []
+
+
+def test_a_prompt_get_or_resource_read_that_skips_cedar_is_refused():
+    config = config_from_mapping(CONFIG)
+    channel = RecordingChannel()
+    found = caps("a", "x")
+    found = type(found)(**{**found.__dict__, "capabilities": MappingProxyType({"tools": {}, "prompts": {},
+                                                                               "resources": {}}),
+                           "prompts": ({"name": "p"},), "resources": ({"uri": "test://r", "name": "r"},)})
+    board, user = published(build_catalog({"a": found}, DOWN, config.aggregation))
+    backends = AggregatedBackends(user, MappingProxyType({"a": channel}), board)
+    outermost, _composites = stack(config).build(backends, {})
+    _drive(outermost.get_prompt(None, "a_p", {}, None, soon()))
+    _drive(outermost.read_resource(None, "test://r", None, soon()))
+    assert [method for method, _params in channel.sent] == ["prompts/get", "resources/read"]
+    for skipped in (lambda: backends.get_prompt(None, "a_p", {}, None, soon()),
+                    lambda: backends.read_resource(None, "test://r", None, soon())):
+        with pytest.raises(JsonRpcError, match="was not admitted"):
+            skipped()
+    assert len(channel.sent) == 2

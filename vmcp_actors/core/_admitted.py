@@ -1,5 +1,6 @@
-"""The door every backend ``tools/call`` passes: it goes out only when each decision the
-config asks for was made for that tool, on the way in, by the layer that makes it.
+"""The door every backend ``tools/call``, ``prompts/get`` and ``resources/read`` passes: it
+goes out only when each decision the config asks for was made for that tool, prompt or
+resource, on the way in, by the layer that makes it.
 
 Each deciding layer, having let a call of ``name`` through, stamps it (``admitted``) for
 as long as the call goes on below it; ``AggregatedBackends`` checks the stamps
@@ -30,11 +31,14 @@ _stamps: ContextVar[set[tuple[str, str]] | None] = ContextVar("admitted", defaul
 
 @dataclass(frozen=True)
 class Requirements:
-    """What a client's call (``client``) and a composite step's (``step``) must have been
-    decided by. Empty (a core built without the stack, in tests): nothing is checked."""
+    """What a client's call (``client``), a composite step's (``step``) and a prompt's
+    get or a resource's read (``reads``, by the prompt's name or the resource's URI) must
+    have been decided by. Empty (a core built without the stack, in tests): nothing is
+    checked."""
 
     client: frozenset[str] = frozenset()
     step: frozenset[str] = frozenset()
+    reads: frozenset[str] = frozenset()
 
 
 @contextmanager
@@ -51,12 +55,12 @@ def admitted(check: str, name: str) -> Iterator[None]:
 
 
 def refuse_unless_admitted(name: str, required: frozenset[str]) -> None:
-    """Raises when a call of ``name`` lacks a decision ``required`` names."""
+    """Raises when a request for ``name`` lacks a decision ``required`` names."""
     if not required:
         return
     stamps = _stamps.get() or set()
     missing = sorted(check for check in required if (check, name) not in stamps)
     if missing:
-        logger.error("refused a call of %r that %s did not decide: a way in skips a layer (a bug)", name,
+        logger.error("refused a request for %r that %s did not decide: a way in skips a layer (a bug)", name,
                      " and ".join(missing))
-        raise JsonRpcError(INTERNAL_ERROR, f"the call of {name!r} was not admitted; nothing was sent")
+        raise JsonRpcError(INTERNAL_ERROR, f"the request for {name!r} was not admitted; nothing was sent")

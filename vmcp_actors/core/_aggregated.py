@@ -331,12 +331,14 @@ class AggregatedBackends:
         backend = self.lookup_resource(identity, uri, deadline)
         if backend is None:
             raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
+        refuse_unless_admitted(uri, self._required.reads)
         return self._request(identity, backend, "resources/read", _with_meta({"uri": uri}, meta), deadline)
 
     def get_prompt(self, identity, name, arguments, meta, deadline) -> Exchange:
         route = self.lookup_prompt(identity, name, deadline)
         if route is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {name}")
+        refuse_unless_admitted(name, self._required.reads)
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
         return self._request(identity, route.backend, "prompts/get", params, deadline)
 
@@ -411,13 +413,13 @@ class AggregatedBackends:
             owner = self.lookup_resource(identity, name, deadline)
             if owner is None:
                 raise continuation.unknown()
+            refuse_unless_admitted(name, self._required.reads)
             backend, target = owner, name
         else:
             route = (self.lookup_tool if method == "tools/call" else self.lookup_prompt)(identity, name, deadline)
             if route is None:
                 raise continuation.unknown()
-            if method == "tools/call":
-                refuse_unless_admitted(name, self._required.client)
+            refuse_unless_admitted(name, self._required.client if method == "tools/call" else self._required.reads)
             backend, target = route.backend, route.original_name
         if continuation.backend is not None:
             if continuation.backend not in self._channels:

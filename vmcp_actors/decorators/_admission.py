@@ -46,8 +46,10 @@ class StepAdmission:
         return frozenset(check for check, used in ((AUTHZ, self.policies), (LIMITS, self.limiter)) if used is not None)
 
     def requirements(self) -> Requirements:
-        """What the stack requires of a client's call (the filter, always) and of a step's."""
-        return Requirements(client=self.checks | {FILTER}, step=self.checks)
+        """What the stack requires of a client's call (the filter, always), of a step's, and
+        of a prompt's get or a resource's read (Cedar's decision)."""
+        return Requirements(client=self.checks | {FILTER}, step=self.checks,
+                            reads=frozenset({AUTHZ}) if self.policies is not None else frozenset())
 
     def decides(self) -> bool:
         """Whether a step's call has anything to pass (else it is sent at once)."""

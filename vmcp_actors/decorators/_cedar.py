@@ -235,7 +235,8 @@ class CedarAuthz(CoreLayer):
         if not self._decide(identity, GET_PROMPT, name, None, arguments).allowed:
             self._denied(identity, GET_PROMPT, name)
             raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {name}")
-        return self._inner.get_prompt(identity, name, arguments, meta, deadline)
+        with admitted(AUTHZ, name):
+            return self._inner.get_prompt(identity, name, arguments, meta, deadline)
 
     # -- resources (templates are listed as they are: each read decides by its URI) -------
 
@@ -249,7 +250,8 @@ class CedarAuthz(CoreLayer):
 
     def read_resource(self, identity, uri, meta, deadline) -> Exchange:
         self._refuse_unreadable(identity, uri, deadline)
-        return self._inner.read_resource(identity, uri, meta, deadline)
+        with admitted(AUTHZ, uri):
+            return self._inner.read_resource(identity, uri, meta, deadline)
 
     def subscribe_resource(self, identity, subscriber, uri, deadline):
         self._refuse_unreadable(identity, uri, deadline)
