@@ -24,6 +24,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.resolve import Elicit, Resolve
 from pydantic import BaseModel, Field
 
+from tests.asgi_bodies import read_body, replaying
 from tests.backends import SdkBackend
 from tests.task_backends import TaskBackend
 from vmcp_actors.demo._serve import serve_asgi_in_thread
@@ -96,15 +97,7 @@ class _CountingApp:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before its body arrived
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
         try:
             payload = json.loads(body)
         except ValueError:
@@ -114,16 +107,7 @@ class _CountingApp:
             self.log.add(str(params.get("name")))
         elif isinstance(payload, dict) and "method" not in payload and ("result" in payload or "error" in payload):
             self.log.add_answer()
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 class CountingSdkBackend(SdkBackend):

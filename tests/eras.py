@@ -49,6 +49,8 @@ from typing import Any
 
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
+from tests.asgi_bodies import read_body, replaying
+
 MODERN = "modern"
 LEGACY = "legacy"
 MODERN_VERSION = "2026-07-28"
@@ -80,32 +82,6 @@ def _header(scope: Any, name: bytes) -> str | None:
         if key.lower() == name:
             return value.decode("latin-1").strip()
     return None
-
-
-async def _body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":  # the client went away
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    """A ``receive`` that hands on the body read already, then what the client sends next."""
-    sent = False
-
-    async def replayed() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replayed
 
 
 def _message(body: bytes) -> dict[str, Any]:
@@ -146,14 +122,14 @@ class ModernOnly:
             await self.app(scope, receive, send)
             return
         version = _header(scope, b"mcp-protocol-version")
-        body = await _body(receive)
+        body = await read_body(receive)
         message = _message(body)
         if version is None or version in LEGACY_VERSIONS:
             await _answer(send, 400, _error(message.get("id"), UNSUPPORTED_PROTOCOL_VERSION,
                                             "Unsupported protocol version",
                                             {"supported": [MODERN_VERSION], "requested": _requested(message, version)}))
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 def _requested(message: dict[str, Any], header: str | None) -> str:
@@ -184,12 +160,12 @@ class LegacyOnly:
             await _answer(send, 400, _error(None, INVALID_REQUEST, f"Bad Request: Unsupported protocol version: "
                                                                    f"{version}. Supported versions: {supported}"))
             return
-        body = await _body(receive)
+        body = await read_body(receive)
         message = _message(body)
         if message.get("method") == "server/discover":
             await _answer(send, 200, _error(message.get("id"), METHOD_NOT_FOUND, "Method not found"))
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 ERAS: dict[str, type[ModernOnly] | type[LegacyOnly]] = {MODERN: ModernOnly, LEGACY: LegacyOnly}

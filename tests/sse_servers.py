@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 import anyio
 
+from tests.asgi_bodies import read_body, replaying
 from vmcp_actors.demo._serve import ServedApp, serve_asgi_in_thread
 
 _SESSION_IN_ENDPOINT = re.compile(rb"session_id=([0-9a-f]+)")
@@ -61,13 +62,13 @@ class _Recorder:
                            {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]})
         if scope["method"] == "POST":
             seen.session = parse_qs(scope["query_string"].decode()).get("session_id", [None])[0]
-            body = await _read_body(receive)
+            body = await read_body(receive)
             try:
                 seen.message = json.loads(body)
             except ValueError:
                 pass
             self.seen.append(seen)
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replaying(body, receive), send)
             return
         if scope["method"] != "GET":
             await self.app(scope, receive, send)
@@ -116,31 +117,6 @@ class _Recorder:
 
         loop.call_soon_threadsafe(cancel)
         done.wait(5)
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    sent = False
-
-    async def again() -> Any:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return again
 
 
 class SseBackend:

@@ -42,6 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.asgi_bodies import read_body, replaying
 from tests.backends import SdkBackend
 
 NAME = "conformance-fixture"
@@ -230,23 +231,8 @@ class NegotiatedVersionHeader:
             await self.app(scope, receive, send)
             return
         # No session yet: maybe an initialize. Read the body to learn the version asked for.
-        body = b""
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         asked = _initialize_version(body)
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
         async def watch(message: Any) -> None:
             if asked and message["type"] == "http.response.start":
@@ -255,7 +241,7 @@ class NegotiatedVersionHeader:
                         self.negotiated[value.decode("latin-1")] = _negotiated(asked)
             await send(message)
 
-        await self.app(scope, replay, watch)
+        await self.app(scope, replaying(body, receive), watch)
 
 
 def _initialize_version(body: bytes) -> str | None:

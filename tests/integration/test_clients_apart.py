@@ -461,17 +461,23 @@ def test_a_sessions_later_requests_do_not_wait_the_budget_again_while_a_handshak
     assert names_backend(dead_error, "dead"), dead_error.error
 
 
+def late_joiner(start_gateway: Any, good: SdkBackend, tmp_path: Path) -> tuple[Any, Path]:
+    """A gateway (discovery budget 1 s) over ``good`` and a perSession child, ``late``, that
+    answers initialize once the returned cue file exists."""
+    cue = tmp_path / "join-now"
+    return start_gateway({"name": "apart",
+                          "backends": [backend_entry("good", good),
+                                       {**stdio_entry("late", script(tmp_path, "late", JOINING_LATE), "perSession",
+                                                      str(cue)),
+                                        "sandbox": {"writable": [str(tmp_path)]}}],  # where its cue comes
+                          "operational": {"discoveryBudget": {"default": "1s"}}}), cue
+
+
 def test_a_backend_that_joins_after_the_budget_is_announced_on_the_sessions_stream(start_gateway, good, tmp_path):
     """tools/list answers with the good backend when the 1 s budget ends; the late one joins
     once its initialize is answered (on the test's cue), and the session's GET stream hears
     notifications/tools/list_changed; the next list has its tool, and it can be called."""
-    cue = tmp_path / "join-now"
-    gateway = start_gateway({"name": "apart",
-                             "backends": [backend_entry("good", good),
-                                          {**stdio_entry("late", script(tmp_path, "late", JOINING_LATE), "perSession",
-                                                         str(cue)),
-                                           "sandbox": {"writable": [str(tmp_path)]}}],  # where its cue comes
-                             "operational": {"discoveryBudget": {"default": "1s"}}})
+    gateway, cue = late_joiner(start_gateway, good, tmp_path)
     session = gateway.initialize()
 
     listed = gateway.rpc(session, "tools/list")
@@ -497,13 +503,7 @@ def test_a_call_of_a_tool_whose_backend_is_still_starting_waits_for_it(start_gat
     its tool then waits for the discovery under way (as a client connected to the starting
     server would wait for it), instead of answering "Unknown tool"."""
     caplog.set_level(logging.DEBUG, logger="vmcp_actors.core._dispatch")
-    cue = tmp_path / "join-now"
-    gateway = start_gateway({"name": "apart",
-                             "backends": [backend_entry("good", good),
-                                          {**stdio_entry("late", script(tmp_path, "late", JOINING_LATE), "perSession",
-                                                         str(cue)),
-                                           "sandbox": {"writable": [str(tmp_path)]}}],
-                             "operational": {"discoveryBudget": {"default": "1s"}}})
+    gateway, cue = late_joiner(start_gateway, good, tmp_path)
     session = gateway.initialize()
     listed = gateway.rpc(session, "tools/list")
     assert [tool["name"] for tool in listed["result"]["tools"]] == ["good_echo"]

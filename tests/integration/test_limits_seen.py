@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests.asgi_bodies import read_body, replaying
 from tests.backends import SdkBackend, build_sdk_server, sdk_backend
 from tests.gateway import backend_entry, wait_until
 from tests.integration.test_metrics import scrape, value
@@ -72,11 +73,7 @@ class HeldTenant:
         import anyio
 
         tenant = dict(scope["headers"]).get(b"x-tenant", b"").decode()
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         if tenant == self.held:
             self.arrived.set()
             await anyio.to_thread.run_sync(self.released.wait, 60)
@@ -85,16 +82,7 @@ class HeldTenant:
         except (ValueError, AttributeError):
             method = None
         self.methods.append((tenant, method))
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 class HeldBackend(SdkBackend):

@@ -30,8 +30,8 @@ def _directory(gateway):
 
 
 def _in_flight(gateway, session_id: str) -> int:
-    rows = _directory(gateway).overview()["sessions"]
-    return next(activity["inFlight"] for record, activity in rows if record.session_id == session_id)
+    rows = _directory(gateway).board()["sessions"]
+    return next(activity["inFlight"] for sid, activity in rows if sid == session_id)
 
 
 def _live_users(gateway) -> set[UserKey]:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from tests.backends import SdkBackend, build_sdk_server
-from tests.eras import ModernOnly, _answer, _body, _error, _message, _replay
+from tests.asgi_bodies import read_body, replaying
+from tests.eras import ModernOnly, _answer, _error, _message
 from tests.gateway import backend_entry, wait_until
 from tests.task_backends import modern_post
 from vmcp_actors.demo._serve import serve_asgi_in_thread
@@ -26,13 +27,13 @@ class DiscoverFailsOnce:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            body = await _body(receive)
+            body = await read_body(receive)
             message = _message(body)
             if message.get("method") == "server/discover" and not self.failed:
                 self.failed = True
                 await _answer(send, 200, _error(message.get("id"), -32603, "Internal error: warming up"))
                 return
-            receive = _replay(body, receive)
+            receive = replaying(body, receive)
         await self.app(scope, receive, send)
 
 

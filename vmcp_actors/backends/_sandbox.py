@@ -234,11 +234,14 @@ class _Mounts:
                  if kind == "--bind" or (not any(_under(path, hidden) for hidden in self._hidden)  # hidden on purpose
                                          and any(_under(path, covered) for covered in self._covers))}  # else: seen
         mounts: list[tuple[tuple[int, str], int, list[str]]] = []
+        emptied: list[str] = []  # directories covered by a tmpfs: made read-only once the rest is in place
         for path, cover in self._covers.items():
             if path != "/tmp" and _under(path, "/tmp") and cover[0] != "--bind" \
                     and not any(_under(path, bound) or _under(bound, path) for bound in binds):
                 continue  # a hiding cover of what the child's own /tmp does not have anyway
             mounts.append((_depth(path), 0, cover))
+            if cover[0] == "--tmpfs" and path != "/tmp":
+                emptied.append(path)
         mounts.append((_depth(SANDBOX_HOME), 0, ["--dir", SANDBOX_HOME]))
         for path in SEEN_AGAIN:
             if os.path.isdir(path) and any(_under(path, hidden) for hidden in self._hidden):
@@ -247,14 +250,9 @@ class _Mounts:
         ordered: list[str] = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         for _depth_of, _kind, words in sorted(mounts, key=lambda mount: (mount[0][0], mount[1], mount[0][1])):
             ordered += words
-        for path in sorted(self._covers, key=_depth):  # what covers a path shows nothing new, and takes nothing
-            if self._covers[path][0] == "--tmpfs" and path != "/tmp" and ("--tmpfs", path) in _emitted(ordered):
-                ordered += ["--remount-ro", path]
+        for path in sorted(emptied, key=_depth):  # what covers a path shows nothing new, and takes nothing
+            ordered += ["--remount-ro", path]
         return ordered
-
-
-def _emitted(ordered: list[str]) -> set[tuple[str, str]]:
-    return {(word, ordered[index + 1]) for index, word in enumerate(ordered[:-1]) if word == "--tmpfs"}
 
 
 def _depth(path: str) -> tuple[int, str]:

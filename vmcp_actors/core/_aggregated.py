@@ -320,9 +320,8 @@ class AggregatedBackends:
         lands in the future; nothing blocks on the way."""
         if self._required.step:
             found = self.catalog(identity, deadline).internal_tools.get((route.backend, route.original_name))
-            advertised = found.advertised_as if found is not None else None
-            refuse_unless_admitted(advertised or f"{route.backend}.{route.resolved_name or route.original_name}",
-                                   self._required.step)
+            called_as = found.called_as if found is not None else InternalTool(route, {}, None).called_as
+            refuse_unless_admitted(called_as, self._required.step)
         params = {"name": route.original_name, "arguments": arguments or {}}
         headers = self._param_headers(identity, route, arguments, deadline)
         return self._channels[route.backend].submit(identity, "tools/call", params, deadline, headers)

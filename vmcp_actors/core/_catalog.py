@@ -67,6 +67,11 @@ class InternalTool:
     definition: Mapping[str, Any]
     advertised_as: str | None
 
+    @property
+    def called_as(self) -> str:
+        """The name decisions about it use: as clients call it, or ``backend.tool`` when hidden."""
+        return self.advertised_as or f"{self.route.backend}.{self.route.resolved_name or self.route.original_name}"
+
 
 @dataclass(frozen=True)
 class Catalog:

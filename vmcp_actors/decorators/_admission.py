@@ -35,11 +35,6 @@ class StepAdmission:
     policies: CedarPolicies | None = None
     limiter: RateLimiter | None = None
 
-    @staticmethod
-    def name_of(target: InternalTool) -> str:
-        """The tool as clients call it."""
-        return target.advertised_as or f"{target.route.backend}.{target.route.resolved_name or target.route.original_name}"
-
     @property
     def checks(self) -> frozenset[str]:
         """What a step's call is decided by (what ``AggregatedBackends`` requires of it)."""
@@ -65,13 +60,13 @@ class StepAdmission:
             return
         with ExitStack() as stamps:
             for check in self.checks:
-                stamps.enter_context(admitted(check, self.name_of(target)))
+                stamps.enter_context(admitted(check, target.called_as))
             yield True
 
     def admit(self, identity: Identity | None, target: InternalTool, arguments: Mapping[str, Any] | None) -> bool:
         """False when the policies forbid the caller this tool (audited); ``RateLimited``
         when a bucket is empty. May be a Redis round trip: never on an actor's loop."""
-        name = self.name_of(target)
+        name = target.called_as
         if self.policies is not None:
             decision = self.policies.decide(self.policies.principal(identity), CALL_TOOL, name,
                                             tool_hints(target.definition), arguments)

@@ -310,11 +310,6 @@ class Directory:
             sessionless = len(self._sessionless_seen)
         return {"sessions": sessions, "users": users, "sessionlessUsers": sessionless}
 
-    def overview(self) -> dict[str, Any]:
-        """``board`` with each session's record (read from the store: web threads only)."""
-        board = self.board()
-        return {**board, "sessions": session_records(self.store, board["sessions"])}
-
     def session_count(self) -> int:
         return len(self._sessions)
 
