@@ -26,6 +26,8 @@ from tests.ports import free_port
 INSTALL_SCRIPT = "scripts/install-node-mcp"
 TS_CLIENT = Path(__file__).resolve().parent / "node" / "ts_client.mjs"
 EVERYTHING_ENTRY = "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+# The sign-in tests' packages (tests/oidc_idp.py): checked like the install script does.
+SIGN_IN_PACKAGES = ("node_modules/oidc-provider/package.json", "node_modules/mcp-remote/package.json")
 NODE = "node_modules/.bin/node"
 STARTUP_TIMEOUT = 15.0
 
@@ -47,9 +49,10 @@ def node_mcp_home() -> Path:
 def missing() -> str | None:
     """Why the Node side cannot run (a message naming the install script), or None."""
     home = node_mcp_home()
-    if not (home / ".installed").is_file() or not (home / NODE).exists() or not (home / EVERYTHING_ENTRY).is_file():
-        return (f"the Node MCP packages are not installed in {home}: run {INSTALL_SCRIPT} "
-                f"(it installs Node 22, @modelcontextprotocol/server-everything and @modelcontextprotocol/sdk)")
+    if not (home / ".installed").is_file() or not (home / NODE).exists() or not (home / EVERYTHING_ENTRY).is_file() \
+            or not all((home / package).is_file() for package in SIGN_IN_PACKAGES):
+        return (f"the Node MCP packages are not installed in {home}: run {INSTALL_SCRIPT} (it installs Node 22, "
+                f"@modelcontextprotocol/server-everything, @modelcontextprotocol/sdk, oidc-provider and mcp-remote)")
     return None
 
 

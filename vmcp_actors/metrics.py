@@ -43,6 +43,9 @@ FAMILIES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                   "Backend discoveries (handshake and lists) by outcome.", ("backend", "outcome")),
     "workflow": ("vmcp_workflow_runs", "vmcp_workflow_duration_seconds",
                  "Composite tool runs by final state.", ("composite", "state")),
+    "oauth": ("vmcp_oauth_events", "vmcp_oauth_event_duration_seconds",
+              "Authorization server events (sign-ins, consents, tokens, registrations, refusals) by outcome.",
+              ("event", "outcome")),
 }
 MCP_METHODS = frozenset({
     "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/templates/list",
@@ -111,6 +114,10 @@ def record_request(method: str | None, status: int, seconds: float) -> None:
 
 def record_backend(backend: str, outcome: str, seconds: float) -> None:
     METRICS.observe("backend", (backend, outcome), seconds)
+
+
+def record_oauth(event: str, outcome: str) -> None:
+    METRICS.observe("oauth", (event, outcome), 0.0)
 
 
 # -- several workers ----------------------------------------------------------------------

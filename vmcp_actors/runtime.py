@@ -29,7 +29,8 @@ from vmcp_actors.decorators import CompositeTasks, WorkflowMetrics, stack
 from vmcp_actors.edge._auth import Authenticator, build_authenticator
 from vmcp_actors.edge._service import McpService
 from vmcp_actors.exceptions import ConfigError
-from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals
+from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals, record_oauth
+from vmcp_actors.oauth import OAuthService, build_oauth
 from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.users._actor import SessionServices
@@ -97,6 +98,7 @@ class Runtime:
     tasks: CompositeTasks | None = None  # the composite tasks this worker runs
     limiter: RateLimiter | None = None  # rateLimiting (None: none configured)
     bulkheads: Bulkheads | None = None  # backends' maxConcurrentCalls (None: none configured)
+    oauth: OAuthService | None = None  # incomingAuth.type oauth: the gateway's authorization server
 
     def limits_state(self) -> dict[str, Any]:
         """The admin state's rate limits and bulkheads (this worker's counts; bucket levels
@@ -201,7 +203,9 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     gateway = Gateway.start(config, directory, services, signer).proxy()
     if services.fanout is not None:
         services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
-    authenticator = build_authenticator(oidc, client_secret)
+    oauth = build_oauth(config, secret_from_env, store.client if isinstance(store, RedisRecordStore) else None,
+                        signer, record_oauth) if config.incoming_auth.type == "oauth" else None
+    authenticator = oauth.authenticator if oauth is not None else build_authenticator(oidc, client_secret)
     names = [backend.name for backend in config.backends]
     service = McpService(config, gateway, directory, signer, services.live,
                          remembered_instructions=lambda: services.eras.instructions(names))
@@ -214,7 +218,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
                    GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals,
-                   processes, tasks, limiter, bulkheads)
+                   processes, tasks, limiter, bulkheads, oauth)
 
 
 def process_gauges(config: VmcpConfig, directory: Directory, services: SessionServices) -> list[Any]:

@@ -5,12 +5,12 @@ bearer header or a login form's signed cookie), shown in a real headless browser
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests import oauth_browser
 from tests.backends import hanging_backend, restartable_backend
 from tests.gateway import backend_entry, wait_until
 
@@ -65,30 +65,12 @@ def test_the_page_needs_the_token_and_shows_backends_users_sessions_and_problems
     assert requests.get(gateway.base + "/admin/state", timeout=5, cookies=signed_in.cookies).status_code == 401
 
 
-def _browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    driver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    if not (Path(chromium).exists() and Path(driver).exists()):
-        pytest.fail("chromium and chromium-driver are not installed: run scripts/install-browser "
-                    "(the README's test set-up does)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
-        options.add_argument(argument)
-    browser = webdriver.Chrome(service=Service(driver), options=options)
-    browser.implicitly_wait(10)  # a lookup right after a submit waits for the next page
-    return browser
-
-
 def test_an_operator_signs_in_with_a_browser_and_sees_the_state(served, tmp_path):
     from selenium.webdriver.common.by import By
 
     gateway, sid = served
-    browser = _browser()
-    try:
+    with oauth_browser.browser() as browser:
+        browser.implicitly_wait(10)  # a lookup right after a submit waits for the next page
         browser.get(gateway.base + "/admin")  # not signed in: the login form
         assert browser.current_url.endswith("/admin/login")
         browser.find_element(By.ID, "token").send_keys("wrong")
@@ -105,5 +87,3 @@ def test_an_operator_signs_in_with_a_browser_and_sees_the_state(served, tmp_path
         assert browser.find_element(By.ID, "backends")
         shot = Path(os.environ.get("VMCP_ADMIN_SCREENSHOT", tmp_path / "admin.png"))
         assert browser.save_screenshot(str(shot)) and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    finally:
-        browser.quit()

@@ -19,6 +19,12 @@ def required_env_vars(config: VmcpConfig) -> list[tuple[str, str]]:
     oidc = config.incoming_auth.oidc
     if oidc is not None and oidc.client_secret_env is not None:
         found.append(("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env))
+    oauth = config.incoming_auth.oauth
+    if oauth is not None:
+        found.append(("incomingAuth.oauth.signingKeyEnv", oauth.signing_key_env))
+        found.extend((f"incomingAuth.oauth.previousSigningKeyEnvs[{index}]", name)
+                     for index, name in enumerate(oauth.previous_signing_key_envs))
+        found.append(("incomingAuth.oauth.upstream.clientSecretEnv", oauth.upstream.client_secret_env))
     if config.admin.metrics_token_env is not None:
         found.append(("admin.metricsTokenEnv", config.admin.metrics_token_env))
     outgoing = config.outgoing_auth

@@ -387,13 +387,73 @@ class AuthzConfig:
 
 
 @dataclass(frozen=True)
+class UpstreamIdpConfig:
+    """The OIDC provider people sign in with when the gateway is the authorization server;
+    the gateway is one confidential client of it."""
+
+    issuer: str
+    client_id: str
+    client_secret_env: str  # NAME of the env var holding the client secret
+    scopes: tuple[str, ...] = ("openid",)
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "scopes")
+
+
+@dataclass(frozen=True)
+class CimdConfig:
+    """Client ID metadata documents: a client id that is an https URL is fetched.
+    ``allowed_hosts`` (host or host:port) may be private or loopback addresses."""
+
+    enabled: bool = True
+    allowed_hosts: tuple[str, ...] = ()
+    ca_bundle: str | None = None  # PEM file of extra CAs the documents' hosts may be signed by
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "allowed_hosts")
+
+
+@dataclass(frozen=True)
+class OAuthServerConfig:
+    """The gateway as its clients' OAuth 2.1 authorization server, in front of ``upstream``.
+    Durations are seconds."""
+
+    issuer: str  # the gateway's public base URL
+    upstream: UpstreamIdpConfig
+    signing_key_env: str  # NAME of the env var holding the PEM private key that signs access tokens
+    # NAMEs of env vars holding earlier keys: their tokens still verify, nothing new is signed with them.
+    previous_signing_key_envs: tuple[str, ...] = ()
+    access_token_ttl: float = 3600.0
+    refresh_token_ttl: float = 30 * 86400.0
+    refresh_grace_period: float = 30.0
+    authorization_code_ttl: float = 60.0
+    consent_ttl: float = 30 * 86400.0  # how long a remembered consent lasts
+    registrations_per_minute: int = 20  # dynamic registrations per client address
+    cimd: CimdConfig = field(default_factory=CimdConfig)
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "previous_signing_key_envs")
+
+    @property
+    def resource(self) -> str:
+        """The protected resource the gateway's tokens are for (their audience)."""
+        return self.issuer.rstrip("/") + "/mcp"
+
+
+@dataclass(frozen=True)
 class IncomingAuthConfig:
     """How MCP clients authenticate to the gateway; ``oidc`` is set exactly when ``type`` is
-    oidc; ``authz`` when Cedar policies decide what each caller sees."""
+    oidc, ``oauth`` when it is oauth (the gateway is the authorization server); ``authz``
+    when Cedar policies decide what each caller sees."""
 
     type: str = "anonymous"
     oidc: OidcConfig | None = None
     authz: AuthzConfig | None = None
+    oauth: OAuthServerConfig | None = None
+
+    @property
+    def names_callers(self) -> bool:
+        return self.type != "anonymous"
 
 
 DEFAULT_MAX_TOOLS_TO_RETURN = 8

@@ -17,6 +17,7 @@ from marshmallow import (
     ValidationError,
     fields,
     post_load,
+    pre_load,
     validate,
     validates,
     validates_schema,
@@ -62,7 +63,10 @@ from ._model import (
     SandboxConfig,
     FailureHandlingConfig,
     HeaderInjectionConfig,
+    CimdConfig,
     IncomingAuthConfig,
+    OAuthServerConfig,
+    UpstreamIdpConfig,
     OidcConfig,
     OperationalConfig,
     OptimizerConfig,
@@ -131,7 +135,8 @@ NOT_PASSED_THROUGH_HEADERS = {
 
 # Outgoing auth type -> the block that configures it.
 AUTH_BLOCKS = {"header_injection": "headerInjection", "token_exchange": "tokenExchange"}
-TOKEN_EXCHANGE_NEEDS_OIDC = "token_exchange needs incomingAuth.type oidc (the caller's token is the subject token)"
+TOKEN_EXCHANGE_NEEDS_OIDC = ("token_exchange needs incomingAuth.type oidc or oauth (the caller's token, or the "
+                             "identity provider's token of the caller, is the subject token)")
 
 CONFLICT_RESOLUTIONS = ("prefix", "priority", "manual")
 OVERRIDE_KEYS = ("name", "description", "annotations")
@@ -523,21 +528,111 @@ class AuthzSchema(_StrictSchema):
         return AuthzConfig(**data)
 
 
+def _https_or_loopback(value: str) -> None:
+    """Tokens and codes travel to this URL: plain http only to this machine."""
+    _issuer(value)
+    parts = urlsplit(value)
+    if parts.scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+        raise ValidationError("must be an https URL (http only for localhost, 127.0.0.1 or [::1])")
+
+
+class UpstreamIdpSchema(_StrictSchema):
+    issuer = _String(required=True, validate=_https_or_loopback)
+    client_id = _String(data_key="clientId", required=True, validate=_not_blank)
+    client_secret_env = _String(data_key="clientSecretEnv", required=True, validate=_env_var_name)
+    scopes = _List(_String(validate=_scope), load_default=("openid",),
+                   validate=validate.Length(min=1, error="must list at least one scope (openid)"))
+
+    @validates("scopes")
+    def _has_openid(self, value: Any, **kwargs: Any) -> None:
+        if "openid" not in value:
+            raise ValidationError("must include openid (the gateway reads who signed in from the ID token)")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> UpstreamIdpConfig:
+        data["scopes"] = tuple(data["scopes"])
+        return UpstreamIdpConfig(**data)
+
+
+class CimdSchema(_StrictSchema):
+    enabled = _Boolean(load_default=True)
+    allowed_hosts = _List(_String(validate=_host), data_key="allowedHosts", load_default=tuple)
+    ca_bundle = _String(data_key="caBundle", load_default=None, allow_none=True, validate=_not_blank)
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> CimdConfig:
+        data["allowed_hosts"] = tuple(host.lower() for host in data["allowed_hosts"])
+        return CimdConfig(**data)
+
+
+# ToolHive's embedded authorization server's names for the same durations.
+OAUTH_ALIASES = {"accessTokenLifespan": "accessTokenTtl", "refreshTokenLifespan": "refreshTokenTtl",
+                 "authCodeLifespan": "authorizationCodeTtl"}
+
+
+class OAuthServerSchema(_StrictSchema):
+    issuer = _String(required=True, validate=_https_or_loopback)
+    upstream = _Nested(UpstreamIdpSchema, required=True)
+    signing_key_env = _String(data_key="signingKeyEnv", required=True, validate=_env_var_name)
+    previous_signing_key_envs = _List(_String(validate=_env_var_name), data_key="previousSigningKeyEnvs",
+                                      load_default=tuple)
+    access_token_ttl = _Duration(data_key="accessTokenTtl", load_default=3600.0, at_most="24h")
+    refresh_token_ttl = _Duration(data_key="refreshTokenTtl", load_default=30 * 86400.0, at_most="8760h")
+    refresh_grace_period = _Duration(data_key="refreshGracePeriod", load_default=30.0, allow_zero=True,
+                                     at_most="10m")
+    authorization_code_ttl = _Duration(data_key="authorizationCodeTtl", load_default=60.0, at_most="10m")
+    consent_ttl = _Duration(data_key="consentTtl", load_default=30 * 86400.0, allow_zero=True, at_most="8760h")
+    registrations_per_minute = _Integer(data_key="registrationsPerMinute", load_default=20,
+                                        validate=validate.Range(min=1, error="must be at least 1"))
+    cimd = _Nested(CimdSchema, load_default=CimdConfig)
+
+    @pre_load
+    def _toolhive_names(self, data: Any, **kwargs: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        renamed = dict(data)
+        for alias, name in OAUTH_ALIASES.items():
+            if alias in renamed:
+                if name in renamed:
+                    raise ValidationError({alias: [f"{alias} and {name} name the same thing: give one"]})
+                renamed[name] = renamed.pop(alias)
+        return renamed
+
+    @validates_schema(skip_on_field_errors=True)
+    def _grace_within_life(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data["refresh_grace_period"] >= data["refresh_token_ttl"]:
+            raise ValidationError({"refreshGracePeriod": ["must be shorter than refreshTokenTtl"]})
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> OAuthServerConfig:
+        data["issuer"] = data["issuer"].rstrip("/")
+        data["previous_signing_key_envs"] = tuple(data["previous_signing_key_envs"])
+        return OAuthServerConfig(**data)
+
+
+INCOMING_AUTH_BLOCKS = {"oidc": "oidc", "oauth": "oauth"}
+
+
 class IncomingAuthSchema(_StrictSchema):
-    type = _String(load_default="anonymous", validate=_Choice(["anonymous", "oidc"], ["local"]))
+    type = _String(load_default="anonymous", validate=_Choice(["anonymous", "oidc", "oauth"], ["local"]))
     oidc = _Nested(OidcSchema, load_default=None, allow_none=True)
     authz = _Nested(AuthzSchema, load_default=None, allow_none=True)
+    oauth = _Nested(OAuthServerSchema, load_default=None, allow_none=True)
 
     @validates_schema(pass_original=True, skip_on_field_errors=False)
     def _check_oidc_block(self, data: Any, original_data: Any, **kwargs: Any) -> None:
         if not isinstance(original_data, Mapping):
             return
         kind = original_data.get("type", "anonymous")
-        has_block = original_data.get("oidc") is not None
-        if kind == "oidc" and not has_block:
-            raise ValidationError("is required for type oidc", "oidc")
-        if kind == "anonymous" and has_block:
-            raise ValidationError("must not be set for type anonymous (it is for type oidc)", "oidc")
+        errors: dict[str, list[str]] = {}
+        for block_type, key in INCOMING_AUTH_BLOCKS.items():
+            has_block = original_data.get(key) is not None
+            if kind == block_type and not has_block:
+                errors[key] = [f"is required for type {kind}"]
+            elif kind != block_type and has_block and kind in ("anonymous", *INCOMING_AUTH_BLOCKS):
+                errors[key] = [f"must not be set for type {kind} (it is for type {block_type})"]
+        if errors:
+            raise ValidationError(errors)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> IncomingAuthConfig:
@@ -1171,7 +1266,7 @@ class VmcpSchema(_StrictSchema):
         limits = data.get("rate_limiting")
         if not isinstance(limits, RateLimitingConfig) or _loaded(data.get("incoming_auth"), "type") != "anonymous":
             return
-        message = "needs incomingAuth that names callers (type oidc): anonymous callers are one user"
+        message = "needs incomingAuth that names callers (type oidc or oauth): anonymous callers are one user"
         errors: dict[str, Any] = {}
         if limits.per_user is not None:
             errors["perUser"] = [message]

@@ -14,6 +14,9 @@ METADATA_PATH = "/.well-known/oauth-protected-resource"
 
 
 def resource_url() -> str:
+    oauth = current_runtime().config.incoming_auth.oauth
+    if oauth is not None:
+        return oauth.resource
     configured = current_runtime().config.incoming_auth.oidc
     if configured is not None and configured.resource_url:
         return configured.resource_url
@@ -21,6 +24,9 @@ def resource_url() -> str:
 
 
 def resource_metadata_url() -> str:
+    oauth = current_runtime().config.incoming_auth.oauth
+    if oauth is not None:  # the public URL, whatever Host a proxy passed on
+        return oauth.issuer + METADATA_PATH + "/mcp"
     return request.host_url.rstrip("/") + METADATA_PATH
 
 
@@ -30,6 +36,9 @@ def metadata() -> Response:
     runtime = current_runtime()
     if runtime.authenticator.issuer is None:
         return json_response({"error": "not found"}, 404)  # anonymous: no authorization server
-    oidc = runtime.config.incoming_auth.oidc
-    return json_response(protected_resource_metadata(resource_url(), runtime.authenticator.issuer, runtime.config.name,
-                                                     oidc.scopes if oidc is not None else ()))
+    oidc, oauth = runtime.config.incoming_auth.oidc, runtime.config.incoming_auth.oauth
+    scopes = oidc.scopes if oidc is not None else oauth.upstream.scopes if oauth is not None else ()
+    response = json_response(protected_resource_metadata(resource_url(), runtime.authenticator.issuer,
+                                                         runtime.config.name, scopes))
+    response.headers["Access-Control-Allow-Origin"] = "*"
+    return response

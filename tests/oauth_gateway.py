@@ -1,0 +1,181 @@
+"""A gateway that is its clients' authorization server (``incomingAuth.type: oauth``) in
+front of a real OpenID provider (``tests.oidc_idp.OidcIdP``, oidc-provider without
+dynamic registration), on a port chosen first so its issuer URL is known to the IdP.
+
+:class:`SignInGateway` starts both (and stops both); :class:`RawOAuthClient` is the
+smallest OAuth client for protocol-level tests (Authlib's, with PKCE), whose sign-in goes
+through the real pages in a headless browser (``tests.oauth_browser``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import requests
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from werkzeug.serving import make_server
+
+from tests.gateway import GatewayServer
+from tests.oauth_browser import CallbackCatcher, sign_in
+from tests.oidc_idp import OidcIdP
+from tests.ports import free_port
+from vmcp_actors.web import create_app
+from vmcp_actors.runtime import start_runtime
+
+ADMIN_TOKEN = "adm1n-oauth-Tq7"
+UPSTREAM_SECRET_ENV = "VMCP_TEST_UPSTREAM_SECRET"
+SIGNING_KEY_ENV = "VMCP_TEST_OAUTH_KEY"
+PREVIOUS_KEY_ENV = "VMCP_TEST_OAUTH_OLD_KEY"
+ADMIN_TOKEN_ENV = "VMCP_TEST_OAUTH_ADMIN"
+RECORDS_KEY_ENV = "VMCP_TEST_RECORDS_KEY"
+
+
+def new_signing_key() -> str:
+    key = ec.generate_private_key(ec.SECP256R1())
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
+class FixedPortGateway(GatewayServer):
+    """A GatewayServer on a port chosen before it starts."""
+
+    def __init__(self, config: dict, port: int):
+        super().__init__(config)
+        self.port = port
+
+    def start(self) -> FixedPortGateway:
+        self.app = create_app(start_runtime(self.config, self.host))
+        self._server = make_server(self.host, self.port, self.app, threaded=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gateway-http", daemon=True)
+        self._thread.start()
+        return self
+
+
+@contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def oauth_block(issuer: str, idp: OidcIdP, **fields: Any) -> dict[str, Any]:
+    return {"issuer": issuer,
+            "upstream": {"issuer": idp.issuer, "clientId": idp.client_id, "clientSecretEnv": UPSTREAM_SECRET_ENV,
+                         "scopes": ["openid", "email", "profile"]},
+            "signingKeyEnv": SIGNING_KEY_ENV, **fields}
+
+
+class SignInGateway:
+    """An OidcIdP and a gateway in front of it. ``ports`` (one per gateway worker) all get
+    their own gateway over the same config; the first is the issuer's (tests that route
+    steps to different workers put a round robin in front, or call them directly)."""
+
+    def __init__(self, backends: list[dict[str, Any]], *, oauth: Mapping[str, Any] | None = None,
+                 idp: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
+                 workers: int = 1, signing_key: str | None = None, issuer_port: int | None = None):
+        self.port = issuer_port or free_port()
+        self.issuer = f"http://127.0.0.1:{self.port}"
+        self.signing_key = signing_key or new_signing_key()
+        self.idp = OidcIdP([f"{self.issuer}/oauth/callback"], **dict(idp or {}))
+        self._env = environment({UPSTREAM_SECRET_ENV: self.idp.client_secret, SIGNING_KEY_ENV: self.signing_key,
+                                 ADMIN_TOKEN_ENV: ADMIN_TOKEN, RECORDS_KEY_ENV: "records-key-0123456789abcdef"})
+        self._env.__enter__()
+        self.config = {"name": "signin-gw", "backends": backends,
+                       "incomingAuth": {"type": "oauth", "oauth": oauth_block(self.issuer, self.idp, **dict(oauth or {}))},
+                       "admin": {"tokenEnv": ADMIN_TOKEN_ENV}, **dict(extra or {})}
+        self.gateways: list[FixedPortGateway] = []
+        try:
+            for index in range(workers):
+                port = self.port if index == 0 else free_port()
+                self.gateways.append(FixedPortGateway(self.config, port).start())
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def gateway(self) -> FixedPortGateway:
+        return self.gateways[0]
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.issuer}/mcp"
+
+    def stop(self) -> None:
+        for gateway in self.gateways:
+            gateway.stop()
+        self.gateways = []
+        self.idp.stop()
+        self._env.__exit__(None, None, None)
+
+    def __enter__(self) -> SignInGateway:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class RawOAuthClient:
+    """A dynamically registered public client driving the flow with Authlib's requests
+    client (PKCE S256, state, resource), its redirect URI a loopback catcher."""
+
+    def __init__(self, issuer: str, *, name: str = "raw test client", auth_method: str = "none",
+                 base: str | None = None):
+        self.issuer = issuer
+        self.base = base or issuer
+        self.catcher = CallbackCatcher()
+        registration = requests.post(f"{self.base}/oauth/register", json={
+            "client_name": name, "redirect_uris": [self.catcher.redirect_uri],
+            "grant_types": ["authorization_code", "refresh_token"], "token_endpoint_auth_method": auth_method},
+            timeout=10)
+        assert registration.status_code == 201, registration.text
+        self.registration = registration.json()
+        self.client_id = self.registration["client_id"]
+        self.client_secret = self.registration.get("client_secret")
+
+    def session(self) -> Any:
+        from authlib.integrations.requests_client import OAuth2Session
+
+        return OAuth2Session(self.client_id, self.client_secret, redirect_uri=self.catcher.redirect_uri,
+                             code_challenge_method="S256",
+                             token_endpoint_auth_method=self.registration["token_endpoint_auth_method"])
+
+    def authorization_url(self, session: Any, verifier: str, **params: Any) -> tuple[str, str]:
+        params.setdefault("resource", f"{self.issuer}/mcp")
+        return session.create_authorization_url(f"{self.base}/oauth/authorize", code_verifier=verifier, **params)
+
+    def sign_in(self, driver: Any, login: str, **pages: Any) -> dict[str, Any]:
+        """The whole flow through the browser: the token answer (and the redirect's query as ``_redirect``)."""
+        import secrets
+
+        session = self.session()
+        verifier = secrets.token_urlsafe(48)
+        url, state = self.authorization_url(session, verifier)
+        sign_in(driver, url, login=login, stop_prefix=self.catcher.redirect_uri, **pages)
+        redirect = self.catcher.wait()
+        assert redirect.get("state") == state, redirect
+        token = session.fetch_token(f"{self.base}/oauth/token", code=redirect["code"], code_verifier=verifier,
+                                    resource=f"{self.issuer}/mcp")
+        return {**dict(token), "_redirect": redirect}
+
+    def stop(self) -> None:
+        self.catcher.stop()
+
+
+def mcp_post(url: str, token: str | None, message: dict[str, Any], **headers: str) -> requests.Response:
+    sent = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+            "MCP-Protocol-Version": "2025-11-25", **headers}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    return requests.post(url, json=message, headers=sent, timeout=15)

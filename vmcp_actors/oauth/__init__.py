@@ -1,0 +1,58 @@
+"""The gateway as its clients' OAuth 2.1 authorization server (``incomingAuth.type: oauth``),
+in front of one OpenID Connect provider. ``build_oauth`` assembles it from the config;
+``vmcp_actors.web.oauth`` serves its endpoints and pages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vmcp_actors.config import VmcpConfig
+from vmcp_actors.exceptions import ConfigError
+from vmcp_actors.oauth._keys import KeyProblem, TokenKeys, load_signing_key
+from vmcp_actors.oauth._records import MemoryOAuthRecords, OAuthRecords, RedisOAuthRecords
+from vmcp_actors.oauth._server import Events, GatewayAuthorizationServer
+from vmcp_actors.oauth._tokens import GatewayTokenAuthenticator
+from vmcp_actors.oauth._upstream import UpstreamIdp
+
+__all__ = ["OAuthService", "build_oauth"]
+
+
+@dataclass(frozen=True)
+class OAuthService:
+    server: GatewayAuthorizationServer
+    authenticator: GatewayTokenAuthenticator
+
+    @property
+    def records(self) -> OAuthRecords:
+        return self.server.records
+
+
+def build_oauth(config: VmcpConfig, secret: Callable[[str, str | None], str | None], redis_client: Any,
+                signer: Any, count: Callable[[str, str], None] | None = None) -> OAuthService:
+    """``secret(field path, env var name)`` reads a named secret (a ConfigError when unset);
+    ``redis_client`` is the records' Redis when they are shared, else None."""
+    oauth = config.incoming_auth.oauth
+    assert oauth is not None
+    keys = TokenKeys(_key("incomingAuth.oauth.signingKeyEnv", oauth.signing_key_env, secret),
+                     tuple(_key(f"incomingAuth.oauth.previousSigningKeyEnvs[{index}]", name, secret)
+                           for index, name in enumerate(oauth.previous_signing_key_envs)))
+    client_secret = secret("incomingAuth.oauth.upstream.clientSecretEnv", oauth.upstream.client_secret_env)
+    assert client_secret is not None
+    records: OAuthRecords = RedisOAuthRecords(redis_client, signer, config.session_storage.key_prefix) \
+        if redis_client is not None else MemoryOAuthRecords()
+    upstream = UpstreamIdp(oauth.upstream, client_secret, f"{oauth.issuer}/oauth/callback", records)
+    server = GatewayAuthorizationServer(oauth, records, keys, upstream, Events(count))
+    exchanges = any(auth.type == "token_exchange" for auth in (config.outgoing_auth.default,
+                                                               *config.outgoing_auth.backends.values()))
+    return OAuthService(server, GatewayTokenAuthenticator(server, carries_upstream_token=exchanges))
+
+
+def _key(path: str, name: str, secret: Callable[[str, str | None], str | None]) -> Any:
+    pem = secret(path, name)
+    assert pem is not None
+    try:
+        return load_signing_key(pem)
+    except KeyProblem as problem:
+        raise ConfigError([f"{path}: environment variable {name} {problem}"]) from None

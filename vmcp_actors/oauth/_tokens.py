@@ -1,0 +1,85 @@
+"""The gateway's own access tokens on ``/mcp``: who is calling, when the gateway is the
+authorization server.
+
+A token verifies with the gateway's keys (current or earlier), for this issuer and this
+resource; its grant must still be live (checked in the records at most every
+``GRANT_RECHECK`` seconds per grant and process, so a revocation reaches every worker
+within that time). The identity is the one the identity provider gave (its issuer and
+subject), so per-user discovery, Cedar, rate limits and the admin view see the same
+person as under ``oidc``. Only when some backend exchanges the caller's token (RFC 8693)
+is the provider's token of the grant looked up (and refreshed) and carried along.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from types import MappingProxyType
+
+import jwt
+
+from vmcp_actors.edge._auth import AuthError, IdentityProviderUnavailable, _reason
+from vmcp_actors.identity import Identity
+from vmcp_actors.oauth._server import GatewayAuthorizationServer
+from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
+
+GRANT_RECHECK = 5.0
+GRANT_CACHE_MAX = 10_000
+
+
+class GatewayTokenAuthenticator:
+    def __init__(self, server: GatewayAuthorizationServer, carries_upstream_token: bool,
+                 clock: Callable[[], float] = time.monotonic):
+        self.issuer = server.config.issuer
+        self._server = server
+        self._carries_upstream_token = carries_upstream_token
+        self._clock = clock
+        self._lock = threading.Lock()  # guards _checked (grant id -> when it was last seen live)
+        self._checked: dict[str, float] = {}
+
+    def authenticate(self, authorization: str | None) -> Identity:
+        if not authorization:
+            raise AuthError("missing bearer token", error=None)
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthError("the Authorization header must be 'Bearer <token>'", error="invalid_request")
+        config = self._server.config
+        try:
+            claims = self._server.keys.verify(token, issuer=config.issuer, audience=config.resource)
+        except jwt.PyJWTError as error:
+            raise AuthError(_reason(error)) from None
+        except (TypeError, ValueError):
+            raise AuthError("malformed token") from None
+        grant_id, provider = claims.get("grant"), claims.get("idp")
+        if not isinstance(grant_id, str) or not isinstance(provider, str):
+            raise AuthError("token lacks its grant")
+        if not self._live(grant_id):
+            raise AuthError("token was revoked")
+        upstream_token = None
+        if self._carries_upstream_token:
+            try:
+                upstream_token = self._server.upstream.fresh_tokens(grant_id, config.refresh_token_ttl)["access_token"]
+            except UpstreamRefused:
+                self._server.grants.end(grant_id, "identity_provider_refused")
+                raise AuthError("the identity provider no longer accepts this sign-in") from None
+            except UpstreamUnavailable:
+                raise IdentityProviderUnavailable() from None
+        return Identity(provider, str(claims["sub"]), claims=MappingProxyType(claims), token=upstream_token)
+
+    def _live(self, grant_id: str) -> bool:
+        now = self._clock()
+        with self._lock:
+            seen = self._checked.get(grant_id)
+        if seen is not None and now - seen < GRANT_RECHECK:
+            return True
+        if not self._server.grants.alive(grant_id):
+            with self._lock:
+                self._checked.pop(grant_id, None)
+            return False
+        with self._lock:
+            if len(self._checked) >= GRANT_CACHE_MAX:
+                self._checked.clear()
+            self._checked[grant_id] = now
+        return True
