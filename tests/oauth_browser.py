@@ -111,7 +111,6 @@ def sign_in_pages(driver: Any, start_url: str, *, login: str, password: str = "s
     IdP's pages, for instance."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     deadline = time.monotonic() + timeout
@@ -134,10 +133,16 @@ def sign_in_pages(driver: Any, start_url: str, *, login: str, password: str = "s
                 return driver.current_url, pages
             if page == _UNKNOWN:
                 raise AssertionError(f"a page sign_in does not know (after {pages}); {_where(driver)}")
-            document = driver.find_element(By.TAG_NAME, "html")
-            _act(driver, page, form, login=login, password=password, approve=approve, approve_at_idp=approve_at_idp)
+            try:
+                document = driver.find_element(By.TAG_NAME, "html")
+                _act(driver, page, form, login=login, password=password, approve=approve,
+                     approve_at_idp=approve_at_idp)
+            except Exception as error:  # noqa: BLE001 - only a page that changed under the action
+                if not _page_changed(error):
+                    raise
+                continue  # the page was replaced while it was read: recognise the new one
             pages.append(page)
-            wait_for(expected_conditions.staleness_of(document), f"waiting to leave the {page} page")
+            wait_for(lambda _: _gone(document), f"waiting to leave the {page} page")
         raise AssertionError(f"still no redirect to {stop_prefix} after {MAX_PAGES} pages ({pages}); {_where(driver)}")
     finally:
         driver.implicitly_wait(implicit_wait)
@@ -151,7 +156,6 @@ def _recognise(driver: Any, stop_prefix: str) -> tuple[str, Any] | bool:
     A post form with ``button#approve`` and ``button#deny`` (``name=decision``): the
     gateway's consent page. Anything else, once loaded: unknown.
     """
-    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     try:
@@ -167,9 +171,32 @@ def _recognise(driver: Any, stop_prefix: str) -> tuple[str, Any] | bool:
             return GATEWAY_CONSENT, driver.find_element(By.CSS_SELECTOR, "form:has(button#approve)")
         if driver.execute_script("return document.readyState") == "complete":
             return _UNKNOWN, None
-    except StaleElementReferenceException:
-        pass  # the page changed under the checks: look again
+    except Exception as error:  # noqa: BLE001 - only a page that changed under the checks
+        if not _page_changed(error):
+            raise
     return False
+
+
+def _gone(element: Any) -> bool:
+    """Whether ``element``'s page has been replaced (selenium's staleness_of, also taking
+    the inspector's way of saying so)."""
+    try:
+        element.is_enabled()
+    except Exception as error:  # noqa: BLE001 - only a page that changed
+        if _page_changed(error):
+            return True
+        raise
+    return False
+
+
+def _page_changed(error: Exception) -> bool:
+    """Whether ``error`` is the browser saying the element read belongs to a page that is
+    gone (selenium reports it as stale, or as an inspector error, depending on timing)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    if isinstance(error, StaleElementReferenceException):
+        return True
+    return isinstance(error, WebDriverException) and "does not belong to the document" in (error.msg or "")
 
 
 def _act(driver: Any, page: str, form: Any, *, login: str, password: str, approve: bool, approve_at_idp: bool) -> None:

@@ -84,7 +84,8 @@ class SignInGateway:
 
     def __init__(self, backends: list[dict[str, Any]], *, oauth: Mapping[str, Any] | None = None,
                  idp: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
-                 workers: int = 1, signing_key: str | None = None, issuer_port: int | None = None):
+                 workers: int = 1, signing_key: str | None = None, issuer_port: int | None = None,
+                 authz: Mapping[str, Any] | None = None):
         self.port = issuer_port or free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.signing_key = signing_key or new_signing_key()
@@ -93,7 +94,8 @@ class SignInGateway:
                                  ADMIN_TOKEN_ENV: ADMIN_TOKEN, RECORDS_KEY_ENV: "records-key-0123456789abcdef"})
         self._env.__enter__()
         self.config = {"name": "signin-gw", "backends": backends,
-                       "incomingAuth": {"type": "oauth", "oauth": oauth_block(self.issuer, self.idp, **dict(oauth or {}))},
+                       "incomingAuth": {"type": "oauth", "oauth": oauth_block(self.issuer, self.idp, **dict(oauth or {})),
+                                        **({"authz": dict(authz)} if authz else {})},
                        "admin": {"tokenEnv": ADMIN_TOKEN_ENV}, **dict(extra or {})}
         self.gateways: list[FixedPortGateway] = []
         try:

@@ -209,6 +209,8 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     names = [backend.name for backend in config.backends]
     service = McpService(config, gateway, directory, signer, services.live,
                          remembered_instructions=lambda: services.eras.instructions(names))
+    if oauth is not None:
+        oauth.server.events.audit = service.audit_oauth
     package_logger = logging.getLogger("vmcp_actors")
     if _PROBLEMS not in package_logger.handlers:
         package_logger.addHandler(_PROBLEMS)

@@ -238,7 +238,8 @@ class FailureHandlingConfig:
 
 
 # What the audit log can record (ToolHive's event type names).
-AUDIT_EVENT_TYPES = ("mcp_tool_call", "mcp_resource_read", "mcp_prompt_get", "mcp_task")
+# oauth: the authorization server's sign-ins, consents, tokens, registrations and refusals.
+AUDIT_EVENT_TYPES = ("mcp_tool_call", "mcp_resource_read", "mcp_prompt_get", "mcp_task", "oauth")
 
 
 @dataclass(frozen=True)

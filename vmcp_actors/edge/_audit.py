@@ -79,6 +79,17 @@ class AuditLog:
         self._logger.info("%s", json.dumps(line, separators=(",", ":"), ensure_ascii=False))
 
 
+    def write_oauth(self, event: str, outcome: str, details: dict[str, Any]) -> None:
+        """One line per authorization-server event (``type: oauth``): what happened to
+        which client and person, never a token, code or secret."""
+        if not self._config.records("oauth"):
+            return
+        line = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "component": self._config.component, "type": "oauth", "event": event, "outcome": outcome,
+                **{name: value for name, value in details.items() if value is not None}}
+        self._logger.info("%s", json.dumps(line, separators=(",", ":"), ensure_ascii=False))
+
+
 def _outcome(answer: dict[str, Any] | None, http_status: int) -> str:
     if answer is None:
         return "success" if http_status < 400 else "error"

@@ -28,6 +28,31 @@ class OAuthService:
     def records(self) -> OAuthRecords:
         return self.server.records
 
+    def overview(self) -> dict[str, Any]:
+        """For operators: registered clients and live grants per person, never a token or secret."""
+        grants = self.server.grants.of()
+        clients = []
+        for client_id in sorted(self.records.keys("client")):
+            client = self.server.registered.find(client_id)
+            if client is not None:
+                clients.append(_client_row(client, grants))
+        for client_id in sorted({grant["client_id"] for grant in grants if grant["client_id"].startswith("https://")}):
+            clients.append({"clientId": client_id, "name": "", "kind": "cimd", "verifiedDomain":
+                            client_id.split("/")[2], "redirectUris": [], "authMethod": "none",
+                            "grants": sum(1 for grant in grants if grant["client_id"] == client_id)})
+        return {"clients": clients, "grants": grants,
+                "upstreamRefreshes": self.server.upstream.refreshes}
+
+    def end_grants(self, *, grant: str | None = None, user: str | None = None, client: str | None = None) -> int:
+        """End one grant, every grant of a person (by subject), or every grant of a client."""
+        ended = 0
+        for found in self.server.grants.of():
+            if (grant is not None and found["grant"] == grant) or (user is not None and found["user"] == user) \
+                    or (client is not None and found["client_id"] == client):
+                self.server.grants.end(found["grant"], "ended_by_operator")
+                ended += 1
+        return ended
+
 
 def build_oauth(config: VmcpConfig, secret: Callable[[str, str | None], str | None], redis_client: Any,
                 signer: Any, count: Callable[[str, str], None] | None = None) -> OAuthService:
@@ -47,6 +72,13 @@ def build_oauth(config: VmcpConfig, secret: Callable[[str, str | None], str | No
     exchanges = any(auth.type == "token_exchange" for auth in (config.outgoing_auth.default,
                                                                *config.outgoing_auth.backends.values()))
     return OAuthService(server, GatewayTokenAuthenticator(server, carries_upstream_token=exchanges))
+
+
+def _client_row(client: Any, grants: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"clientId": client.client_id, "name": client.client_name, "kind": client.kind,
+            "verifiedDomain": client.verified_domain, "redirectUris": list(client.redirect_uris),
+            "authMethod": client.token_endpoint_auth_method,
+            "grants": sum(1 for grant in grants if grant["client_id"] == client.client_id)}
 
 
 def _key(path: str, name: str, secret: Callable[[str, str | None], str | None]) -> Any:

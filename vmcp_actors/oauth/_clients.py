@@ -17,11 +17,12 @@ import logging
 import re
 import secrets
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import urllib3
 from authlib.oauth2.rfc6749 import ClientMixin
@@ -54,8 +55,13 @@ class ClientRefused(ValueError):
 def redirect_uri_problem(uri: object) -> str | None:
     if not isinstance(uri, str) or not uri or len(uri) > MAX_URI_CHARS or any(ch.isspace() for ch in uri):
         return "each redirect URI must be a URI without spaces"
+    if "\\" in uri:
+        # A browser reads it as "/", Python as part of the authority: http://evil.example\@127.0.0.1/
+        # would pass as loopback here and take the code to evil.example there.
+        return "redirect URIs must not contain a backslash"
     try:
         parts = urlsplit(uri)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError:
         return "each redirect URI must be a URI"
     if parts.fragment or "#" in uri:
@@ -76,10 +82,14 @@ def redirect_matches(registered: str, requested: str) -> bool:
     """Exact match, except that a loopback http redirect URI may use any port (RFC 8252 7.3)."""
     if requested == registered:
         return True
+    if redirect_uri_problem(requested):
+        return False  # e.g. a backslash, which sends the browser somewhere urlsplit does not see
     try:
         want, got = urlsplit(registered), urlsplit(requested)
         want_port, got_port = want.port, got.port  # noqa: F841 - raise on a bad port
     except ValueError:
+        return False
+    if got.username is not None or got.password is not None:
         return False
     return (want.scheme == got.scheme == "http" and want.hostname in LOOPBACK_HOSTS
             and want.hostname == got.hostname and want.path == got.path and want.query == got.query)
@@ -163,7 +173,8 @@ def checked_metadata(metadata: dict[str, Any], *, kind: str) -> dict[str, Any]:
     if method not in allowed:
         raise ClientRefused(f"token_endpoint_auth_method must be one of {', '.join(allowed)}")
     grant_types = metadata.get("grant_types", ["authorization_code"])
-    if not isinstance(grant_types, list) or "authorization_code" not in grant_types \
+    if not isinstance(grant_types, list) or not all(isinstance(grant, str) for grant in grant_types) \
+            or "authorization_code" not in grant_types \
             or not set(grant_types) <= {"authorization_code", "refresh_token"}:
         raise ClientRefused("grant_types must include authorization_code and may add refresh_token, nothing else")
     response_types = metadata.get("response_types", ["code"])
@@ -215,9 +226,15 @@ class CimdUnavailable(Exception):
 
 
 def address_allowed(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.sixtofour is not None and not address_allowed(str(ip.sixtofour)):
+            return False  # 2002:7f00:1:: is 127.0.0.1 through a 6to4 relay, yet is_global
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
     return ip.is_global and not ip.is_multicast and not ip.is_reserved
 
 
@@ -260,10 +277,13 @@ class CimdClients:
         parts = self._checked_url(url)
         host, port = parts.hostname or "", parts.port or 443
         address = self._address(host, port)
+        try:
+            context = _tls_context(self._config.ca_bundle, time.monotonic() + CIMD_TIMEOUT)
+        except (OSError, ssl.SSLError):
+            raise CimdUnavailable("the client metadata document could not be fetched (CA bundle)") from None
         pool = urllib3.HTTPSConnectionPool(
             address, port, server_hostname=host, assert_hostname=host, cert_reqs="CERT_REQUIRED",
-            ca_certs=self._config.ca_bundle or _default_ca_bundle(), retries=False,
-            timeout=urllib3.Timeout(total=CIMD_TIMEOUT), maxsize=1)
+            ssl_context=context, retries=False, timeout=urllib3.Timeout(total=CIMD_TIMEOUT), maxsize=1)
         try:
             response = pool.urlopen("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
                                     headers={"Host": parts.netloc, "Accept": "application/json"},
@@ -284,7 +304,7 @@ class CimdClients:
             raise CimdUnavailable(f"the client metadata document is larger than {CIMD_MAX_BYTES} bytes")
         try:
             document = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: 16 KiB of "[" nests deeper than json goes
             raise CimdUnavailable("the client metadata document is not JSON") from None
         if not isinstance(document, dict) or document.get("client_id") != url:
             raise CimdUnavailable("the client metadata document's client_id is not its own URL")
@@ -303,8 +323,10 @@ class CimdClients:
             parts.port  # noqa: B018 - raises ValueError for a bad port
         except ValueError:
             raise CimdUnavailable("the client_id is not a valid URL") from None
+        segments = {unquote(segment) for segment in parts.path.split("/")}
         if len(url) > MAX_URI_CHARS or parts.scheme != "https" or not parts.hostname or parts.username \
-                or parts.password or parts.fragment or parts.path in ("", "/") or "." in parts.path.split("/"):
+                or parts.password or parts.fragment or "#" in url or parts.path in ("", "/") \
+                or segments & {".", ".."}:
             raise CimdUnavailable("a client_id URL must be https with a host and a path, without user info, "
                                   "fragment or dot segments")
         return parts
@@ -332,6 +354,43 @@ def _default_ca_bundle() -> str | None:
         return certifi.where()
     except ImportError:
         return None
+
+
+class _DeadlineSocket(ssl.SSLSocket):
+    """A TLS socket that waits, at each handshake step and read, only as long as the fetch has
+    left (its context's ``deadline``): a socket timeout bounds one read, so a server sending a
+    byte at a time would otherwise hold the request thread for hours."""
+
+    def _wait_at_most_what_is_left(self) -> None:
+        left = self.context.deadline - time.monotonic()  # type: ignore[attr-defined]
+        if left <= 0:
+            raise TimeoutError("the client metadata document took too long")
+        self.settimeout(left)
+
+    def do_handshake(self, block: bool = False) -> None:
+        self._wait_at_most_what_is_left()
+        super().do_handshake(block)
+
+    def read(self, len: int = 1024, buffer: Any = None) -> Any:  # noqa: A002 - ssl.SSLSocket's names
+        self._wait_at_most_what_is_left()
+        return super().read(len, buffer)
+
+
+def _tls_context(ca_bundle: str | None, deadline: float) -> ssl.SSLContext:
+    """One fetch's TLS: the usual CAs plus ``ca_bundle`` (the operator's extra ones), host names
+    checked by urllib3 against the certificate's names only, every wait ending by ``deadline``."""
+    context = urllib3.util.create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED)
+    default = _default_ca_bundle()
+    if default:
+        context.load_verify_locations(default)
+    else:
+        context.load_default_certs()
+    if ca_bundle:
+        context.load_verify_locations(ca_bundle)
+    context.hostname_checks_common_name = False
+    context.sslsocket_class = _DeadlineSocket
+    context.deadline = deadline  # type: ignore[attr-defined]
+    return context
 
 
 def _max_age(cache_control: str | None) -> float:

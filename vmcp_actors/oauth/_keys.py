@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jwt
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from joserfc.jwk import import_key
@@ -41,6 +42,8 @@ def load_signing_key(pem: str) -> SigningKey:
         private_key = serialization.load_pem_private_key(pem.encode(), password=None)
     except (ValueError, TypeError):
         raise KeyProblem("is not an unencrypted PEM private key") from None
+    except UnsupportedAlgorithm:  # e.g. an SM2 key: a PEM private key, of a kind this build cannot load
+        raise KeyProblem("must be an EC P-256 or an RSA key") from None
     if isinstance(private_key, ec.EllipticCurvePrivateKey):
         if not isinstance(private_key.curve, ec.SECP256R1):
             raise KeyProblem("must be an EC P-256 or an RSA key (this EC key is on another curve)")

@@ -45,7 +45,7 @@ class MemoryOAuthRecords:
     """Dictionaries with expiry; one process."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._lock = threading.Lock()  # guards _records and _counters; nothing is called under it
+        self._lock = threading.Lock()  # guards _records and _counters; only update's change runs under it
         self._records: dict[tuple[str, str], tuple[float, str]] = {}  # (kind, key) -> (expires, JSON)
         self._counters: dict[str, tuple[float, int]] = {}
         self._clock = clock
@@ -214,7 +214,8 @@ class RedisOAuthRecords:
 
     def keys(self, kind: str) -> list[str]:
         start = len(self._prefix) + len(kind) + 1
-        found = self._command(lambda: list(self._redis.scan_iter(match=f"{self._prefix}{kind}:*", count=500)))
+        pattern = _glob_escaped(f"{self._prefix}{kind}:") + "*"  # a keyPrefix may hold *, ? or [
+        found = self._command(lambda: list(self._redis.scan_iter(match=pattern, count=500)))
         return [(name.decode() if isinstance(name, bytes) else name)[start:] for name in found]
 
     def acquire(self, name: str, ttl: float) -> str | None:
@@ -233,3 +234,8 @@ class RedisOAuthRecords:
                 pipe.pexpire(counter, max(1, int(window * 1000)), nx=True)
                 return int(pipe.execute()[0])
         return self._command(count)
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched literally by Redis's glob-style MATCH."""
+    return "".join("\\" + char if char in "\\*?[]^" else char for char in text)

@@ -48,7 +48,6 @@ from vmcp_actors.oauth._records import OAuthRecords
 from vmcp_actors.oauth._upstream import ID_TOKEN_CLAIMS, UpstreamIdp, UpstreamRefused, UpstreamUnavailable
 
 logger = logging.getLogger(__name__)
-audit = logging.getLogger("vmcp_actors.audit.oauth")
 
 FLOW_TTL = 900.0  # a sign-in must finish within 15 minutes
 USED_CODE_TTL = 600.0  # how long a used code is remembered, to end what it made when reused
@@ -194,15 +193,18 @@ class GatewayIssuer(IssuerParameter):
 
 
 class Events:
-    """Metrics and audit lines of the authorization server: what happened, never a token."""
+    """Metrics and audit lines of the authorization server: what happened, never a token.
+    ``audit`` is set once the service's audit log exists."""
 
     def __init__(self, count: Callable[[str, str], None] | None = None):
         self._count = count or (lambda event, outcome: None)
+        self.audit: Callable[[str, str, dict[str, Any]], None] | None = None
 
     def __call__(self, event: str, outcome: str = "ok", **details: Any) -> None:
         self._count(event, outcome)
-        shown = " ".join(f"{name}={value}" for name, value in details.items() if value is not None)
-        audit.info("oauth %s %s %s", event, outcome, shown)
+        logger.debug("oauth %s: %s", event, outcome)
+        if self.audit is not None:
+            self.audit(event, outcome, details)
 
 
 class Grants:
@@ -215,6 +217,7 @@ class Grants:
         self._upstream = upstream
         self._events = events
         self._clock = clock
+        self.ended: list[Callable[[str], None]] = []  # told each grant this process ends
 
     def start(self, person: Person, client_id: str, resource: str, scope: str, upstream: dict[str, Any]) -> Grant:
         grant = Grant("g_" + secrets.token_urlsafe(18), person, client_id, resource, scope)
@@ -238,6 +241,8 @@ class Grants:
     def end(self, grant_id: str, why: str) -> None:
         record = self._records.take("grant", grant_id)
         self._records.delete("upstream", grant_id)
+        for listener in self.ended:
+            listener(grant_id)
         if record is not None:
             self._events("grant_ended", why, grant=grant_id, client=record.get("client_id"))
 

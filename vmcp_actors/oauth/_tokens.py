@@ -37,6 +37,12 @@ class GatewayTokenAuthenticator:
         self._clock = clock
         self._lock = threading.Lock()  # guards _checked (grant id -> when it was last seen live)
         self._checked: dict[str, float] = {}
+        server.grants.ended.append(self._forget)
+
+    def _forget(self, grant_id: str) -> None:
+        """A grant this process ended is refused here at once (others: within GRANT_RECHECK)."""
+        with self._lock:
+            self._checked.pop(grant_id, None)
 
     def authenticate(self, authorization: str | None) -> Identity:
         if not authorization:

@@ -47,3 +47,26 @@ def explain() -> Response:
     if found is None:
         return json_response({"error": "no such session" if session_id else "no live user with that subject"}, 404)
     return json_response(found)
+
+
+@bp.get("/oauth")
+def oauth_overview() -> Response:
+    """Registered clients and live grants (``incomingAuth.type: oauth``); never a token."""
+    oauth = current_runtime().oauth
+    if oauth is None:
+        return json_response({"error": "the gateway is not an authorization server here"}, 404)
+    return json_response(oauth.overview())
+
+
+@bp.post("/oauth/revoke")
+def oauth_revoke() -> Response:
+    """``{"grant": id}``, ``{"user": subject}`` or ``{"client": client id}``: ends those grants."""
+    oauth = current_runtime().oauth
+    if oauth is None:
+        return json_response({"error": "the gateway is not an authorization server here"}, 404)
+    body = request.get_json(silent=True)
+    chosen = {name: body[name] for name in ("grant", "user", "client")
+              if isinstance(body, dict) and isinstance(body.get(name), str) and body[name]}
+    if len(chosen) != 1:
+        return json_response({"error": "give exactly one of grant, user or client"}, 400)
+    return json_response({"ended": oauth.end_grants(**chosen)})

@@ -65,7 +65,22 @@ def page() -> Response:
     state = collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes, runtime.tasks,
                                 runtime.limits_state(), store=runtime.service.store)
     return _page("admin.html", name=runtime.config.name, state=state, problems=recent_problems(),
-                 now=time.time())
+                 now=time.time(), oauth=runtime.oauth.overview() if runtime.oauth is not None else None)
+
+
+@bp.post("/admin/oauth-end")
+def end_grants() -> Response:
+    """The page's "End" buttons: a grant, a person's grants or a client's (the cookie is
+    SameSite=Strict and the page may only post to itself, so no other site can press them)."""
+    runtime = current_runtime()
+    if runtime.admin_token is None or runtime.oauth is None:
+        return json_response({"error": "not found"}, 404)
+    if not _signed_in(runtime.admin_token):
+        return redirect("/admin/login", code=303)
+    chosen = {name: request.form[name] for name in ("grant", "user", "client") if request.form.get(name)}
+    if len(chosen) == 1:
+        runtime.oauth.end_grants(**chosen)
+    return redirect("/admin", code=303)
 
 
 @bp.get("/admin/login")

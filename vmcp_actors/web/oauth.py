@@ -19,7 +19,7 @@ import logging
 import secrets
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from authlib.common.urls import add_params_to_uri
 from authlib.oauth2.rfc6749 import OAuth2Error, OAuth2Request
@@ -87,9 +87,14 @@ def _problem_page(message: str, status: int = 400) -> Response:
     return _page("oauth_problem.html", status, message=message)
 
 
-def _authlib_response(answer: Answer) -> Response:
+def _authlib_response(answer: Answer, issuer: str | None = None) -> Response:
+    """Authlib's answer as a response; ``issuer`` is added to an error redirect (RFC 9207
+    names the issuer on every authorization response, errors included)."""
     if answer.location is not None:
-        return Response(status=302, headers={**NO_STORE, "Location": answer.location})
+        location = answer.location
+        if issuer is not None and "iss" not in parse_qs(urlsplit(location).query):
+            location = add_params_to_uri(location, [("iss", issuer)])
+        return Response(status=302, headers={**NO_STORE, "Location": location})
     return _json(answer.body if isinstance(answer.body, dict) else {}, answer.status, dict(answer.headers))
 
 
@@ -203,7 +208,8 @@ def authorize() -> Response:
         server.events("authorize", error.error or "refused", client=request.args.get("client_id", "")[:200])
         if error.redirect_uri:
             error.state = request.args.get("state")
-            return _authlib_response(server.handle_error_response(PublicRequest(server.config.issuer), error))
+            return _authlib_response(server.handle_error_response(PublicRequest(server.config.issuer), error),
+                                     server.config.issuer)
         return _problem_page(f"This sign-in request cannot be served: {error.description or error.error}.")
     except UpstreamUnavailable:
         return _problem_page("The identity provider cannot be reached right now. Try again in a moment.", 503)
