@@ -274,8 +274,9 @@ def test_expired_forged_and_foreign_tokens_are_refused_on_mcp(setup):
     base = {"iss": gateway.issuer, "sub": "alice", "aud": gateway.mcp_url, "grant": "g_x", "idp": gateway.idp.issuer,
             "iat": now, "exp": now + 600}
 
-    def signed(claims: dict[str, Any], private_key: Any = key.private_key, kid: str = key.kid) -> str:
-        return jwt.encode(claims, private_key, algorithm="ES256", headers={"kid": kid})
+    def signed(claims: dict[str, Any], private_key: Any = key.private_key, kid: str = key.kid,
+               typ: str = "at+jwt") -> str:
+        return jwt.encode(claims, private_key, algorithm="ES256", headers={"kid": kid, "typ": typ})
     from cryptography.hazmat.primitives import serialization
 
     stranger = serialization.load_pem_private_key(new_signing_key().encode(), password=None)
@@ -285,11 +286,16 @@ def test_expired_forged_and_foreign_tokens_are_refused_on_mcp(setup):
         "issuer": signed({**base, "iss": "https://other.example"}),
         "signature": signed(base, stranger),
         "revoked": signed(base),  # a grant that does not exist
+        "type": signed({**base, "grant": "g_live"}, typ="JWT"),  # not an access token (RFC 9068)
     }
+    said = {"expired": "expired", "audience": "audience", "issuer": "issuer", "signature": "signature",
+            "revoked": "revoked", "type": "rejected"}
     for why, token in cases.items():
         answer = mcp_post(gateway.mcp_url, token, INIT)
         assert answer.status_code == 401, why
-        assert 'error="invalid_token"' in answer.headers["WWW-Authenticate"], why
+        challenge = answer.headers["WWW-Authenticate"]
+        assert 'error="invalid_token"' in challenge and said[why] in challenge.split("error_description=")[1], \
+            (why, challenge)
 
 
 def test_denying_at_the_consent_page_sends_access_denied_with_iss_and_state(setup, client):

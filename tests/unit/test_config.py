@@ -193,13 +193,15 @@ def test_origin_with_trailing_slash_is_normalised() -> None:
         ("1h30m", 5400.0),
         ("1s500ms", 1.5),
         (" 30s ", 30.0),
+        ("30d", 30 * 86400.0),  # the lifetimes of sign-ins (incomingAuth.oauth)
+        ("1d12h", 129600.0),
     ],
 )
 def test_parse_duration_accepts_every_form(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["abc", "", "30 s", "30sec", "1d", "-5s", "s", "1m30", "1e3s"])
+@pytest.mark.parametrize("text", ["abc", "", "30 s", "30sec", "1w", "-5s", "s", "1m30", "1e3s"])
 def test_parse_duration_rejects_bad_text_with_a_clear_message(text: str) -> None:
     with pytest.raises(ValueError, match=r"invalid duration .*\(use e\.g\. 500ms, 30s, 2m\)|need a unit"):
         parse_duration(text)
@@ -405,7 +407,7 @@ def test_local_incoming_auth_type_is_not_supported_yet() -> None:
 
 def test_unknown_incoming_auth_type_lists_the_choices() -> None:
     assert errors_of(minimal(incomingAuth={"type": "basic"})) == (
-        "incomingAuth.type: must be one of anonymous, oidc, local",
+        "incomingAuth.type: must be one of anonymous, oidc, oauth, local",
     )
 
 
@@ -1010,15 +1012,15 @@ def test_header_value_secret_never_appears_in_error_text() -> None:
 
 def test_token_exchange_needs_oidc_incoming_auth() -> None:
     assert errors_of(with_backend_auth(exchange())) == (
-        "outgoingAuth.backends.github.type: token_exchange needs incomingAuth.type oidc "
-        "(the caller's token is the subject token)",
+        "outgoingAuth.backends.github.type: token_exchange needs incomingAuth.type oidc or oauth (the caller's token, "
+        "or the identity provider's token of the caller, is the subject token)",
     )
 
 
 def test_token_exchange_as_default_needs_oidc_incoming_auth_too() -> None:
     assert errors_of(minimal(incomingAuth={"type": "anonymous"}, outgoingAuth={"default": exchange()})) == (
-        "outgoingAuth.default.type: token_exchange needs incomingAuth.type oidc "
-        "(the caller's token is the subject token)",
+        "outgoingAuth.default.type: token_exchange needs incomingAuth.type oidc or oauth (the caller's token, "
+        "or the identity provider's token of the caller, is the subject token)",
     )
 
 

@@ -254,7 +254,7 @@ def config_errors(rate_limiting: dict, **extra) -> tuple[str, ...]:
 
 
 ONE = {"maxTokens": 1, "refillPeriod": "1s"}
-NAMES_NO_ONE = "needs incomingAuth that names callers (type oidc): anonymous callers are one user"
+NAMES_NO_ONE = "needs incomingAuth that names callers (type oidc or oauth): anonymous callers are one user"
 OIDC = {"incomingAuth": {"type": "oidc", "oidc": {"issuer": "https://idp.example", "audience": "vmcp"}}}
 
 

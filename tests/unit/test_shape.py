@@ -25,7 +25,7 @@ RANKS = {
     "core": 3,
     "decorators": 4,
     "users": 5,
-    "edge": 6,
+    "edge": 6, "oauth": 6,  # the authorization server checks tokens as edge's authenticators do
     "runtime": 7,
     "web": 8,
     "cli": 9, "demo": 9,

@@ -1,14 +1,15 @@
-"""Durations written the way ToolHive writes them: ``500ms``, ``30s``, ``2m``, ``1h``, ``1m30s``."""
+"""Durations written the way ToolHive writes them: ``500ms``, ``30s``, ``2m``, ``1h``, ``1m30s``;
+and ``30d`` (days) for the lifetimes of sign-ins."""
 
 from __future__ import annotations
 
 import re
 
-_SECONDS_PER_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SECONDS_PER_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 # "ms" comes before "m" so that "500ms" is not read as 500 minutes followed by a stray "s".
-_PART = re.compile(rf"({_NUMBER})(ms|h|m|s)")
-_WHOLE = re.compile(rf"(?:{_NUMBER}(?:ms|h|m|s))+")
+_PART = re.compile(rf"({_NUMBER})(ms|d|h|m|s)")
+_WHOLE = re.compile(rf"(?:{_NUMBER}(?:ms|d|h|m|s))+")
 _BARE_NUMBER = re.compile(_NUMBER)
 _EXAMPLES = "use e.g. 500ms, 30s, 2m"
 

@@ -214,7 +214,7 @@ class OidcAuthenticator:
         if algorithm not in self._oidc.algorithms:
             raise AuthError(f"token algorithm {str(algorithm)[:16]!r} is not allowed")
         key = self._keys.key_for(header.get("kid"))
-        if not _key_fits(key, algorithm):
+        if not key_fits(key, algorithm):
             raise AuthError("token algorithm does not match its signing key")
         try:
             claims = jwt.decode(
@@ -227,20 +227,20 @@ class OidcAuthenticator:
                 options={"require": ["exp", "iss", "aud", "sub"]},
             )
         except jwt.PyJWTError as error:
-            raise AuthError(_reason(error)) from None
+            raise AuthError(refusal_reason(error)) from None
         except (TypeError, ValueError):  # a key PyJWT cannot use with this algorithm
             raise AuthError("token algorithm does not match its signing key") from None
         return Identity(claims["iss"], str(claims["sub"]), claims=MappingProxyType(claims), token=token)
 
 
-def _key_fits(key: jwt.PyJWK, algorithm: str) -> bool:
+def key_fits(key: jwt.PyJWK, algorithm: str) -> bool:
     """An RSA key signs RS*/PS*, an EC key ES*, an OKP key EdDSA: a token naming another
     algorithm than its key's family is rejected before PyJWT tries the key."""
     families = {"RSA": ("RS", "PS"), "EC": ("ES",), "OKP": ("EdDSA",)}
     return algorithm.startswith(families.get(key.key_type, ()))
 
 
-def _reason(error: jwt.PyJWTError) -> str:
+def refusal_reason(error: jwt.PyJWTError) -> str:
     """Which check failed, in words that never include the token."""
     reasons: list[tuple[type[Exception], str]] = [
         (jwt.ExpiredSignatureError, "token expired"),

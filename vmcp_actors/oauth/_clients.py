@@ -313,8 +313,7 @@ class CimdClients:
         except ClientRefused as refused:
             raise CimdUnavailable(f"the client metadata document: {refused}") from None
         client = GatewayClient(url, tuple(kept["redirect_uris"]), "cimd", kept["client_name"], "none",
-                               tuple(kept["grant_types"]) if "refresh_token" in kept["grant_types"]
-                               else ("authorization_code", "refresh_token"), None, kept["client_uri"])
+                               tuple(kept["grant_types"]), None, kept["client_uri"])
         return client, _max_age(response.headers.get("Cache-Control"))
 
     def _checked_url(self, url: str) -> Any:

@@ -77,6 +77,8 @@ class TokenKeys:
     def verify(self, token: str, *, issuer: str, audience: str) -> dict[str, Any]:
         """The claims of a token these keys signed for ``audience``; jwt.PyJWTError otherwise."""
         header = jwt.get_unverified_header(token)
+        if str(header.get("typ", "")).lower() not in (ACCESS_TOKEN_TYPE, f"application/{ACCESS_TOKEN_TYPE}"):
+            raise jwt.InvalidTokenError("not an access token (RFC 9068 typ)")  # an ID token, say
         key = self._by_kid.get(header.get("kid"))
         if key is None:
             raise jwt.InvalidSignatureError("token signed with an unknown key")

@@ -34,7 +34,7 @@ class OAuthRecords(Protocol):
     def add(self, kind: str, key: str, value: dict[str, Any], ttl: float) -> bool: ...
     def take(self, kind: str, key: str) -> dict[str, Any] | None: ...
     def delete(self, kind: str, key: str) -> None: ...
-    def update(self, kind: str, key: str, change: Change) -> dict[str, Any] | None: ...
+    def update(self, kind: str, key: str, change: Change, ttl: float | None = None) -> dict[str, Any] | None: ...
     def keys(self, kind: str) -> list[str]: ...
     def acquire(self, name: str, ttl: float) -> str | None: ...
     def release(self, name: str, holder: str) -> None: ...
@@ -102,9 +102,9 @@ class MemoryOAuthRecords:
         with self._lock:
             self._records.pop((kind, key), None)
 
-    def update(self, kind: str, key: str, change: Change) -> dict[str, Any] | None:
-        """``change(record)`` replaces the record, keeping its expiry (None deletes it);
-        the new record, or None when there was none."""
+    def update(self, kind: str, key: str, change: Change, ttl: float | None = None) -> dict[str, Any] | None:
+        """``change(record)`` replaces the record, keeping its expiry or living ``ttl`` from
+        now (None deletes it); the new record, or None when there was none (never revived)."""
         with self._lock:
             text = self._live(kind, key)
             if text is None:
@@ -113,7 +113,8 @@ class MemoryOAuthRecords:
             if changed is None:
                 del self._records[(kind, key)]
                 return None
-            self._records[(kind, key)] = (self._records[(kind, key)][0], json.dumps(changed))
+            expires = self._records[(kind, key)][0] if ttl is None else self._clock() + ttl
+            self._records[(kind, key)] = (expires, json.dumps(changed))
             return changed
 
     def keys(self, kind: str) -> list[str]:
@@ -186,7 +187,7 @@ class RedisOAuthRecords:
     def delete(self, kind: str, key: str) -> None:
         self._command(lambda: self._redis.delete(self._key(kind, key)))
 
-    def update(self, kind: str, key: str, change: Change) -> dict[str, Any] | None:
+    def update(self, kind: str, key: str, change: Change, ttl: float | None = None) -> dict[str, Any] | None:
         import redis
 
         name = self._key(kind, key)
@@ -205,7 +206,8 @@ class RedisOAuthRecords:
                         if changed is None:
                             pipe.delete(name)
                         else:
-                            pipe.set(name, self._seal(kind, changed), keepttl=True)
+                            pipe.set(name, self._seal(kind, changed), **(
+                                {"keepttl": True} if ttl is None else {"px": max(1, int(ttl * 1000))}))
                         pipe.execute()
                         return changed
                     except redis.WatchError:

@@ -247,10 +247,13 @@ class Grants:
             self._events("grant_ended", why, grant=grant_id, client=record.get("client_id"))
 
     def keep_refresh_token(self, token: str, grant: Grant) -> None:
+        """The new refresh token; the grant (and the IdP's tokens) live ``refreshTokenTtl``
+        from now: a sign-in in use does not expire, one left alone does."""
         ttl = self._config.refresh_token_ttl
         self._records.put("refresh", digest(token), {"grant": grant.grant_id, "client_id": grant.client_id,
                                                      "scope": grant.scope, "rotated": None}, ttl)
-        self._records.update("grant", grant.grant_id, lambda record: {**record, "refreshed": self._clock()})
+        self._records.update("grant", grant.grant_id, lambda record: {**record, "refreshed": self._clock()}, ttl)
+        self._records.update("upstream", grant.grant_id, lambda record: record, ttl)
 
     def refresh_token(self, token: str) -> StoredRefresh | None:
         """The stored refresh token, when it may still be used. A rotated one may within
@@ -273,7 +276,12 @@ class Grants:
                              lambda record: record if record.get("rotated") is not None else {**record, "rotated": now})
 
     def check_upstream(self, grant_id: str) -> None:
-        """The provider still accepts this grant's tokens (refreshed when needed)."""
+        """The provider still accepts this grant's tokens (refreshed when needed). Without
+        a refresh token from it (no ``offline_access``) there is nothing to ask: the grant
+        stands on its own."""
+        kept = self._records.get("upstream", grant_id)
+        if kept is not None and not kept.get("refresh_token"):
+            return
         try:
             self._upstream.fresh_tokens(grant_id, self._config.refresh_token_ttl)
         except UpstreamRefused:
@@ -330,7 +338,7 @@ class CodeGrant(AuthorizationCodeGrant):
         super().validate_token_request()
         resources = self.request.payload.datalist.get("resource") or []
         code = self.request.authorization_code
-        if any(resource != code.record["resource"] for resource in resources):
+        if any(resource.rstrip("/") != code.record["resource"] for resource in resources):
             raise InvalidTargetError("the resource is not the one this code was issued for")
 
     def delete_authorization_code(self, authorization_code: StoredCode) -> None:
@@ -356,7 +364,7 @@ class RefreshGrant(RefreshTokenGrant):
         super().validate_token_request()
         resources = self.request.payload.datalist.get("resource") or []
         grant = self.server.grants.find(self.request.refresh_token.record["grant"])
-        if grant is not None and any(resource != grant.resource for resource in resources):
+        if grant is not None and any(resource.rstrip("/") != grant.resource for resource in resources):
             raise InvalidTargetError("the resource is not the one this grant is for")
 
     def authenticate_user(self, refresh_token: StoredRefresh) -> Grant:

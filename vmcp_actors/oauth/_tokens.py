@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 import jwt
 
-from vmcp_actors.edge._auth import AuthError, IdentityProviderUnavailable, _reason
+from vmcp_actors.edge._auth import AuthError, IdentityProviderUnavailable, refusal_reason
 from vmcp_actors.identity import Identity
 from vmcp_actors.oauth._server import GatewayAuthorizationServer
 from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
@@ -55,7 +55,7 @@ class GatewayTokenAuthenticator:
         try:
             claims = self._server.keys.verify(token, issuer=config.issuer, audience=config.resource)
         except jwt.PyJWTError as error:
-            raise AuthError(_reason(error)) from None
+            raise AuthError(refusal_reason(error)) from None
         except (TypeError, ValueError):
             raise AuthError("malformed token") from None
         grant_id, provider = claims.get("grant"), claims.get("idp")

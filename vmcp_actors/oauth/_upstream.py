@@ -25,7 +25,7 @@ from authlib.integrations.requests_client import OAuth2Session
 from authlib.oauth2.rfc6749 import OAuth2Error as ClientOAuthError
 
 from vmcp_actors.config import UpstreamIdpConfig
-from vmcp_actors.edge._auth import JwksKeys, _key_fits
+from vmcp_actors.edge._auth import JwksKeys, key_fits
 from vmcp_actors.oauth._records import OAuthRecords
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class UpstreamIdp:
             algorithm = header.get("alg")
             allowed = self.metadata().get("id_token_signing_alg_values_supported", ["RS256"])
             if algorithm not in allowed or algorithm in ("none", "HS256", "HS384", "HS512") \
-                    or not _key_fits(key, algorithm):
+                    or not key_fits(key, algorithm):
                 raise jwt.InvalidAlgorithmError("ID token algorithm not allowed")
             claims = jwt.decode(id_token, key.key, algorithms=[algorithm], audience=self._config.client_id,
                                 issuer=self.issuer, leeway=30, options={"require": ["exp", "iat", "sub"]})

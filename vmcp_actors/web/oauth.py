@@ -315,7 +315,10 @@ def consent() -> Response:
         if not _same_browser(flow):
             server.events("consent", "other_browser", client=flow["client_id"])
             return _problem_page("This sign-in was started in another browser. Start again from your app.")
-        client = server.query_client(flow["client_id"])
+        try:
+            client = server.query_client(flow["client_id"])
+        except OAuth2Error:
+            client = None  # a metadata document that can no longer be fetched
         if client is None:
             return _problem_page("The app asking for access is no longer registered. Start again from your app.")
         if request.method == "GET":
@@ -389,11 +392,21 @@ def revoke() -> Response:
     return _json(answer.body if isinstance(answer.body, dict) else {}, answer.status, dict(answer.headers))
 
 
+def _client_address() -> str:
+    """Who registers: the peer, or, when the peer is a proxy on this machine (the deploy
+    kit's nginx), the address it says it saw (the last X-Forwarded-For entry, its own)."""
+    peer = request.remote_addr or "unknown"
+    forwarded = request.headers.get("X-Forwarded-For", "")
+    if peer in ("127.0.0.1", "::1") and forwarded:
+        return forwarded.rsplit(",", 1)[-1].strip()[:64] or peer
+    return peer
+
+
 @bp.route("/oauth/register", methods=["POST", "OPTIONS"])
 def register() -> Response:
     service = _service()
     server = service.server
-    address = request.remote_addr or "unknown"
+    address = _client_address()
     try:
         per_minute = server.config.registrations_per_minute
         if server.records.hit(f"register:{address}", 60.0) > per_minute \
