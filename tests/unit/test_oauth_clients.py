@@ -632,3 +632,37 @@ def test_a_server_sending_a_byte_at_a_time_is_cut_off_at_the_time_cap(server, ci
     server.routes[path] = dripped(server, url, headers_too=headers_too)
     with pytest.raises(CimdUnavailable, match="could not be fetched"):
         cimd.find(url)
+
+
+def test_a_refused_document_is_not_fetched_again_for_a_while(server, cimd):
+    url = server.url("/refused-once.json")
+    server.routes["/refused-once.json"] = serves({"client_id": "https://elsewhere.example/c.json"})
+    for _ in range(3):  # a client retrying a bad id costs one fetch, not three
+        with pytest.raises(CimdUnavailable, match="not its own URL"):
+            cimd.find(url)
+    assert server.asked_for("/refused-once.json") == 1
+
+
+def test_fetches_under_way_at_once_are_bounded(server, cimd, monkeypatch):
+    monkeypatch.setattr(_clients, "CIMD_TIMEOUT", 5.0)
+    url = server.url("/slow-for-all.json")
+    server.routes["/slow-for-all.json"] = held(server, url)
+    for _ in range(_clients.CIMD_CONCURRENT_FETCHES):  # every place taken, as a flood of slow ids would
+        assert cimd._fetching.acquire(blocking=False)
+    try:
+        with pytest.raises(CimdUnavailable, match="too many"):
+            cimd.find(url)
+        assert server.asked_for("/slow-for-all.json") == 0
+    finally:
+        for _ in range(_clients.CIMD_CONCURRENT_FETCHES):
+            cimd._fetching.release()
+
+
+def test_an_address_that_refuses_connections_is_followed_by_the_next_one(server, ca_file):
+    # a name answering first an address where nothing listens on the port (as localhost's ::1 may), then one that does
+    resolver = Resolver({"localhost": ["127.0.0.2", "127.0.0.1"]})
+    cimd = CimdClients(CimdConfig(allowed_hosts=("localhost",), ca_bundle=ca_file), resolve=resolver)
+    url = server.url("/second-address.json", host="localhost")
+    server.routes["/second-address.json"] = serves(document(url))
+    assert cimd.find(url).client_id == url
+    assert server.asked_for("/second-address.json") == 1

@@ -46,6 +46,8 @@ CIMD_TIMEOUT = 5.0
 CIMD_DEFAULT_CACHE = 300.0
 CIMD_MAX_CACHE = 86400.0
 CIMD_CACHE_ENTRIES = 1000
+CIMD_REFUSED_FOR = 60.0
+CIMD_CONCURRENT_FETCHES = 8
 
 
 class ClientRefused(ValueError):
@@ -250,7 +252,10 @@ class CimdClients:
         self._config = config
         self._resolve = resolve
         self._lock = threading.Lock()  # guards _cache (url -> (expires, client))
-        self._cache: dict[str, tuple[float, GatewayClient]] = {}
+        self._cache: dict[str, tuple[float, GatewayClient | CimdUnavailable]] = {}
+        # Fetches under way at once: a flood of client ids naming slow hosts holds this
+        # many web threads, not all of them.
+        self._fetching = threading.BoundedSemaphore(CIMD_CONCURRENT_FETCHES)
         self.fetches = 0
 
     @staticmethod
@@ -262,43 +267,43 @@ class CimdClients:
         with self._lock:
             cached = self._cache.get(client_id)
         if cached is not None and cached[0] > now:
+            if isinstance(cached[1], CimdUnavailable):
+                raise cached[1]  # refused a moment ago: not fetched again for CIMD_REFUSED_FOR
             return cached[1]
-        client, max_age = self._fetch(client_id)
+        if not self._fetching.acquire(blocking=False):
+            raise CimdUnavailable("too many client metadata documents are being fetched; try again")
+        try:
+            client, max_age = self._fetch(client_id)
+        except CimdUnavailable as refused:
+            self._keep(client_id, now + CIMD_REFUSED_FOR, refused)
+            raise
+        finally:
+            self._fetching.release()
         if max_age > 0:
-            with self._lock:
-                if len(self._cache) >= CIMD_CACHE_ENTRIES:
-                    self._cache.clear()  # many distinct documents cost fetches, not memory
-                self._cache[client_id] = (now + max_age, client)
+            self._keep(client_id, now + max_age, client)
         return client
+
+    def _keep(self, client_id: str, until: float, found: GatewayClient | CimdUnavailable) -> None:
+        with self._lock:
+            if len(self._cache) >= CIMD_CACHE_ENTRIES:
+                self._cache.clear()  # many distinct documents cost fetches, not memory
+            self._cache[client_id] = (until, found)
 
     def _fetch(self, url: str) -> tuple[GatewayClient, float]:
         if not self._config.enabled:
             raise CimdUnavailable("this server does not accept client ID metadata documents")
         parts = self._checked_url(url)
         host, port = parts.hostname or "", parts.port or 443
-        address = self._address(host, port)
-        try:
-            context = _tls_context(self._config.ca_bundle, time.monotonic() + CIMD_TIMEOUT)
-        except (OSError, ssl.SSLError):
-            raise CimdUnavailable("the client metadata document could not be fetched (CA bundle)") from None
-        pool = urllib3.HTTPSConnectionPool(
-            address, port, server_hostname=host, assert_hostname=host, cert_reqs="CERT_REQUIRED",
-            ssl_context=context, retries=False, timeout=urllib3.Timeout(total=CIMD_TIMEOUT), maxsize=1)
-        try:
-            response = pool.urlopen("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
-                                    headers={"Host": parts.netloc, "Accept": "application/json"},
-                                    redirect=False, preload_content=False)
+        addresses = self._addresses(host, port)
+        deadline = time.monotonic() + CIMD_TIMEOUT
+        for index, address in enumerate(addresses):  # each one checked; the next when one refuses connections
             try:
-                if response.status != 200:
-                    raise CimdUnavailable(f"the client metadata document answered HTTP {response.status}")
-                body = response.read(CIMD_MAX_BYTES + 1, decode_content=True)
-            finally:
-                response.release_conn()
-        except urllib3.exceptions.HTTPError as error:
-            raise CimdUnavailable(f"the client metadata document could not be fetched "
-                                  f"({error.__class__.__name__})") from None
-        finally:
-            pool.close()
+                response, body = self._get(address, port, parts, deadline)
+                break
+            except urllib3.exceptions.NewConnectionError:
+                if index == len(addresses) - 1 or time.monotonic() >= deadline:
+                    raise CimdUnavailable("the client metadata document could not be fetched "
+                                          "(NewConnectionError)") from None
         self.fetches += 1
         if len(body) > CIMD_MAX_BYTES:
             raise CimdUnavailable(f"the client metadata document is larger than {CIMD_MAX_BYTES} bytes")
@@ -316,6 +321,34 @@ class CimdClients:
                                tuple(kept["grant_types"]), None, kept["client_uri"])
         return client, _max_age(response.headers.get("Cache-Control"))
 
+    def _get(self, address: str, port: int, parts: Any, deadline: float) -> tuple[Any, bytes]:
+        """GET the document from exactly ``address`` (TLS checked against the URL's host)."""
+        try:
+            context = _tls_context(self._config.ca_bundle, deadline)
+        except (OSError, ssl.SSLError):
+            raise CimdUnavailable("the client metadata document could not be fetched (CA bundle)") from None
+        pool = urllib3.HTTPSConnectionPool(
+            address, port, server_hostname=parts.hostname, assert_hostname=parts.hostname, cert_reqs="CERT_REQUIRED",
+            ssl_context=context, retries=False, timeout=urllib3.Timeout(total=max(0.1, deadline - time.monotonic())),
+            maxsize=1)
+        try:
+            response = pool.urlopen("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
+                                    headers={"Host": parts.netloc, "Accept": "application/json"},
+                                    redirect=False, preload_content=False)
+            try:
+                if response.status != 200:
+                    raise CimdUnavailable(f"the client metadata document answered HTTP {response.status}")
+                return response, response.read(CIMD_MAX_BYTES + 1, decode_content=True)
+            finally:
+                response.release_conn()
+        except urllib3.exceptions.NewConnectionError:
+            raise
+        except urllib3.exceptions.HTTPError as error:
+            raise CimdUnavailable(f"the client metadata document could not be fetched "
+                                  f"({error.__class__.__name__})") from None
+        finally:
+            pool.close()
+
     def _checked_url(self, url: str) -> Any:
         try:
             parts = urlsplit(url)
@@ -330,7 +363,7 @@ class CimdClients:
                                   "fragment or dot segments")
         return parts
 
-    def _address(self, host: str, port: int) -> str:
+    def _addresses(self, host: str, port: int) -> list[str]:
         try:
             answers = self._resolve(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError):
@@ -339,11 +372,11 @@ class CimdClients:
         if not addresses:
             raise CimdUnavailable("the client_id's host does not resolve")
         allowed = self._config.allowed_hosts
-        if host.lower() in allowed or f"{host.lower()}:{port}" in allowed:
-            return addresses[0]
+        if host.lower() in allowed or f"{host.lower()}:{port}" in allowed or f"[{host.lower()}]:{port}" in allowed:
+            return list(dict.fromkeys(addresses))
         if not all(address_allowed(address) for address in addresses):
             raise CimdUnavailable("the client_id's host is a private, loopback or link-local address")
-        return addresses[0]
+        return list(dict.fromkeys(addresses))
 
 
 def _default_ca_bundle() -> str | None:
