@@ -22,7 +22,7 @@ from typing import Any
 import jwt
 import requests
 from authlib.integrations.requests_client import OAuth2Session
-from authlib.oauth2.rfc6749 import OAuth2Error as ClientOAuthError
+from authlib.integrations.base_client.errors import OAuthError as ClientOAuthError
 
 from vmcp_actors.config import UpstreamIdpConfig
 from vmcp_actors.edge._auth import JwksKeys, key_fits
