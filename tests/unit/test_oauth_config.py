@@ -195,3 +195,18 @@ def test_the_oauth_secrets_are_listed_by_path_for_startup_to_read():
         ("incomingAuth.oauth.previousSigningKeyEnvs[1]", "OLD_KEY_2"),
         ("incomingAuth.oauth.upstream.clientSecretEnv", "IDP_CLIENT_SECRET"),
     ]
+
+
+def test_sign_ins_kept_in_memory_are_warned_about():
+    from vmcp_actors.config import config_warnings
+
+    memory = config_from_mapping(with_oauth())
+    assert any(warning.startswith("incomingAuth.oauth: sign-ins") for warning in config_warnings(memory))
+    shared = config_from_mapping(with_oauth(sessionStorage={"provider": "redis"},
+                                            operational={"signingKeyEnv": "RECORDS_KEY"}))
+    assert not any(warning.startswith("incomingAuth.oauth") for warning in config_warnings(shared))
+
+
+def test_a_bad_value_under_toolhives_name_is_reported_under_that_name():
+    assert errors_of(with_oauth(oauth_block(accessTokenLifespan="soon"))) == (
+        "incomingAuth.oauth.accessTokenLifespan: invalid duration 'soon' (use e.g. 500ms, 30s, 2m)",)

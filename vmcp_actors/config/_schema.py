@@ -17,7 +17,6 @@ from marshmallow import (
     ValidationError,
     fields,
     post_load,
-    pre_load,
     validate,
     validates,
     validates_schema,
@@ -565,9 +564,10 @@ class CimdSchema(_StrictSchema):
         return CimdConfig(**data)
 
 
-# ToolHive's embedded authorization server's names for the same durations.
-OAUTH_ALIASES = {"accessTokenLifespan": "accessTokenTtl", "refreshTokenLifespan": "refreshTokenTtl",
-                 "authCodeLifespan": "authorizationCodeTtl"}
+# ToolHive's embedded authorization server's names for the same durations: (ToolHive's, ours, attribute).
+OAUTH_ALIASES = (("accessTokenLifespan", "accessTokenTtl", "access_token_ttl"),
+                 ("refreshTokenLifespan", "refreshTokenTtl", "refresh_token_ttl"),
+                 ("authCodeLifespan", "authorizationCodeTtl", "authorization_code_ttl"))
 
 
 class OAuthServerSchema(_StrictSchema):
@@ -585,26 +585,33 @@ class OAuthServerSchema(_StrictSchema):
     registrations_per_minute = _Integer(data_key="registrationsPerMinute", load_default=20,
                                         validate=validate.Range(min=1, error="must be at least 1"))
     cimd = _Nested(CimdSchema, load_default=CimdConfig)
+    # ToolHive's names (errors name the field as written)
+    access_token_lifespan = _Duration(data_key="accessTokenLifespan", load_default=None, at_most="24h")
+    refresh_token_lifespan = _Duration(data_key="refreshTokenLifespan", load_default=None, at_most="8760h")
+    auth_code_lifespan = _Duration(data_key="authCodeLifespan", load_default=None, at_most="10m")
 
-    @pre_load
-    def _toolhive_names(self, data: Any, **kwargs: Any) -> Any:
-        if not isinstance(data, Mapping):
-            return data
-        renamed = dict(data)
-        for alias, name in OAUTH_ALIASES.items():
-            if alias in renamed:
-                if name in renamed:
-                    raise ValidationError({alias: [f"{alias} and {name} name the same thing: give one"]})
-                renamed[name] = renamed.pop(alias)
-        return renamed
+    @validates_schema(pass_original=True, skip_on_field_errors=False)
+    def _one_name_each(self, data: Any, original_data: Any, **kwargs: Any) -> None:
+        if not isinstance(original_data, Mapping):
+            return
+        both = {alias: [f"{alias} and {name} name the same thing: give one"]
+                for alias, name, _ in OAUTH_ALIASES if alias in original_data and name in original_data}
+        if both:
+            raise ValidationError(both)
 
     @validates_schema(skip_on_field_errors=True)
     def _grace_within_life(self, data: dict[str, Any], **kwargs: Any) -> None:
-        if data["refresh_grace_period"] >= data["refresh_token_ttl"]:
+        life = data.get("refresh_token_lifespan") or data["refresh_token_ttl"]
+        if data["refresh_grace_period"] >= life:
             raise ValidationError({"refreshGracePeriod": ["must be shorter than refreshTokenTtl"]})
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OAuthServerConfig:
+        for (_, _, attribute), alias in zip(OAUTH_ALIASES, ("access_token_lifespan", "refresh_token_lifespan",
+                                                            "auth_code_lifespan")):
+            given = data.pop(alias)
+            if given is not None:
+                data[attribute] = given
         data["issuer"] = data["issuer"].rstrip("/")
         data["previous_signing_key_envs"] = tuple(data["previous_signing_key_envs"])
         return OAuthServerConfig(**data)

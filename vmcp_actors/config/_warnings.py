@@ -32,6 +32,10 @@ def config_warnings(config: VmcpConfig) -> list[str]:
     if authz is not None and config.incoming_auth.type == "anonymous":
         warnings.append("incomingAuth.authz: every caller is anonymous (no claims, no subject), so every request "
                         "is evaluated as the principal Client::\"anonymous\"")
+    if config.incoming_auth.oauth is not None and config.session_storage.provider == "memory":
+        warnings.append("incomingAuth.oauth: sign-ins, registered clients and grants live in this process's memory: "
+                        "a restart signs everyone out, and a second worker knows none of them (sessionStorage "
+                        "provider redis shares them)")
     return warnings
 
 
