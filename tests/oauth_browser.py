@@ -91,21 +91,25 @@ def browser() -> Iterator[Any]:
         chrome.quit()
 
 
-def sign_in(driver: Any, start_url: str, *, login: str, password: str = "secret", approve: bool = True,
-            stop_prefix: str, timeout: float = 30.0, approve_at_idp: bool = True) -> str:
+def sign_in(driver: Any, start_url: str | None, *, login: str, password: str = "secret", approve: bool = True,
+            stop_prefix: str, timeout: float = 30.0, approve_at_idp: bool = True, remember: bool = False) -> str:
     """Open ``start_url`` and go through the sign-in pages until the browser is at a URL
     starting with ``stop_prefix`` (the OAuth client's redirect URI); that URL.
 
-    ``approve`` picks the gateway consent page's button (``#approve`` or ``#deny``);
-    ``approve_at_idp=False`` cancels on the IdP's consent page instead of continuing.
+    ``approve`` picks the gateway consent page's button (``#approve`` or ``#deny``), after
+    ticking its "remember" box when ``remember``; ``approve_at_idp=False`` cancels on the
+    IdP's consent page instead of continuing. ``start_url`` None goes on from the page the
+    browser is on.
     """
     final_url, _ = sign_in_pages(driver, start_url, login=login, password=password, approve=approve,
-                                 stop_prefix=stop_prefix, timeout=timeout, approve_at_idp=approve_at_idp)
+                                 stop_prefix=stop_prefix, timeout=timeout, approve_at_idp=approve_at_idp,
+                                 remember=remember)
     return final_url
 
 
-def sign_in_pages(driver: Any, start_url: str, *, login: str, password: str = "secret", approve: bool = True,
-                  stop_prefix: str, timeout: float = 30.0, approve_at_idp: bool = True) -> tuple[str, list[str]]:
+def sign_in_pages(driver: Any, start_url: str | None, *, login: str, password: str = "secret", approve: bool = True,
+                  stop_prefix: str, timeout: float = 30.0, approve_at_idp: bool = True,
+                  remember: bool = False) -> tuple[str, list[str]]:
     """:func:`sign_in`, also answering the pages it acted on in order (``IDP_LOGIN``,
     ``IDP_CONSENT``, ``GATEWAY_CONSENT``): a second sign-in in the same browser skips the
     IdP's pages, for instance."""
@@ -126,7 +130,8 @@ def sign_in_pages(driver: Any, start_url: str, *, login: str, password: str = "s
     driver.implicitly_wait(0)
     pages: list[str] = []
     try:
-        driver.get(start_url)
+        if start_url is not None:
+            driver.get(start_url)
         for _ in range(MAX_PAGES):
             page, form = wait_for(lambda d: _recognise(d, stop_prefix), "waiting for a sign-in page")
             if page == _ARRIVED:
@@ -136,7 +141,7 @@ def sign_in_pages(driver: Any, start_url: str, *, login: str, password: str = "s
             try:
                 document = driver.find_element(By.TAG_NAME, "html")
                 _act(driver, page, form, login=login, password=password, approve=approve,
-                     approve_at_idp=approve_at_idp)
+                     approve_at_idp=approve_at_idp, remember=remember)
             except Exception as error:  # noqa: BLE001 - only a page that changed under the action
                 if not _page_changed(error):
                     raise
@@ -199,7 +204,8 @@ def _page_changed(error: Exception) -> bool:
     return isinstance(error, WebDriverException) and "does not belong to the document" in (error.msg or "")
 
 
-def _act(driver: Any, page: str, form: Any, *, login: str, password: str, approve: bool, approve_at_idp: bool) -> None:
+def _act(driver: Any, page: str, form: Any, *, login: str, password: str, approve: bool, approve_at_idp: bool,
+         remember: bool = False) -> None:
     from selenium.webdriver.common.by import By
 
     if page == IDP_LOGIN:
@@ -214,6 +220,10 @@ def _act(driver: Any, page: str, form: Any, *, login: str, password: str, approv
         else:  # oidc-provider's "[ Cancel ]" link: access_denied back to the client
             driver.find_element(By.CSS_SELECTOR, 'a[href$="/abort"]').click()
     else:
+        if remember and approve:
+            box = form.find_element(By.ID, "remember")
+            if not box.is_selected():
+                box.click()
         form.find_element(By.ID, "approve" if approve else "deny").click()
 
 

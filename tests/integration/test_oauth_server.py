@@ -19,7 +19,7 @@ import requests
 
 from tests.backends import sdk_backend
 from tests.gateway import answer_of, backend_entry
-from tests.oauth_browser import GATEWAY_CONSENT, browser, need_browser, sign_in_pages
+from tests.oauth_browser import GATEWAY_CONSENT, IDP_LOGIN, browser, need_browser, sign_in_pages
 from tests.oauth_gateway import ADMIN_TOKEN, RawOAuthClient, SignInGateway, mcp_post, new_signing_key
 from vmcp_actors.web._installed import EXTENSION_KEY
 
@@ -113,6 +113,8 @@ def test_the_metadata_names_the_gateway_as_authorization_server_and_resource(set
     assert unauthenticated.status_code == 401
     assert f'resource_metadata="{issuer}/.well-known/oauth-protected-resource/mcp"' in \
         unauthenticated.headers["WWW-Authenticate"]
+    assert 'scope="openid email profile"' in unauthenticated.headers["WWW-Authenticate"]  # what to ask for
+    assert resource["scopes_supported"] == ["openid", "email", "profile"]
     keys = requests.get(f"{issuer}/oauth/jwks", timeout=5).json()["keys"]
     assert len(keys) == 1 and keys[0]["alg"] == "ES256" and "d" not in keys[0]
 
@@ -235,7 +237,9 @@ def test_a_wrong_pkce_verifier_and_a_wrong_redirect_uri_are_invalid_grant(setup,
     assert moved.status_code == 400 and moved.json()["error"] == "invalid_grant"
 
 
-def test_authorization_requests_without_s256_pkce_or_for_another_resource_are_refused_at_the_client(setup, client):
+def test_authorization_requests_without_s256_pkce_or_for_another_resource_get_a_page_never_a_redirect(setup, client):
+    """Nobody signed in or saw where the app sends them: a page says what is wrong, and a
+    link (not a redirect) carries the exact error, state and iss back if the person wants."""
     gateway, _ = setup
     base = {"response_type": "code", "client_id": client.client_id, "redirect_uri": client.catcher.redirect_uri,
             "state": "s1"}
@@ -246,9 +250,21 @@ def test_authorization_requests_without_s256_pkce_or_for_another_resource_are_re
     for extra, error in cases:
         answer = requests.get(f"{gateway.issuer}/oauth/authorize", params={**base, **extra}, allow_redirects=False,
                               timeout=5)
-        assert answer.status_code == 302, answer.text
-        query = parse_qs(urlsplit(answer.headers["Location"]).query)
+        assert answer.status_code == 400 and "Location" not in answer.headers, answer.text
+        back = answer.text.split('id="back-to-app" href="')[1].split('"')[0].replace("&amp;", "&")
+        assert back.startswith(client.catcher.redirect_uri)
+        query = parse_qs(urlsplit(back).query)
         assert query["error"] == [error] and query["state"] == ["s1"] and query["iss"] == [gateway.issuer]
+
+
+def test_a_resource_differing_only_in_case_or_a_trailing_slash_is_this_one(setup, client):
+    gateway, _ = setup
+    upper = gateway.mcp_url.replace("http://", "HTTP://") + "/"
+    answer = requests.get(f"{gateway.issuer}/oauth/authorize", params={
+        "response_type": "code", "client_id": client.client_id, "redirect_uri": client.catcher.redirect_uri,
+        "code_challenge": "a" * 43, "code_challenge_method": "S256", "resource": upper}, allow_redirects=False,
+        timeout=5)
+    assert answer.status_code == 303 and "/oauth/consent?flow=" in answer.headers["Location"], answer.text
 
 
 def test_an_unregistered_redirect_uri_gets_a_page_never_a_redirect(setup, client):
@@ -308,25 +324,34 @@ def test_denying_at_the_consent_page_sends_access_denied_with_iss_and_state(setu
     assert answer["error"] == "access_denied" and answer["state"] == state and answer["iss"] == gateway.issuer
 
 
-def test_a_remembered_consent_skips_the_page_for_that_person_and_client(setup, client):
+def test_the_consent_page_comes_before_the_identity_provider_and_a_remembered_one_is_skipped(setup, client):
+    """The IdP may remember the person and answer at once: the person allows this client
+    first (the confused-deputy rule), and may have that remembered for this client."""
     gateway, driver = setup
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    session = client.session()
-    url, _ = client.authorization_url(session, secrets.token_urlsafe(48))
-    sign_in_pages(driver, url, login="alice", stop_prefix=f"{gateway.issuer}/oauth/consent")
-    page = driver.page_source
-    assert "unverified" in page and "127.0.0.1:" in page  # DCR client, and where it sends you
-    driver.find_element(By.ID, "remember").click()
-    driver.find_element(By.ID, "approve").click()
-    WebDriverWait(driver, 10).until(lambda d: d.current_url.startswith(client.catcher.redirect_uri))
+    url, _ = client.authorization_url(client.session(), secrets.token_urlsafe(48))
+    _, pages = sign_in_pages(driver, url, login="alice", remember=True, stop_prefix=client.catcher.redirect_uri)
+    assert pages[0] == GATEWAY_CONSENT and IDP_LOGIN in pages, pages
+    assert "code" in client.catcher.wait()
     client.catcher.stop()
     client.catcher = type(client.catcher)()  # a native app listens on a new port each time
     url, _ = client.authorization_url(client.session(), secrets.token_urlsafe(48))
     _, pages = sign_in_pages(driver, url, login="alice", stop_prefix=client.catcher.redirect_uri)
-    assert GATEWAY_CONSENT not in pages
+    assert GATEWAY_CONSENT not in pages, pages
     assert "code" in client.catcher.wait()
+
+
+def test_the_consent_page_shows_the_app_and_where_it_sends_the_person(setup, client):
+    gateway, driver = setup
+    from selenium.webdriver.common.by import By
+
+    url, _ = client.authorization_url(client.session(), secrets.token_urlsafe(48))
+    driver.get(url)
+    assert driver.current_url.startswith(f"{gateway.issuer}/oauth/consent")
+    assert driver.find_element(By.ID, "client-name").text == "raw test client"
+    assert "unverified" in driver.find_element(By.ID, "client-domain").text  # DCR: its name proves nothing
+    assert driver.find_element(By.ID, "redirect-host").text == urlsplit(client.catcher.redirect_uri).netloc
+    assert driver.find_element(By.ID, "local-warning")  # a loopback redirect: any local program could be it
+    assert urlsplit(gateway.idp.issuer).netloc in driver.find_element(By.ID, "sign-in-next").text
 
 
 def test_the_consent_form_refuses_another_browser_and_a_wrong_csrf_token(setup, client):
@@ -335,8 +360,9 @@ def test_the_consent_form_refuses_another_browser_and_a_wrong_csrf_token(setup, 
 
     session = client.session()
     url, _ = client.authorization_url(session, secrets.token_urlsafe(48))
-    sign_in_pages(driver, url, login="alice", stop_prefix=f"{gateway.issuer}/oauth/consent")
+    driver.get(url)
     consent_url = driver.current_url
+    assert consent_url.startswith(f"{gateway.issuer}/oauth/consent")
     flow = parse_qs(urlsplit(consent_url).query)["flow"][0]
     elsewhere = requests.get(consent_url, timeout=5)  # no cookie: another browser
     assert elsewhere.status_code == 400 and "another browser" in elsewhere.text
@@ -345,9 +371,13 @@ def test_the_consent_form_refuses_another_browser_and_a_wrong_csrf_token(setup, 
                                                                     "decision": "approve"},
                            cookies=cookie, allow_redirects=False, timeout=5)
     assert forged.status_code == 403 and "Location" not in forged.headers
-    assert driver.find_element(By.ID, "approve")  # the real page still works
-    driver.find_element(By.ID, "approve").click()
+    stolen = requests.post(f"{gateway.issuer}/oauth/consent", data={"flow": flow, "csrf": "x" * 43,
+                                                                    "decision": "approve"},
+                           allow_redirects=False, timeout=5)
+    assert stolen.status_code == 400 and "Location" not in stolen.headers
+    sign_in_pages(driver, None, login="alice", stop_prefix=client.catcher.redirect_uri)  # the real page still works
     assert "code" in client.catcher.wait()
+    assert driver.find_elements(By.ID, "approve") == []
 
 
 def test_a_client_id_metadata_url_inside_the_network_is_refused(setup):

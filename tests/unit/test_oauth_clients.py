@@ -666,3 +666,15 @@ def test_an_address_that_refuses_connections_is_followed_by_the_next_one(server,
     server.routes["/second-address.json"] = serves(document(url))
     assert cimd.find(url).client_id == url
     assert server.asked_for("/second-address.json") == 1
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ({"client_name": ""}, "has no client_name"),
+    ({"client_secret": "s3cret"}, "carries a client secret"),
+])
+def test_a_document_without_a_name_or_with_a_secret_is_refused(server, cimd, extra, expected):
+    path = f"/odd-{sorted(extra)[0]}.json"
+    url = server.url(path)
+    server.routes[path] = serves(document(url, **extra))
+    with pytest.raises(CimdUnavailable, match=expected):
+        cimd.find(url)

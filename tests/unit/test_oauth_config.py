@@ -210,3 +210,11 @@ def test_sign_ins_kept_in_memory_are_warned_about():
 def test_a_bad_value_under_toolhives_name_is_reported_under_that_name():
     assert errors_of(with_oauth(oauth_block(accessTokenLifespan="soon"))) == (
         "incomingAuth.oauth.accessTokenLifespan: invalid duration 'soon' (use e.g. 500ms, 30s, 2m)",)
+
+
+def test_offline_access_is_asked_of_the_idp_but_not_advertised_to_clients():
+    config = config_from_mapping(with_oauth(oauth_block(upstream={**UPSTREAM,
+                                                                  "scopes": ["openid", "offline_access", "email"]})))
+    oauth = config.incoming_auth.oauth
+    assert oauth.upstream.scopes == ("openid", "offline_access", "email")
+    assert oauth.advertised_scopes == ("openid", "email")

@@ -440,6 +440,12 @@ class OAuthServerConfig:
         """The protected resource the gateway's tokens are for (their audience)."""
         return self.issuer.rstrip("/") + "/mcp"
 
+    @property
+    def advertised_scopes(self) -> tuple[str, ...]:
+        """The scopes clients are told of: the IdP's, without offline_access (a refresh token
+        from the gateway needs no scope; MCP clients should not ask for it)."""
+        return tuple(scope for scope in self.upstream.scopes if scope != "offline_access")
+
 
 @dataclass(frozen=True)
 class IncomingAuthConfig:

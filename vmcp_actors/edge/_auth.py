@@ -264,8 +264,10 @@ def build_authenticator(oidc: OidcConfig | None, client_secret: str | None = Non
     return AnonymousAuthenticator() if oidc is None else OidcAuthenticator(oidc, client_secret=client_secret)
 
 
-def www_authenticate(resource_metadata_url: str, error: AuthError) -> str:
+def www_authenticate(resource_metadata_url: str, error: AuthError, scopes: tuple[str, ...] = ()) -> str:
     parts = ['Bearer realm="mcp"', f'resource_metadata="{resource_metadata_url}"']
+    if scopes:
+        parts.append('scope="{}"'.format(" ".join(scopes)))
     if error.error:
         parts.append(f'error="{error.error}"')
         parts.append('error_description="{}"'.format(error.reason.replace('"', "'")))

@@ -313,10 +313,14 @@ class CimdClients:
             raise CimdUnavailable("the client metadata document is not JSON") from None
         if not isinstance(document, dict) or document.get("client_id") != url:
             raise CimdUnavailable("the client metadata document's client_id is not its own URL")
+        if "client_secret" in document or "client_secret_expires_at" in document:
+            raise CimdUnavailable("the client metadata document carries a client secret (it is public)")
         try:
             kept = checked_metadata(document, kind="cimd")
         except ClientRefused as refused:
             raise CimdUnavailable(f"the client metadata document: {refused}") from None
+        if not kept["client_name"]:
+            raise CimdUnavailable("the client metadata document has no client_name")
         client = GatewayClient(url, tuple(kept["redirect_uris"]), "cimd", kept["client_name"], "none",
                                tuple(kept["grant_types"]), None, kept["client_uri"])
         return client, _max_age(response.headers.get("Cache-Control"))

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from authlib.oauth2 import AuthorizationServer
 from authlib.oauth2.rfc6749 import (
@@ -52,6 +52,16 @@ logger = logging.getLogger(__name__)
 FLOW_TTL = 900.0  # a sign-in must finish within 15 minutes
 USED_CODE_TTL = 600.0  # how long a used code is remembered, to end what it made when reused
 MAX_SCOPE_CHARS = 1000
+
+
+def same_resource(given: str, resource: str) -> bool:
+    """RFC 8707 resources compare as URLs: scheme and host in any case, no trailing slash."""
+    try:
+        parts, ours = urlsplit(given.rstrip("/")), urlsplit(resource)
+    except ValueError:
+        return False
+    return (parts.scheme.lower(), (parts.netloc or "").lower(), parts.path, parts.query) == \
+        (ours.scheme, ours.netloc.lower(), ours.path, ours.query)
 
 
 def digest(secret: str) -> str:
@@ -338,7 +348,7 @@ class CodeGrant(AuthorizationCodeGrant):
         super().validate_token_request()
         resources = self.request.payload.datalist.get("resource") or []
         code = self.request.authorization_code
-        if any(resource.rstrip("/") != code.record["resource"] for resource in resources):
+        if any(not same_resource(resource, code.record["resource"]) for resource in resources):
             raise InvalidTargetError("the resource is not the one this code was issued for")
 
     def delete_authorization_code(self, authorization_code: StoredCode) -> None:
@@ -364,7 +374,7 @@ class RefreshGrant(RefreshTokenGrant):
         super().validate_token_request()
         resources = self.request.payload.datalist.get("resource") or []
         grant = self.server.grants.find(self.request.refresh_token.record["grant"])
-        if grant is not None and any(resource.rstrip("/") != grant.resource for resource in resources):
+        if grant is not None and any(not same_resource(resource, grant.resource) for resource in resources):
             raise InvalidTargetError("the resource is not the one this grant is for")
 
     def authenticate_user(self, refresh_token: StoredRefresh) -> Grant:

@@ -43,7 +43,7 @@ from vmcp_actors.web._hangups import process_hangups, request_socket
 from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response, rpc_error
 from vmcp_actors.web._security import host_allowed, origin_allowed
-from vmcp_actors.web.wellknown import resource_metadata_url
+from vmcp_actors.web.wellknown import advertised_scopes, resource_metadata_url
 
 logger = logging.getLogger("vmcp_actors.requests")
 
@@ -67,7 +67,7 @@ def authenticate() -> Response | None:
         identity = runtime.authenticator.authenticate(request.headers.get("Authorization"))
     except AuthError as error:
         response = json_response({"error": error.error or "unauthorized", "error_description": error.reason}, 401)
-        response.headers["WWW-Authenticate"] = www_authenticate(resource_metadata_url(), error)
+        response.headers["WWW-Authenticate"] = www_authenticate(resource_metadata_url(), error, advertised_scopes())
         _log(request.method, request.headers.get(SESSION_HEADER), time.monotonic(), 401)
         return response
     except IdentityProviderUnavailable:

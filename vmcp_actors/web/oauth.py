@@ -27,7 +27,7 @@ from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
 from flask import Blueprint, Response, abort, make_response, redirect, render_template, request
 
 from vmcp_actors.oauth import OAuthService
-from vmcp_actors.oauth._clients import ClientRefused
+from vmcp_actors.oauth._clients import LOOPBACK_HOSTS, ClientRefused
 from vmcp_actors.oauth._server import (
     FLOW_TTL,
     Answer,
@@ -37,6 +37,7 @@ from vmcp_actors.oauth._server import (
     TemporarilyUnavailable,
     flow_params,
     new_flow_id,
+    same_resource,
 )
 from vmcp_actors.oauth._upstream import ID_TOKEN_CLAIMS, UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
@@ -141,7 +142,7 @@ def _metadata(service: OAuthService) -> dict[str, Any]:
         "revocation_endpoint_auth_methods_supported": auth_methods,
         "authorization_response_iss_parameter_supported": True,
         "client_id_metadata_document_supported": config.cimd.enabled,
-        "scopes_supported": list(config.upstream.scopes),
+        "scopes_supported": list(config.advertised_scopes),
         "subject_types_supported": ["public"],
         "id_token_signing_alg_values_supported": [service.server.keys.current.algorithm],
     }
@@ -187,40 +188,78 @@ def _same_browser(flow: dict[str, Any]) -> bool:
 
 @bp.get("/oauth/authorize")
 def authorize() -> Response:
+    """A client's authorization request: checked, kept as a flow bound to this browser, then
+    the consent page (before anything goes to the IdP: the IdP may remember the person and
+    answer at once), unless this browser's person already allowed this client."""
     service = _authlib_request(_service())
     server = service.server
     try:
         grant = server.get_consent_grant(PublicRequest(server.config.issuer))
         resources = request.args.getlist("resource")
-        if len(resources) > 1 or any(resource.rstrip("/") != server.config.resource for resource in resources):
-            error = InvalidTargetError(f"this server issues tokens for {server.config.resource} only",
-                                       redirect_uri=grant.redirect_uri, state=request.args.get("state"))
-            raise error
+        if len(resources) > 1 or any(not same_resource(resource, server.config.resource) for resource in resources):
+            raise InvalidTargetError(f"this server issues tokens for {server.config.resource} only",
+                                     redirect_uri=grant.redirect_uri, state=request.args.get("state"))
         flow_id = new_flow_id()
         browser, new_browser = _browser_secret()
-        verifier, nonce = secrets.token_urlsafe(48), secrets.token_urlsafe(24)
-        authorize_url = server.upstream.authorization_url(flow_id, nonce, verifier)
-        server.records.put("flow", flow_id, {
-            "params": flow_params(request.args), "client_id": grant.client.client_id,
-            "resource": server.config.resource, "browser": _browser_digest(browser),
-            "verifier": verifier, "nonce": nonce, "created": time.time()}, FLOW_TTL)
+        flow = {"params": flow_params(request.args), "client_id": grant.client.client_id,
+                "resource": server.config.resource, "browser": _browser_digest(browser),
+                "verifier": secrets.token_urlsafe(48), "nonce": secrets.token_urlsafe(24), "created": time.time(),
+                "csrf": secrets.token_urlsafe(32)}
+        known = server.records.get("browser", _browser_digest(browser))
+        if known is not None and _remembered(server, known["person"], grant.client, grant.redirect_uri):
+            flow["consent"] = "remembered"  # checked again once the IdP says who signed in
+        server.records.put("flow", flow_id, flow, FLOW_TTL)
+        response = _to_upstream(server, flow_id, flow) if "consent" in flow else _to_consent(flow_id)
     except OAuth2Error as error:
         server.events("authorize", error.error or "refused", client=request.args.get("client_id", "")[:200])
-        if error.redirect_uri:
-            error.state = request.args.get("state")
-            return _authlib_response(server.handle_error_response(PublicRequest(server.config.issuer), error),
-                                     server.config.issuer)
-        return _problem_page(f"This sign-in request cannot be served: {error.description or error.error}.")
+        return _refusal_page(server, error)
     except UpstreamUnavailable:
         return _problem_page("The identity provider cannot be reached right now. Try again in a moment.", 503)
     except StoreUnavailable:
         return _problem_page("The sign-in service is unavailable right now. Try again in a moment.", 503)
     server.events("authorize", "ok", client=grant.client.client_id)
-    response = redirect(authorize_url, 302)
-    response.headers.update(NO_STORE)
     if new_browser:
-        response.set_cookie(BROWSER_COOKIE, browser, max_age=int(FLOW_TTL) * 4, httponly=True, samesite="Lax",
-                            secure=server.config.issuer.startswith("https://"), path="/oauth/")
+        response.set_cookie(BROWSER_COOKIE, browser, max_age=int(server.config.consent_ttl or FLOW_TTL),
+                            httponly=True, samesite="Lax", secure=server.config.issuer.startswith("https://"),
+                            path="/oauth/")
+    return response
+
+
+def _refusal_page(server: Any, error: OAuth2Error) -> Response:
+    """A refused authorization request, shown to the person, never redirected: nobody has
+    signed in or seen where the app sends them, and a registered redirect URI may be any
+    site (OAuth 2.1 section 7.12.2). When the redirect URI was checked, a link takes the
+    error back to the app, if the person chooses to follow it."""
+    message = f"This sign-in request cannot be served: {error.description or error.error}."
+    if not error.redirect_uri:
+        return _problem_page(message)
+    answer = [("error", error.error), ("error_description", error.description or error.error)]
+    if request.args.get("state"):
+        answer.append(("state", request.args["state"]))
+    answer.append(("iss", server.config.issuer))
+    back = add_params_to_uri(error.redirect_uri, answer)
+    return _page("oauth_problem.html", 400, message=message, back=back, back_host=_shown_host(error.redirect_uri))
+
+
+def _shown_host(uri: str) -> str:
+    parts = urlsplit(uri)
+    return parts.netloc or parts.scheme
+
+
+def _remembered(server: Any, person_key: str, client: Any, redirect_uri: str | None) -> bool:
+    """Whether this person allowed this client before (and may skip the page). Never for a
+    metadata-document client sending codes to a loopback address: any program on the
+    person's computer can name that client and listen there."""
+    if server.config.consent_ttl <= 0:
+        return False
+    if client.kind == "cimd" and urlsplit(redirect_uri or client.redirect_uris[0]).hostname in LOOPBACK_HOSTS:
+        return False
+    return server.records.get("consent", f"{person_key}|{client.client_id}") is not None
+
+
+def _to_upstream(server: Any, flow_id: str, flow: dict[str, Any]) -> Response:
+    response = redirect(server.upstream.authorization_url(flow_id, flow["nonce"], flow["verifier"]), 302)
+    response.headers.update(NO_STORE)
     return response
 
 
@@ -236,6 +275,8 @@ def callback() -> Response:
         if not _same_browser(flow):
             server.events("callback", "other_browser", client=flow["client_id"])
             return _problem_page("This sign-in was started in another browser. Start again from your app.")
+        if "consent" not in flow:
+            return _problem_page("This sign-in skipped its consent step. Start again from your app.")
         if "person" in flow:
             return _to_consent(flow_id)  # a reload after the exchange
         if not server.upstream.check_issuer(request.args.get("iss")):
@@ -254,15 +295,26 @@ def callback() -> Response:
             return _deny(server, flow, "access_denied", "the identity provider refused the sign-in")
         person = Person(server.upstream.issuer, str(claims["sub"]),
                         {name: claims[name] for name in ID_TOKEN_CLAIMS if name in claims})
-        remembered = server.records.get("consent", f"{person.key}|{flow['client_id']}") is not None
-        flow.update(person=person.record(), upstream=server.upstream.kept_tokens(tokens),
-                    csrf=secrets.token_urlsafe(32))
-        server.records.put("flow", flow_id, flow, FLOW_TTL)
+        flow.update(person=person.record(), upstream=server.upstream.kept_tokens(tokens))
         server.events("login", "ok", client=flow["client_id"], user=person.subject)
-        if remembered:
-            server.events("consent", "remembered", client=flow["client_id"], user=person.subject)
+        if server.config.consent_ttl > 0:  # who signs in from this browser: whose consent to look up next time
+            server.records.put("browser", flow["browser"], {"person": person.key}, server.config.consent_ttl)
+        if flow["consent"] == "approved":
+            if flow.get("remember") and server.config.consent_ttl > 0:
+                server.records.put("consent", f"{person.key}|{flow['client_id']}", {"at": time.time()},
+                                   server.config.consent_ttl)
+            server.records.put("flow", flow_id, flow, FLOW_TTL)
             return _issue(server, flow_id, flow)
+        client = server.query_client(flow["client_id"])
+        if client is not None and _remembered(server, person.key, client, flow["params"].get("redirect_uri")):
+            server.events("consent", "remembered", client=flow["client_id"], user=person.subject)
+            server.records.put("flow", flow_id, flow, FLOW_TTL)
+            return _issue(server, flow_id, flow)
+        flow["consent"] = "pending"  # another person than this browser's last one: they decide now
+        server.records.put("flow", flow_id, flow, FLOW_TTL)
         return _to_consent(flow_id)
+    except OAuth2Error:
+        return _problem_page("The app asking for access can no longer be verified. Start again from your app.")
     except UpstreamUnavailable:
         return _problem_page("The identity provider cannot be reached right now. Try again in a moment.", 503)
     except StoreUnavailable:
@@ -276,9 +328,13 @@ def _to_consent(flow_id: str) -> Response:
 
 
 def _deny(server: Any, flow: dict[str, Any], error: str, description: str) -> Response:
-    """The client's redirect URI (checked at authorize) with ``error``, its state and our ``iss``."""
+    """The client's redirect URI (checked at authorize, and shown on the consent page the
+    person went through) with ``error``, its state and our ``iss``."""
     params = flow["params"]
-    client = server.query_client(flow["client_id"])
+    try:
+        client = server.query_client(flow["client_id"])
+    except OAuth2Error:
+        client = None
     redirect_uri = params.get("redirect_uri") or (client.get_default_redirect_uri() if client else None)
     if not redirect_uri:
         return _problem_page("This sign-in cannot continue. Start again from your app.")
@@ -305,12 +361,14 @@ def _issue(server: Any, flow_id: str, flow: dict[str, Any]) -> Response:
 
 @bp.route("/oauth/consent", methods=["GET", "POST"])
 def consent() -> Response:
+    """The person allows the client, or not: before the IdP (who is not known yet), or after
+    it when the person who signed in has not allowed this client before."""
     service = _authlib_request(_service())
     server = service.server
     flow_id = request.values.get("flow", "")
     try:
         flow = server.records.get("flow", flow_id) if flow_id else None
-        if flow is None or "person" not in flow:
+        if flow is None or flow.get("consent") not in (None, "pending"):
             return _problem_page("This sign-in has expired or was already finished. Start again from your app.")
         if not _same_browser(flow):
             server.events("consent", "other_browser", client=flow["client_id"])
@@ -321,30 +379,38 @@ def consent() -> Response:
             client = None  # a metadata document that can no longer be fetched
         if client is None:
             return _problem_page("The app asking for access is no longer registered. Start again from your app.")
+        person = Person.from_record(flow["person"]) if "person" in flow else None
+        redirect_uri = flow["params"].get("redirect_uri") or client.redirect_uris[0]
         if request.method == "GET":
-            person = Person.from_record(flow["person"])
             return _page("oauth_consent.html", client=client, flow_id=flow_id, csrf=flow["csrf"],
-                         redirect_host=urlsplit(flow["params"].get("redirect_uri") or client.redirect_uris[0]).netloc
-                         or urlsplit(flow["params"].get("redirect_uri") or client.redirect_uris[0]).scheme,
-                         person=person.claims.get("email") or person.claims.get("preferred_username")
-                         or person.subject, scope=flow["params"].get("scope") or "",
-                         server_name=current_runtime().config.name,
-                         remember=server.config.consent_ttl > 0)
+                         redirect_host=_shown_host(redirect_uri),
+                         local_redirect=urlsplit(redirect_uri).hostname in LOOPBACK_HOSTS,
+                         person=(person.claims.get("email") or person.claims.get("preferred_username")
+                                 or person.subject) if person else None,
+                         idp_host=urlsplit(server.upstream.issuer).netloc, scope=flow["params"].get("scope") or "",
+                         server_name=current_runtime().config.name, remember=server.config.consent_ttl > 0)
         origin = request.headers.get("Origin")
         if origin is not None and origin != _origin(server.config.issuer):
             return _problem_page("This form was sent from another site.", 403)
         if not hmac.compare_digest(request.form.get("csrf", ""), flow["csrf"]):
             return _problem_page("This form has expired. Start again from your app.", 403)
-        person = Person.from_record(flow["person"])
+        subject = person.subject if person else None
         if request.form.get("decision") != "approve":
             server.records.delete("flow", flow_id)
-            server.events("consent", "denied", client=flow["client_id"], user=person.subject)
+            server.events("consent", "denied", client=flow["client_id"], user=subject)
             return _deny(server, flow, "access_denied", "the person did not allow access")
-        if request.form.get("remember") and server.config.consent_ttl > 0:
-            server.records.put("consent", f"{person.key}|{flow['client_id']}", {"at": flow.get("created")},
+        server.events("consent", "approved", client=flow["client_id"], user=subject)
+        remember = bool(request.form.get("remember")) and server.config.consent_ttl > 0
+        if person is None:  # on to the IdP; the code comes once it says who signed in
+            flow.update(consent="approved", remember=remember)
+            server.records.put("flow", flow_id, flow, FLOW_TTL)
+            return _to_upstream(server, flow_id, flow)
+        if remember:
+            server.records.put("consent", f"{person.key}|{flow['client_id']}", {"at": time.time()},
                                server.config.consent_ttl)
-        server.events("consent", "approved", client=flow["client_id"], user=person.subject)
         return _issue(server, flow_id, flow)
+    except UpstreamUnavailable:
+        return _problem_page("The identity provider cannot be reached right now. Try again in a moment.", 503)
     except StoreUnavailable:
         return _problem_page("The sign-in service is unavailable right now. Try again in a moment.", 503)
 

@@ -23,6 +23,14 @@ def resource_url() -> str:
     return request.host_url.rstrip("/") + "/mcp"
 
 
+def advertised_scopes() -> tuple[str, ...]:
+    """The scopes a 401 names (RFC 6750 ``scope``), as the resource metadata lists them."""
+    incoming = current_runtime().config.incoming_auth
+    if incoming.oauth is not None:
+        return incoming.oauth.advertised_scopes
+    return incoming.oidc.scopes if incoming.oidc is not None else ()
+
+
 def resource_metadata_url() -> str:
     oauth = current_runtime().config.incoming_auth.oauth
     if oauth is not None:  # the public URL, whatever Host a proxy passed on
@@ -37,7 +45,7 @@ def metadata() -> Response:
     if runtime.authenticator.issuer is None:
         return json_response({"error": "not found"}, 404)  # anonymous: no authorization server
     oidc, oauth = runtime.config.incoming_auth.oidc, runtime.config.incoming_auth.oauth
-    scopes = oidc.scopes if oidc is not None else oauth.upstream.scopes if oauth is not None else ()
+    scopes = oidc.scopes if oidc is not None else oauth.advertised_scopes if oauth is not None else ()
     response = json_response(protected_resource_metadata(resource_url(), runtime.authenticator.issuer,
                                                          runtime.config.name, scopes))
     response.headers["Access-Control-Allow-Origin"] = "*"
