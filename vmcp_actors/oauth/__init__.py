@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.exceptions import ConfigError
@@ -38,7 +39,7 @@ class OAuthService:
                 clients.append(_client_row(client, grants))
         for client_id in sorted({grant["client_id"] for grant in grants if grant["client_id"].startswith("https://")}):
             clients.append({"clientId": client_id, "name": "", "kind": "cimd", "verifiedDomain":
-                            client_id.split("/")[2], "redirectUris": [], "authMethod": "none",
+                            urlsplit(client_id).hostname, "redirectUris": [], "authMethod": "none",
                             "grants": sum(1 for grant in grants if grant["client_id"] == client_id)})
         return {"clients": clients, "grants": grants,
                 "upstreamRefreshes": self.server.upstream.refreshes}
