@@ -78,6 +78,16 @@ def exchanging():
         pykka.ActorRegistry.stop_all(block=True, timeout=5)
 
 
+def signed_in(gateway: SignInGateway, login: str) -> str:
+    """The gateway's access token for ``login``, signed in through the real pages."""
+    client = RawOAuthClient(gateway.issuer)
+    try:
+        with browser() as driver:
+            return client.sign_in(driver, login)["access_token"]
+    finally:
+        client.stop()
+
+
 def upstream_of(gateway: SignInGateway, access_token: str) -> dict[str, Any]:
     runtime = gateway.gateway.app.extensions[EXTENSION_KEY]
     grant = jwt.decode(access_token, options={"verify_signature": False})["grant"]
@@ -86,13 +96,7 @@ def upstream_of(gateway: SignInGateway, access_token: str) -> dict[str, Any]:
 
 def test_the_subject_token_is_the_identity_providers_token_of_the_sign_in_refreshed_when_due(exchanging):
     gateway, exchange, backend = exchanging
-    client = RawOAuthClient(gateway.issuer)
-    try:
-        with browser() as driver:
-            token = client.sign_in(driver, "alice")
-    finally:
-        client.stop()
-    access = token["access_token"]
+    access = signed_in(gateway, "alice")
     first = upstream_of(gateway, access)["access_token"]
     called = call(gateway, access)
     assert called.status_code == 200 and "guarded:x" in called.text, called.text
@@ -124,13 +128,7 @@ def test_the_subject_token_is_the_identity_providers_token_of_the_sign_in_refres
 
 def test_a_sign_in_the_identity_provider_no_longer_accepts_is_a_401(exchanging):
     gateway, exchange, _ = exchanging
-    client = RawOAuthClient(gateway.issuer)
-    try:
-        with browser() as driver:
-            token = client.sign_in(driver, "bob")
-    finally:
-        client.stop()
-    access = token["access_token"]
+    access = signed_in(gateway, "bob")
     runtime = gateway.gateway.app.extensions[EXTENSION_KEY]
     grant = jwt.decode(access, options={"verify_signature": False})["grant"]
     # The IdP's refresh token is no longer good (revoked there, or the person disabled).

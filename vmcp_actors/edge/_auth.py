@@ -198,12 +198,7 @@ class OidcAuthenticator:
         self._introspection = Introspection(oidc, client_secret, session) if oidc.introspection_url else None
 
     def authenticate(self, authorization: str | None) -> Identity:
-        if not authorization:
-            raise AuthError("missing bearer token", error=None)
-        scheme, _, token = authorization.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise AuthError("the Authorization header must be 'Bearer <token>'", error="invalid_request")
+        token = bearer_token(authorization)
         if self._introspection is not None and token.count(".") != 2:
             return self._introspection.identity(token)  # opaque: not a JWT
         try:
@@ -231,6 +226,17 @@ class OidcAuthenticator:
         except (TypeError, ValueError):  # a key PyJWT cannot use with this algorithm
             raise AuthError("token algorithm does not match its signing key") from None
         return Identity(claims["iss"], str(claims["sub"]), claims=MappingProxyType(claims), token=token)
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer`` header; AuthError without one."""
+    if not authorization:
+        raise AuthError("missing bearer token", error=None)
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise AuthError("the Authorization header must be 'Bearer <token>'", error="invalid_request")
+    return token
 
 
 def key_fits(key: jwt.PyJWK, algorithm: str) -> bool:

@@ -41,7 +41,19 @@ class OAuthRecords(Protocol):
     def hit(self, name: str, window: float) -> int: ...
 
 
-class MemoryOAuthRecords:
+class _Locks:
+    """Locks over the records' own ``add`` and ``update``: a holder's mark that expires."""
+
+    def acquire(self: Any, name: str, ttl: float) -> str | None:
+        """A holder's mark (give it back to ``release``), or None when another holds ``name``."""
+        holder = secrets.token_hex(8)
+        return holder if self.add("lock", name, {"holder": holder}, ttl) else None
+
+    def release(self: Any, name: str, holder: str) -> None:
+        self.update("lock", name, lambda record: None if record.get("holder") == holder else record)
+
+
+class MemoryOAuthRecords(_Locks):
     """Dictionaries with expiry; one process."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
@@ -122,13 +134,6 @@ class MemoryOAuthRecords:
         with self._lock:
             return [key for (of_kind, key), (expires, _) in self._records.items() if of_kind == kind and expires > now]
 
-    def acquire(self, name: str, ttl: float) -> str | None:
-        holder = secrets.token_hex(8)
-        return holder if self.add("lock", name, {"holder": holder}, ttl) else None
-
-    def release(self, name: str, holder: str) -> None:
-        self.update("lock", name, lambda record: None if record.get("holder") == holder else record)
-
     def hit(self, name: str, window: float) -> int:
         with self._lock:
             now = self._clock()
@@ -139,7 +144,7 @@ class MemoryOAuthRecords:
             return count + 1
 
 
-class RedisOAuthRecords:
+class RedisOAuthRecords(_Locks):
     """The records in Redis under ``{prefix}oa:{kind}:{key}``, encrypted per kind."""
 
     def __init__(self, client: Any, signer: Signer, prefix: str) -> None:
@@ -219,13 +224,6 @@ class RedisOAuthRecords:
         pattern = _glob_escaped(f"{self._prefix}{kind}:") + "*"  # a keyPrefix may hold *, ? or [
         found = self._command(lambda: list(self._redis.scan_iter(match=pattern, count=500)))
         return [(name.decode() if isinstance(name, bytes) else name)[start:] for name in found]
-
-    def acquire(self, name: str, ttl: float) -> str | None:
-        holder = secrets.token_hex(8)
-        return holder if self.add("lock", name, {"holder": holder}, ttl) else None
-
-    def release(self, name: str, holder: str) -> None:
-        self.update("lock", name, lambda record: None if record.get("holder") == holder else record)
 
     def hit(self, name: str, window: float) -> int:
         counter = f"{self._prefix}hits:{name}"

@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 import jwt
 
-from vmcp_actors.edge._auth import AuthError, IdentityProviderUnavailable, refusal_reason
+from vmcp_actors.edge._auth import AuthError, IdentityProviderUnavailable, bearer_token, refusal_reason
 from vmcp_actors.identity import Identity
 from vmcp_actors.oauth._server import GatewayAuthorizationServer
 from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
@@ -45,12 +45,7 @@ class GatewayTokenAuthenticator:
             self._checked.pop(grant_id, None)
 
     def authenticate(self, authorization: str | None) -> Identity:
-        if not authorization:
-            raise AuthError("missing bearer token", error=None)
-        scheme, _, token = authorization.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise AuthError("the Authorization header must be 'Bearer <token>'", error="invalid_request")
+        token = bearer_token(authorization)
         config = self._server.config
         try:
             claims = self._server.keys.verify(token, issuer=config.issuer, audience=config.resource)
