@@ -35,7 +35,9 @@ import threading
 from collections import Counter
 from typing import Any
 
-from tests.eras import _body, _message, _replay
+from tests.asgi_bodies import read_body as _body
+from tests.asgi_bodies import replaying as _replay
+from tests.eras import _message
 
 COUNTS_PATH = "/bench/counts"
 OPEN_PATH = "/bench/open"

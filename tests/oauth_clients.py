@@ -290,7 +290,8 @@ class CimdDocumentServer:
 class MemoryTokenStorage:
     """The Python SDK's ``TokenStorage``, in memory: one instance is what a client keeps between
     sessions. ``tokens`` and ``client_info`` are what the SDK stored; ``tokens_saved`` counts
-    its ``set_tokens`` calls."""
+    its ``set_tokens`` calls; ``saved_at`` is the ``time.time()`` of the last (the SDK dates a
+    token's expiry just before saving it, so ``saved_at + expires_in`` is past the SDK's own)."""
 
     def __init__(self) -> None:
         from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
@@ -298,6 +299,7 @@ class MemoryTokenStorage:
         self.tokens: OAuthToken | None = None
         self.client_info: OAuthClientInformationFull | None = None
         self.tokens_saved = 0
+        self.saved_at: float | None = None
 
     async def get_tokens(self):
         return self.tokens
@@ -305,6 +307,7 @@ class MemoryTokenStorage:
     async def set_tokens(self, tokens) -> None:
         self.tokens = tokens
         self.tokens_saved += 1
+        self.saved_at = time.time()
 
     async def get_client_info(self):
         return self.client_info
@@ -317,7 +320,8 @@ def _call_text(result: Any) -> str:
     return "\n".join(block.text for block in result.content if getattr(block, "type", None) == "text")
 
 
-async def _list_and_call(client: Any, call: ToolCall | None) -> tuple[list[str], str | None, bool | None]:
+async def _list_and_call(client: Any, call: ToolCall | None,
+                         before_call: Callable[[], None] | None = None) -> tuple[list[str], str | None, bool | None]:
     names: list[str] = []
     cursor = None
     for _ in range(1000):
@@ -328,6 +332,8 @@ async def _list_and_call(client: Any, call: ToolCall | None) -> tuple[list[str],
             break
     if call is None:
         return names, None, None
+    if before_call is not None:
+        await anyio.to_thread.run_sync(before_call, abandon_on_cancel=True)
     result = await client.call_tool(call.name, call.arguments)
     return names, _call_text(result), bool(result.is_error)
 
@@ -343,7 +349,9 @@ class PythonSdkClient:
     needs). ``client_metadata`` goes over the registration's defaults (``client_name``,
     ``redirect_uris``, ``token_endpoint_auth_method: none``: the SDK has no default there, and
     without one RFC 7591 means client_secret_basic). ``ca_pem_path``: a CA to trust for an HTTPS
-    server (both the MCP URL and the authorization server)."""
+    server (both the MCP URL and the authorization server). ``run(before_call=...)``: a function
+    called (on a worker thread) between the tools/list and the call of one session, to make the
+    session outlast its access token, say."""
 
     name = "python-sdk"
 
@@ -371,16 +379,17 @@ class PythonSdkClient:
         return None if info is None else info.model_dump(mode="json", exclude_none=True)
 
     def run(self, url: str, open_url: OpenUrl, call: ToolCall | None = None,
-            timeout: float = SESSION_TIMEOUT) -> ClientRun:
+            timeout: float = SESSION_TIMEOUT, before_call: Callable[[], None] | None = None) -> ClientRun:
         async def main() -> ClientRun:
-            return await asyncio.wait_for(self._session(url, open_url, call, timeout), timeout)
+            return await asyncio.wait_for(self._session(url, open_url, call, timeout, before_call), timeout)
 
         try:
             return asyncio.run(main())
         except BaseExceptionGroup as group:  # the user's failure, or the flow's, inside the SDK's task groups
             raise _leaf(group) from group
 
-    async def _session(self, url: str, open_url: OpenUrl, call: ToolCall | None, timeout: float) -> ClientRun:
+    async def _session(self, url: str, open_url: OpenUrl, call: ToolCall | None, timeout: float,
+                       before_call: Callable[[], None] | None) -> ClientRun:
         import httpx2
         import mcp
         from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider, OAuthFlowError
@@ -416,7 +425,7 @@ class PythonSdkClient:
                                   timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
         try:
             async with http, mcp.Client(streamable_http_client(url, http_client=http), mode=self.mode) as client:
-                tools, text, is_error = await _list_and_call(client, call)
+                tools, text, is_error = await _list_and_call(client, call, before_call)
                 version = client.protocol_version
         finally:
             callback.close()

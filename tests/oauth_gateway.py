@@ -42,15 +42,25 @@ def new_signing_key() -> str:
 
 
 class FixedPortGateway(GatewayServer):
-    """A GatewayServer on a port chosen before it starts."""
+    """A GatewayServer on a port chosen before it starts. ``served`` lists the requests it
+    answered, as (method, path, status), in the order they were answered (which worker served
+    which step, for tests that spread a flow over several)."""
 
     def __init__(self, config: dict, port: int):
         super().__init__(config)
         self.port = port
+        self.served: list[tuple[str, str, int]] = []
+
+    def _recorded(self, environ: dict[str, Any], start_response: Any) -> Any:
+        def recording_start(status: str, headers: Any, *exc_info: Any) -> Any:
+            self.served.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), int(status.split()[0])))
+            return start_response(status, headers, *exc_info)
+
+        return self.app(environ, recording_start)
 
     def start(self) -> FixedPortGateway:
         self.app = create_app(start_runtime(self.config, self.host))
-        self._server = make_server(self.host, self.port, self.app, threaded=True)
+        self._server = make_server(self.host, self.port, self._recorded, threaded=True)
         self._thread = threading.Thread(target=self._server.serve_forever, name="gateway-http", daemon=True)
         self._thread.start()
         return self
@@ -73,19 +83,21 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
 def oauth_block(issuer: str, idp: OidcIdP, **fields: Any) -> dict[str, Any]:
     return {"issuer": issuer,
             "upstream": {"issuer": idp.issuer, "clientId": idp.client_id, "clientSecretEnv": UPSTREAM_SECRET_ENV,
-                         "scopes": ["openid", "email", "profile"]},
+                         "scopes": ["openid", "email", "profile", "groups"]},
             "signingKeyEnv": SIGNING_KEY_ENV, **fields}
 
 
 class SignInGateway:
-    """An OidcIdP and a gateway in front of it. ``ports`` (one per gateway worker) all get
-    their own gateway over the same config; the first is the issuer's (tests that route
-    steps to different workers put a round robin in front, or call them directly)."""
+    """An OidcIdP and a gateway in front of it. ``workers`` gateways over the same config;
+    the first listens on the issuer's port, unless ``proxied``: then every worker has a
+    port of its own and the issuer's port is left to the proxy a test puts in front (a
+    round robin, nginx). Tests that route steps to different workers put such a proxy in
+    front, or call ``worker_urls`` directly."""
 
     def __init__(self, backends: list[dict[str, Any]], *, oauth: Mapping[str, Any] | None = None,
                  idp: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
                  workers: int = 1, signing_key: str | None = None, issuer_port: int | None = None,
-                 authz: Mapping[str, Any] | None = None):
+                 authz: Mapping[str, Any] | None = None, proxied: bool = False):
         self.port = issuer_port or free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.signing_key = signing_key or new_signing_key()
@@ -93,22 +105,49 @@ class SignInGateway:
         self._env = environment({UPSTREAM_SECRET_ENV: self.idp.client_secret, SIGNING_KEY_ENV: self.signing_key,
                                  ADMIN_TOKEN_ENV: ADMIN_TOKEN, RECORDS_KEY_ENV: "records-key-0123456789abcdef"})
         self._env.__enter__()
+        self._restart_env: Any = None  # what restart() put in the environment, undone by stop()
         self.config = {"name": "signin-gw", "backends": backends,
                        "incomingAuth": {"type": "oauth", "oauth": oauth_block(self.issuer, self.idp, **dict(oauth or {})),
                                         **({"authz": dict(authz)} if authz else {})},
                        "admin": {"tokenEnv": ADMIN_TOKEN_ENV}, **dict(extra or {})}
         self.gateways: list[FixedPortGateway] = []
+        self._ports = [free_port() if proxied or index else self.port for index in range(workers)]
+        self._start_workers()
+
+    def _start_workers(self) -> None:
         try:
-            for index in range(workers):
-                port = self.port if index == 0 else free_port()
+            for port in self._ports:
                 self.gateways.append(FixedPortGateway(self.config, port).start())
         except BaseException:
             self.stop()
             raise
 
+    def restart(self, *, signing_key: str, previous_key: str | None = None) -> None:
+        """Stop every worker and start them again on their ports (same IdP, same records)
+        with ``signing_key`` in ``signingKeyEnv`` and, when given, ``previous_key`` in
+        ``previousSigningKeyEnvs`` (PREVIOUS_KEY_ENV): an operator's key rotation."""
+        for gateway in self.gateways:
+            gateway.stop()
+        self.gateways = []
+        if self._restart_env is not None:
+            self._restart_env.__exit__(None, None, None)
+        self._restart_env = environment({SIGNING_KEY_ENV: signing_key,
+                                         **({PREVIOUS_KEY_ENV: previous_key} if previous_key else {})})
+        self._restart_env.__enter__()
+        self.signing_key = signing_key
+        incoming = self.config["incomingAuth"]
+        oauth = {**incoming["oauth"], "previousSigningKeyEnvs": [PREVIOUS_KEY_ENV] if previous_key else []}
+        self.config = {**self.config, "incomingAuth": {**incoming, "oauth": oauth}}
+        self._start_workers()
+
     @property
     def gateway(self) -> FixedPortGateway:
         return self.gateways[0]
+
+    @property
+    def worker_urls(self) -> list[str]:
+        """Each worker's own base URL (the issuer's, for the first one unless proxied)."""
+        return [f"http://127.0.0.1:{port}" for port in self._ports]
 
     @property
     def mcp_url(self) -> str:
@@ -119,6 +158,9 @@ class SignInGateway:
             gateway.stop()
         self.gateways = []
         self.idp.stop()
+        if self._restart_env is not None:
+            self._restart_env.__exit__(None, None, None)
+            self._restart_env = None
         self._env.__exit__(None, None, None)
 
     def __enter__(self) -> SignInGateway:

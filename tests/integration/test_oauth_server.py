@@ -41,8 +41,7 @@ def stop_all_actors():
 def setup():
     need_browser()
     backend = sdk_backend("alpha", ["echo", "whoami"])
-    # The IdP's access tokens expire sooner than the gateway's refresh margin: every
-    # refresh of the gateway's tokens also refreshes the IdP's, once.
+    # The IdP's access tokens are short (20 s): due for renewal halfway through.
     gateway = SignInGateway([backend_entry("alpha", backend)],
                             oauth={"registrationsPerMinute": REGISTRATIONS_PER_MINUTE},
                             idp={"access_token_ttl": 20},
@@ -113,8 +112,8 @@ def test_the_metadata_names_the_gateway_as_authorization_server_and_resource(set
     assert unauthenticated.status_code == 401
     assert f'resource_metadata="{issuer}/.well-known/oauth-protected-resource/mcp"' in \
         unauthenticated.headers["WWW-Authenticate"]
-    assert 'scope="openid email profile"' in unauthenticated.headers["WWW-Authenticate"]  # what to ask for
-    assert resource["scopes_supported"] == ["openid", "email", "profile"]
+    assert 'scope="openid email profile groups"' in unauthenticated.headers["WWW-Authenticate"]  # what to ask for
+    assert resource["scopes_supported"] == ["openid", "email", "profile", "groups"]
     keys = requests.get(f"{issuer}/oauth/jwks", timeout=5).json()["keys"]
     assert len(keys) == 1 and keys[0]["alg"] == "ES256" and "d" not in keys[0]
 
@@ -160,7 +159,13 @@ def test_refresh_rotates_and_a_just_rotated_token_presented_again_within_the_gra
     gateway, _ = setup
     first = signed_in(setup, client)
     upstream_before = gateway.idp.token_requests().get("refresh_token", 0)
-    second = refresh(gateway, client, first["refresh_token"])
+    upstream = runtime_of(gateway).oauth.server.upstream
+    real_clock = upstream._clock
+    upstream._clock = lambda: real_clock() + 15  # the IdP's 20 s token is past the half of its life
+    try:
+        second = refresh(gateway, client, first["refresh_token"])
+    finally:
+        upstream._clock = real_clock
     assert second.status_code == 200, second.text
     assert second.json()["refresh_token"] != first["refresh_token"]
     # the IdP's token was near its end: refreshed upstream, once

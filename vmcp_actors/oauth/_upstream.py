@@ -159,8 +159,14 @@ class UpstreamIdp:
         """What of the provider's answer the gateway keeps (never the ID token)."""
         expires_in = tokens.get("expires_in")
         lifetime = float(expires_in) if isinstance(expires_in, (int, float)) and expires_in > 0 else 3600.0
+        now = self._clock()
+        # Renewed EXPIRY_MARGIN before the end, or halfway through a shorter life: a token
+        # the IdP gives for 20 s is not due again the moment it arrives.
         return {"access_token": tokens["access_token"], "refresh_token": tokens.get("refresh_token"),
-                "expires_at": self._clock() + lifetime}
+                "expires_at": now + lifetime, "refresh_at": now + lifetime - min(EXPIRY_MARGIN, lifetime / 2)}
+
+    def _due(self, kept: dict[str, Any]) -> bool:
+        return self._clock() >= min(kept.get("refresh_at", kept["expires_at"] - EXPIRY_MARGIN), kept["expires_at"])
 
     def fresh_tokens(self, grant: str, ttl: float) -> dict[str, Any]:
         """The provider's tokens of ``grant``, refreshed first when about to expire (one
@@ -168,7 +174,7 @@ class UpstreamIdp:
         kept = self._records.get("upstream", grant)
         if kept is None:
             raise UpstreamRefused("no identity provider tokens for this grant")
-        if kept["expires_at"] - EXPIRY_MARGIN > self._clock():
+        if not self._due(kept):
             return kept
         if not kept.get("refresh_token"):
             raise UpstreamRefused("the identity provider's token expired and cannot be refreshed")
@@ -177,7 +183,7 @@ class UpstreamIdp:
             return self._refreshed_by_another(grant, kept, ttl)
         try:
             kept = self._records.get("upstream", grant) or kept
-            if kept["expires_at"] - EXPIRY_MARGIN > self._clock():
+            if not self._due(kept):
                 return kept  # refreshed by another worker while this one took the lock
             tokens = self._token_request(lambda session: session.refresh_token(
                 self.metadata()["token_endpoint"], refresh_token=kept["refresh_token"]))
