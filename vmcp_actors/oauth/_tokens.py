@@ -8,10 +8,15 @@ within that time). The identity is the one the identity provider gave (its issue
 subject), so per-user discovery, Cedar, rate limits and the admin view see the same
 person as under ``oidc``. Only when some backend exchanges the caller's token (RFC 8693)
 is the provider's token of the grant looked up (and refreshed) and carried along.
+
+A token that verified is remembered (by its digest, until its ``exp``, at most
+``VERIFIED_MAX``): a client sends the same token with every request, and its signature
+need not be checked again; its grant still is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
 
 GRANT_RECHECK = 5.0
 GRANT_CACHE_MAX = 10_000
+VERIFIED_MAX = 10_000
 
 
 class GatewayTokenAuthenticator:
@@ -37,6 +43,8 @@ class GatewayTokenAuthenticator:
         self._clock = clock
         self._lock = threading.Lock()  # guards _checked (grant id -> when it was last seen live)
         self._checked: dict[str, float] = {}
+        self._verified_lock = threading.Lock()  # guards _verified (token digest -> (exp, claims))
+        self._verified: dict[bytes, tuple[float, MappingProxyType]] = {}
         server.grants.ended.append(self._forget)
 
     def _forget(self, grant_id: str) -> None:
@@ -47,12 +55,7 @@ class GatewayTokenAuthenticator:
     def authenticate(self, authorization: str | None) -> Identity:
         token = bearer_token(authorization)
         config = self._server.config
-        try:
-            claims = self._server.keys.verify(token, issuer=config.issuer, audience=config.resource)
-        except jwt.PyJWTError as error:
-            raise AuthError(refusal_reason(error)) from None
-        except (TypeError, ValueError):
-            raise AuthError("malformed token") from None
+        claims = self._claims(token)
         grant_id, provider = claims.get("grant"), claims.get("idp")
         if not isinstance(grant_id, str) or not isinstance(provider, str):
             raise AuthError("token lacks its grant")
@@ -67,7 +70,29 @@ class GatewayTokenAuthenticator:
                 raise AuthError("the identity provider no longer accepts this sign-in") from None
             except UpstreamUnavailable:
                 raise IdentityProviderUnavailable() from None
-        return Identity(provider, str(claims["sub"]), claims=MappingProxyType(claims), token=upstream_token)
+        return Identity(provider, str(claims["sub"]), claims=claims, token=upstream_token)
+
+    def _claims(self, token: str) -> MappingProxyType:
+        """The claims of a token the gateway's keys signed for this resource (verified once,
+        then remembered until it expires); AuthError otherwise."""
+        digest = hashlib.sha256(token.encode()).digest()
+        with self._verified_lock:
+            known = self._verified.get(digest)
+        if known is not None and known[0] > time.time():
+            return known[1]
+        config = self._server.config
+        try:
+            claims = self._server.keys.verify(token, issuer=config.issuer, audience=config.resource)
+        except jwt.PyJWTError as error:
+            raise AuthError(refusal_reason(error)) from None
+        except (TypeError, ValueError):
+            raise AuthError("malformed token") from None
+        frozen = MappingProxyType(claims)
+        with self._verified_lock:
+            if len(self._verified) >= VERIFIED_MAX:
+                self._verified.clear()  # many distinct tokens cost verifications, not memory
+            self._verified[digest] = (float(claims["exp"]), frozen)
+        return frozen
 
     def _live(self, grant_id: str) -> bool:
         now = self._clock()
