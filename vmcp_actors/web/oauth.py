@@ -149,9 +149,13 @@ def _metadata(service: OAuthService) -> dict[str, Any]:
 
 
 def metadata_view(issuer_path: str = "") -> Response:
+    """RFC 8414 puts an issuer's path after the well-known name; OpenID discovery puts the
+    well-known name after the issuer (``{issuer}/.well-known/openid-configuration``), which a
+    proxy mounting the gateway under that path passes on as the bare name."""
     service = _service()
     expected = urlsplit(service.server.config.issuer).path.strip("/")
-    if issuer_path.strip("/") != expected:
+    appended = request.path.startswith(METADATA_PATHS[1]) and not issuer_path
+    if issuer_path.strip("/") != expected and not appended:
         return _json({"error": "not found"}, 404)
     return _json(_metadata(service), headers={"Cache-Control": "public, max-age=300"})
 
