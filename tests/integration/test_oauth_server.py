@@ -433,6 +433,20 @@ def test_metrics_and_audit_count_sign_ins_and_refusals_without_tokens(setup, cli
     assert 'vmcp_oauth_events_total{event="token",outcome="invalid_grant"}' in metrics
 
 
+def test_the_admin_page_lists_sign_ins_and_its_end_button_ends_a_grant(setup, client):
+    gateway, _ = setup
+    token = signed_in(setup, client, "alice")
+    grant = jwt.decode(token["access_token"], options={"verify_signature": False})["grant"]
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    page = requests.get(f"{gateway.issuer}/admin", headers=admin, timeout=5)
+    assert page.status_code == 200 and 'id="oauth-grants"' in page.text and grant in page.text
+    assert token["access_token"] not in page.text and token["refresh_token"] not in page.text
+    ended = requests.post(f"{gateway.issuer}/admin/oauth-end", data={"grant": grant}, headers=admin,
+                          allow_redirects=False, timeout=5)
+    assert ended.status_code == 303
+    assert mcp_post(gateway.mcp_url, token["access_token"], INIT).status_code == 401
+
+
 def test_registration_refuses_bad_metadata_and_a_flood(setup):
     """Last in the module: the flood leaves no registrations for the minute after it."""
     gateway, _ = setup

@@ -38,3 +38,19 @@ def test_a_kept_token_past_its_end_is_due_whatever_else_it_says(idp):
     upstream, clock = idp
     kept = upstream.kept_tokens({"access_token": "at", "expires_in": 3600})
     assert upstream._due({**kept, "expires_at": clock.now - 1})
+
+
+@pytest.mark.parametrize(("supported", "chosen"), [
+    (None, "client_secret_basic"),  # absent: OpenID discovery's default
+    (["client_secret_basic", "client_secret_post"], "client_secret_basic"),
+    (["client_secret_post", "private_key_jwt"], "client_secret_post"),
+])
+def test_the_gateway_authenticates_to_the_idp_as_its_metadata_allows(idp, supported, chosen):
+    upstream, _ = idp
+    metadata = {"issuer": "https://idp.example", "authorization_endpoint": "https://idp.example/auth",
+                "token_endpoint": "https://idp.example/token", "jwks_uri": "https://idp.example/jwks"}
+    if supported is not None:
+        metadata["token_endpoint_auth_methods_supported"] = supported
+    upstream._metadata = metadata  # as read from its discovery document
+    with upstream._session() as session:
+        assert session.token_endpoint_auth_method == chosen
