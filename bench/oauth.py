@@ -103,7 +103,7 @@ def gateway_token_modes(redis_client: Any) -> dict[str, Callable[[], Any]]:
     and in Redis (the grant seen live within GRANT_RECHECK, and looked up every call)."""
     from tests.oauth_gateway import new_signing_key
     from vmcp_actors.config import config_from_mapping
-    from vmcp_actors.oauth import build_oauth
+    from vmcp_actors.oauth import build_oauth, oauth_secrets
     from vmcp_actors.oauth._server import Person
     from vmcp_actors.oauth._tokens import GRANT_RECHECK, GatewayTokenAuthenticator
     from vmcp_actors.signing import Signer
@@ -117,8 +117,8 @@ def gateway_token_modes(redis_client: Any) -> dict[str, Callable[[], Any]]:
                 "issuer": issuer, "signingKeyEnv": "BENCH_KEY",
                 "upstream": {"issuer": "http://127.0.0.1:8", "clientId": "gw", "clientSecretEnv": "BENCH_SECRET"}}}})
         values = {"BENCH_KEY": pem, "BENCH_SECRET": "not-used"}
-        built = build_oauth(config, lambda path, name: values.get(name) if name else None, shared,
-                            Signer(RECORDS_KEY.encode()))
+        held = oauth_secrets(config, lambda path, name: values.get(name) if name else None)
+        built = build_oauth(config, held, shared, Signer(RECORDS_KEY.encode()))
         person = Person("https://idp.example", "alice", {"email": "alice@example.com"})
         grant = built.server.grants.start(person, "dcr_bench", config.incoming_auth.oauth.resource, "", {
             "access_token": "idp-at", "refresh_token": "idp-rt", "expires_at": time.time() + 3600})

@@ -30,7 +30,7 @@ from vmcp_actors.edge._auth import Authenticator, build_authenticator
 from vmcp_actors.edge._service import McpService
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals, record_oauth
-from vmcp_actors.oauth import OAuthService, build_oauth
+from vmcp_actors.oauth import OAuthService, build_oauth, oauth_secrets
 from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.users._actor import SessionServices
@@ -162,6 +162,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     metrics_token = secret_from_env("admin.metricsTokenEnv", config.admin.metrics_token_env)
     oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
     client_secret = secret_from_env("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env if oidc else None)
+    oauth_held = oauth_secrets(config, secret_from_env) if config.incoming_auth.type == "oauth" else None
     signer = _signer(config)
     store = _record_store(config, signer)
     # With records in Redis, the caches get a shared second level there too.
@@ -203,8 +204,8 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     gateway = Gateway.start(config, directory, services, signer).proxy()
     if services.fanout is not None:
         services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
-    oauth = build_oauth(config, secret_from_env, store.client if isinstance(store, RedisRecordStore) else None,
-                        signer, record_oauth) if config.incoming_auth.type == "oauth" else None
+    oauth = build_oauth(config, oauth_held, store.client if isinstance(store, RedisRecordStore) else None,
+                        signer, record_oauth) if oauth_held is not None else None
     authenticator = oauth.authenticator if oauth is not None else build_authenticator(oidc, client_secret)
     names = [backend.name for backend in config.backends]
     service = McpService(config, gateway, directory, signer, services.live,

@@ -8,6 +8,7 @@ import pytest
 
 from tests.oauth_gateway import new_signing_key
 from vmcp_actors.config import config_from_mapping
+from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.runtime import start_runtime
 from vmcp_actors.web import create_app, stop_app
 
@@ -43,3 +44,21 @@ def test_the_metadata_is_where_an_issuer_with_a_path_puts_it(app, path, status):
         metadata = answer.get_json()
         assert metadata["issuer"] == ISSUER
         assert metadata["authorization_endpoint"] == f"{ISSUER}/oauth/authorize"
+
+
+def test_a_signing_key_that_is_not_a_key_stops_the_start_before_anything_runs(monkeypatch):
+    import threading
+
+    monkeypatch.setenv("TEST_OAUTH_KEY", "not a pem")
+    monkeypatch.setenv("TEST_UPSTREAM_SECRET", "s3cret")
+    config = config_from_mapping({
+        "name": "gw", "backends": [{"name": "a", "url": "http://127.0.0.1:9/mcp"}],
+        "incomingAuth": {"type": "oauth", "oauth": {
+            "issuer": ISSUER, "signingKeyEnv": "TEST_OAUTH_KEY",
+            "upstream": {"issuer": "https://idp.example.com", "clientId": "gw", "clientSecretEnv": "TEST_UPSTREAM_SECRET"}}}})
+    threads = threading.active_count()
+    with pytest.raises(ConfigError) as refused:
+        start_runtime(config)
+    assert refused.value.errors == (
+        "incomingAuth.oauth.signingKeyEnv: environment variable TEST_OAUTH_KEY is not an unencrypted PEM private key",)
+    assert pykka.ActorRegistry.get_all() == [] and threading.active_count() == threads  # nothing was started

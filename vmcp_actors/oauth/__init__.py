@@ -5,7 +5,7 @@ in front of one OpenID Connect provider. ``build_oauth`` assembles it from the c
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +17,7 @@ from vmcp_actors.oauth._server import Events, GatewayAuthorizationServer
 from vmcp_actors.oauth._tokens import GatewayTokenAuthenticator
 from vmcp_actors.oauth._upstream import UpstreamIdp
 
-__all__ = ["OAuthService", "build_oauth"]
+__all__ = ["OAuthSecrets", "OAuthService", "build_oauth", "oauth_secrets"]
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,17 @@ class OAuthService:
         return ended
 
 
-def build_oauth(config: VmcpConfig, secret: Callable[[str, str | None], str | None], redis_client: Any,
-                signer: Any, count: Callable[[str, str], None] | None = None) -> OAuthService:
-    """``secret(field path, env var name)`` reads a named secret (a ConfigError when unset);
-    ``redis_client`` is the records' Redis when they are shared, else None."""
+@dataclass(frozen=True)
+class OAuthSecrets:
+    """What the authorization server holds from the environment, read before anything starts."""
+
+    keys: TokenKeys
+    upstream_client_secret: str = field(repr=False)
+
+
+def oauth_secrets(config: VmcpConfig, secret: Callable[[str, str | None], str | None]) -> OAuthSecrets:
+    """The signing keys and the IdP client's secret; a ConfigError naming the field when one
+    is unset or not a key (``secret(field path, env var name)`` reads one)."""
     oauth = config.incoming_auth.oauth
     assert oauth is not None
     keys = TokenKeys(_key("incomingAuth.oauth.signingKeyEnv", oauth.signing_key_env, secret),
@@ -66,10 +73,19 @@ def build_oauth(config: VmcpConfig, secret: Callable[[str, str | None], str | No
                            for index, name in enumerate(oauth.previous_signing_key_envs)))
     client_secret = secret("incomingAuth.oauth.upstream.clientSecretEnv", oauth.upstream.client_secret_env)
     assert client_secret is not None
+    return OAuthSecrets(keys, client_secret)
+
+
+def build_oauth(config: VmcpConfig, secrets: OAuthSecrets, redis_client: Any, signer: Any,
+                count: Callable[[str, str], None] | None = None) -> OAuthService:
+    """``redis_client`` is the records' Redis when they are shared, else None."""
+    oauth = config.incoming_auth.oauth
+    assert oauth is not None
     records: OAuthRecords = RedisOAuthRecords(redis_client, signer, config.session_storage.key_prefix) \
         if redis_client is not None else MemoryOAuthRecords()
-    upstream = UpstreamIdp(oauth.upstream, client_secret, f"{oauth.issuer}/oauth/callback", records)
-    server = GatewayAuthorizationServer(oauth, records, keys, upstream, Events(count))
+    upstream = UpstreamIdp(oauth.upstream, secrets.upstream_client_secret, f"{oauth.issuer}/oauth/callback",
+                           records)
+    server = GatewayAuthorizationServer(oauth, records, secrets.keys, upstream, Events(count))
     exchanges = any(auth.type == "token_exchange" for auth in (config.outgoing_auth.default,
                                                                *config.outgoing_auth.backends.values()))
     return OAuthService(server, GatewayTokenAuthenticator(server, carries_upstream_token=exchanges))
