@@ -13,17 +13,18 @@ from vmcp_actors.runtime import start_runtime
 from vmcp_actors.web import create_app, stop_app
 
 ISSUER = "https://mcp.example.com/gateway"
+CONFIG = {"name": "gw", "backends": [{"name": "a", "url": "http://127.0.0.1:9/mcp"}],
+          "incomingAuth": {"type": "oauth", "oauth": {
+              "issuer": ISSUER, "signingKeyEnv": "TEST_OAUTH_KEY",
+              "upstream": {"issuer": "https://idp.example.com", "clientId": "gw",
+                           "clientSecretEnv": "TEST_UPSTREAM_SECRET"}}}}
 
 
 @pytest.fixture
 def app(monkeypatch):
     monkeypatch.setenv("TEST_OAUTH_KEY", new_signing_key())
     monkeypatch.setenv("TEST_UPSTREAM_SECRET", "s3cret")
-    config = config_from_mapping({
-        "name": "gw", "backends": [{"name": "a", "url": "http://127.0.0.1:9/mcp"}],
-        "incomingAuth": {"type": "oauth", "oauth": {
-            "issuer": ISSUER, "signingKeyEnv": "TEST_OAUTH_KEY",
-            "upstream": {"issuer": "https://idp.example.com", "clientId": "gw", "clientSecretEnv": "TEST_UPSTREAM_SECRET"}}}})
+    config = config_from_mapping(CONFIG)
     made = create_app(start_runtime(config))
     yield made
     stop_app(made)
@@ -51,11 +52,7 @@ def test_a_signing_key_that_is_not_a_key_stops_the_start_before_anything_runs(mo
 
     monkeypatch.setenv("TEST_OAUTH_KEY", "not a pem")
     monkeypatch.setenv("TEST_UPSTREAM_SECRET", "s3cret")
-    config = config_from_mapping({
-        "name": "gw", "backends": [{"name": "a", "url": "http://127.0.0.1:9/mcp"}],
-        "incomingAuth": {"type": "oauth", "oauth": {
-            "issuer": ISSUER, "signingKeyEnv": "TEST_OAUTH_KEY",
-            "upstream": {"issuer": "https://idp.example.com", "clientId": "gw", "clientSecretEnv": "TEST_UPSTREAM_SECRET"}}}})
+    config = config_from_mapping(CONFIG)
     threads = threading.active_count()
     with pytest.raises(ConfigError) as refused:
         start_runtime(config)
