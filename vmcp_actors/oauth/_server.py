@@ -396,9 +396,10 @@ class Revocation(RevocationEndpoint):
 
     def query_token(self, token_string: str, token_type_hint: str | None) -> StoredRefresh | None:
         server = self.server
-        record = server.records.get("refresh", digest(token_string))
+        token_digest = digest(token_string)
+        record = server.records.get("refresh", token_digest)
         if record is not None:
-            return StoredRefresh(digest(token_string), record)
+            return StoredRefresh(token_digest, record)
         claims = server.access_token_claims(token_string)
         if claims is not None and isinstance(claims.get("grant"), str):
             return StoredRefresh("", {"grant": claims["grant"], "client_id": claims.get("client_id")})
@@ -425,7 +426,6 @@ class GatewayAuthorizationServer(AuthorizationServer):
         self.register_endpoint(Revocation)
         self.register_extension(GatewayIssuer(config.issuer))
         self.register_token_generator("default", self._tokens)
-        self.request_factory: Callable[[], OAuth2Request] | None = None
 
     # --- Authlib's hooks -------------------------------------------------------------
 
@@ -450,8 +450,9 @@ class GatewayAuthorizationServer(AuthorizationServer):
     def create_oauth2_request(self, request: Any) -> OAuth2Request:
         if isinstance(request, OAuth2Request):
             return request
-        assert self.request_factory is not None
-        return self.request_factory()
+        # The views hand Authlib the request they built (web/oauth.py: PublicRequest, the
+        # gateway's public URL); nothing here reads the framework's request itself.
+        raise TypeError("the authorization server is given OAuth2Request objects, built by its views")
 
     def create_json_request(self, request: Any) -> Any:
         raise NotImplementedError("registration is served by the gateway's own view")

@@ -118,11 +118,6 @@ class PublicRequest(OAuth2Request):
         return request.form
 
 
-def _authlib_request(service: OAuthService) -> OAuthService:
-    service.server.request_factory = lambda: PublicRequest(service.server.config.issuer)
-    return service
-
-
 def _metadata(service: OAuthService) -> dict[str, Any]:
     config = service.server.config
     issuer = config.issuer
@@ -195,7 +190,7 @@ def authorize() -> Response:
     """A client's authorization request: checked, kept as a flow bound to this browser, then
     the consent page (before anything goes to the IdP: the IdP may remember the person and
     answer at once), unless this browser's person already allowed this client."""
-    service = _authlib_request(_service())
+    service = _service()
     server = service.server
     try:
         grant = server.get_consent_grant(PublicRequest(server.config.issuer))
@@ -269,7 +264,7 @@ def _to_upstream(server: Any, flow_id: str, flow: dict[str, Any]) -> Response:
 
 @bp.get("/oauth/callback")
 def callback() -> Response:
-    service = _authlib_request(_service())
+    service = _service()
     server = service.server
     flow_id = request.args.get("state", "")
     try:
@@ -367,7 +362,7 @@ def _issue(server: Any, flow_id: str, flow: dict[str, Any]) -> Response:
 def consent() -> Response:
     """The person allows the client, or not: before the IdP (who is not known yet), or after
     it when the person who signed in has not allowed this client before."""
-    service = _authlib_request(_service())
+    service = _service()
     server = service.server
     flow_id = request.values.get("flow", "")
     try:
@@ -435,7 +430,7 @@ def _unavailable() -> Response:
 
 @bp.route("/oauth/token", methods=["POST", "OPTIONS"])
 def token() -> Response:
-    service = _authlib_request(_service())
+    service = _service()
     server = service.server
     try:
         answer = server.create_token_response(PublicRequest(server.config.issuer))
@@ -453,7 +448,7 @@ def token() -> Response:
 
 @bp.route("/oauth/revoke", methods=["POST", "OPTIONS"])
 def revoke() -> Response:
-    service = _authlib_request(_service())
+    service = _service()
     server = service.server
     try:
         answer = server.create_endpoint_response("revocation", PublicRequest(server.config.issuer))
