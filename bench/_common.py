@@ -182,13 +182,31 @@ def server_label(server: str) -> str:
 
 
 def parse_args(description: str, argv: Sequence[str] | None = None,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+               extra: Callable[[argparse.ArgumentParser], None] | None = None, *,
+               parts: Sequence[str] | None = None, default_parts: Sequence[str] | None = None,
+               gunicorn_only: str | None = None) -> argparse.Namespace:
+    """The options every bench has (``--server``), ``extra``'s, and with ``parts`` a
+    ``--part`` list (``args.parts``, each one of ``parts``; ``default_parts``, else all).
+    ``gunicorn_only``: what the bench needs gunicorn for; it then refuses ``--server
+    werkzeug`` saying so."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--server", choices=("gunicorn", "werkzeug"), default="gunicorn",
                         help="how to serve the gateway (default: gunicorn, as in production)")
+    if parts is not None:
+        default = ",".join(default_parts if default_parts is not None else parts)
+        parser.add_argument("--part", default=default,
+                            help=f"a comma-separated list of {', '.join(parts)} (default {default})")
     if extra is not None:
         extra(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if gunicorn_only is not None and args.server != "gunicorn":
+        raise SystemExit(f"{gunicorn_only}: --server werkzeug is not supported")
+    if parts is not None:
+        args.parts = [part.strip() for part in args.part.split(",") if part.strip()]
+        unknown = sorted(set(args.parts) - set(parts))
+        if unknown or not args.parts:
+            raise SystemExit(f"--part: unknown {', '.join(unknown) or '(none given)'} (choose from {', '.join(parts)})")
+    return args
 
 
 def settle_heap() -> None:

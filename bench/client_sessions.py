@@ -340,8 +340,6 @@ def body(parts: Sequence[str], sessions: int, users: int, pool: int, declare: st
 
 def main() -> None:
     def extra(parser) -> None:
-        parser.add_argument("--part", default="sessions", help=f"comma-separated, of {', '.join(PARTS)} "
-                                                               "(default sessions)")
         parser.add_argument("--sessions", type=int, default=1000, help="C1: client sessions (default 1000)")
         parser.add_argument("--users", type=int, default=100, help="C1: distinct OIDC users (default 100)")
         parser.add_argument("--pool", type=int, default=16, help="C1: client threads (default 16)")
@@ -351,13 +349,9 @@ def main() -> None:
                             help="C1: operational.userIdleTimeout (default 60s)")
         parser.add_argument("--max-live-users", type=int, default=None, help="C1: operational.maxLiveUsers")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    if args.server != "gunicorn":
-        raise SystemExit("bench.client_sessions measures the gunicorn worker: --server werkzeug is not supported")
-    parts = [part.strip() for part in args.part.split(",") if part.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
-    if unknown:
-        raise SystemExit(f"--part: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
+    args = parse_args(__doc__.splitlines()[0], extra=extra, parts=PARTS, default_parts=("sessions",),
+                      gunicorn_only="bench.client_sessions measures the gunicorn worker")
+    parts = args.parts
     try:
         idle_seconds(args.idle_release)
     except ValueError as exc:

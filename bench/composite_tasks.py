@@ -468,9 +468,8 @@ def main() -> None:
         parser.add_argument("--no-watch", dest="watch", action="store_false",
                             help="do not wait for the first sleeps to end (what reaches the backend after cancel)")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    if args.server != "gunicorn":
-        raise SystemExit("bench.composite_tasks reads the gunicorn worker's /proc: --server werkzeug is not supported")
+    args = parse_args(__doc__.splitlines()[0], extra=extra,
+                      gunicorn_only="bench.composite_tasks reads the gunicorn worker's /proc")
     if args.tasks < 2:
         raise SystemExit("--tasks: at least 2")
     run_benchmark(lambda: body(args.tasks, args.clients, args.gets, args.sleep, args.watch), watchdog=WATCHDOG)

@@ -246,9 +246,8 @@ def main() -> None:
         parser.add_argument("--delay", type=float, default=DELAY,
                             help=f"seconds every backend waits before answering a POST (default {DELAY:g})")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    if args.server != "gunicorn":
-        raise SystemExit("bench.discovery_eras starts and stops gateway processes: --server werkzeug is not supported")
+    args = parse_args(__doc__.splitlines()[0], extra=extra,
+                      gunicorn_only="bench.discovery_eras starts and stops gateway processes")
     run_benchmark(lambda: body(args.delay))
 
 

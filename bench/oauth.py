@@ -608,10 +608,9 @@ def main() -> None:
         parser.add_argument("--calls", type=int, default=400, help="sequential echo calls per mode in part 2")
         parser.add_argument("--validations", type=int, default=1000, help="authenticate() calls per mode per round")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    if args.server != "gunicorn":
-        raise SystemExit("bench.oauth serves its gateways with gunicorn only (on ports chosen first, two of them "
-                         "sharing Redis)")
+    args = parse_args(__doc__.splitlines()[0], extra=extra,
+                      gunicorn_only="bench.oauth serves its gateways with gunicorn only (on ports chosen first, two "
+                                    "of them sharing Redis)")
     run_benchmark(lambda: body(args), watchdog=max(300.0, args.duration + 240.0))
 
 

@@ -331,7 +331,6 @@ def body(parts: Sequence[str], sessions: int, users: int, pool: int, clients: in
 
 def main() -> None:
     def extra(parser) -> None:
-        parser.add_argument("--part", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
         parser.add_argument("--sessions", type=int, default=10_000, help="S1: sessions (default 10000)")
         parser.add_argument("--users", type=int, default=1000, help="S1: distinct OIDC users (default 1000)")
         parser.add_argument("--pool", type=int, default=16, help="S1: client threads (default 16)")
@@ -339,13 +338,9 @@ def main() -> None:
         parser.add_argument("--seconds", type=float, default=6.0, help="S2: seconds per round (default 6)")
         parser.add_argument("--calls", type=int, default=400, help="S3: calls per mode (default 400)")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    if args.server != "gunicorn":
-        raise SystemExit("bench.scale measures gunicorn workers: --server werkzeug is not supported")
-    parts = [part.strip() for part in args.part.split(",") if part.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
-    if unknown:
-        raise SystemExit(f"--part: unknown {', '.join(unknown)} (choose from {', '.join(PARTS)})")
+    args = parse_args(__doc__.splitlines()[0], extra=extra, parts=PARTS,
+                      gunicorn_only="bench.scale measures gunicorn workers")
+    parts = args.parts
     run_benchmark(lambda: body(parts, args.sessions, args.users, args.pool, args.clients, args.seconds, args.calls),
                   watchdog=WATCHDOG)
 

@@ -654,7 +654,6 @@ def body(server: str, parts: Sequence[str], threads: int, calls: int, cold_users
 
 def main() -> None:
     def extra(parser) -> None:
-        parser.add_argument("--part", default=",".join(PARTS), help=f"a comma-separated list of {', '.join(PARTS)}")
         parser.add_argument("--threads", type=int, default=16, help="echo: client threads (default 16)")
         parser.add_argument("--calls", type=int, default=200, help="echo: calls per thread per mode (default 200)")
         parser.add_argument("--pin-http", choices=("auto", "legacy"), default="auto",
@@ -665,12 +664,9 @@ def main() -> None:
         parser.add_argument("--max-processes", type=int, default=20, help="crowd: operational.maxProcesses")
         parser.add_argument("--pool", type=int, default=32, help="crowd: client threads (default 32)")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    parts = [part.strip() for part in args.part.split(",") if part.strip()]
-    if not parts or set(parts) - set(PARTS):
-        raise SystemExit(f"--part: a comma-separated list of {', '.join(PARTS)} (got {args.part!r})")
-    if args.server != "gunicorn":
-        raise SystemExit("bench.stdio_echo reads the gunicorn worker's children: --server werkzeug is not supported")
+    args = parse_args(__doc__.splitlines()[0], extra=extra, parts=PARTS,
+                      gunicorn_only="bench.stdio_echo reads the gunicorn worker's children")
+    parts = args.parts
     run_benchmark(lambda: body(args.server, parts, args.threads, args.calls, args.cold_users, args.users,
                                args.max_processes, args.pool, args.pin_http), watchdog=WATCHDOG)
 

@@ -380,17 +380,13 @@ def body(server: str, parts: Sequence[str], threads: int, calls: int, spawns: in
 
 def main() -> None:
     def extra(parser) -> None:
-        parser.add_argument("--part", default=",".join(PARTS), help=f"a comma-separated list of {', '.join(PARTS)}")
         parser.add_argument("--threads", type=int, default=4, help="echo: client threads (default 4)")
         parser.add_argument("--calls", type=int, default=400, help="echo: calls per thread per mode (default 400)")
         parser.add_argument("--spawns", type=int, default=20, help="spawn: new users per mode (default 20)")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    parts = [part.strip() for part in args.part.split(",") if part.strip()]
-    if not parts or set(parts) - set(PARTS):
-        raise SystemExit(f"--part: a comma-separated list of {', '.join(PARTS)} (got {args.part!r})")
-    if args.server != "gunicorn":
-        raise SystemExit("bench.stdio_sandbox reads the gunicorn worker's children: --server werkzeug is not supported")
+    args = parse_args(__doc__.splitlines()[0], extra=extra, parts=PARTS,
+                      gunicorn_only="bench.stdio_sandbox reads the gunicorn worker's children")
+    parts = args.parts
     run_benchmark(lambda: body(args.server, parts, args.threads, args.calls, args.spawns), watchdog=WATCHDOG)
 
 

@@ -307,9 +307,8 @@ def main() -> None:
                             help="set operational.userIdleTimeout (e.g. 2s) and measure T2 after it; "
                                  "gateways before issue 9 refuse the key")
 
-    args = parse_args(__doc__.splitlines()[0], extra=extra)
-    if args.server != "gunicorn":
-        raise SystemExit("bench.threads counts the gunicorn worker's threads: --server werkzeug is not supported")
+    args = parse_args(__doc__.splitlines()[0], extra=extra,
+                      gunicorn_only="bench.threads counts the gunicorn worker's threads")
     if args.idle_release:
         try:
             idle_seconds(args.idle_release)
