@@ -397,34 +397,37 @@ def open_session(url: str, token: str, capabilities: Mapping[str, Any] | None = 
     return session
 
 
+def _plain_request(url: str, revision: str, token: str, method: str, request_id: int, params: dict[str, Any],
+                   session: str | None, capabilities: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """One well-formed request in ``revision`` (its _meta and headers, or the session's):
+    the final JSON-RPC answer, and the response's text for an error message."""
+    if revision == MODERN:
+        params["_meta"] = _modern_meta(capabilities or {})
+        headers = _modern_headers(method, params, token)
+    else:
+        headers = _legacy_headers(token, session)
+    response = _direct(url, {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}, headers)
+    answer = Answer(response.status_code, response.headers.get("Content-Type", ""), response.content).final()
+    return answer, response.text[:300]
+
+
 def echo_call(url: str, revision: str, token: str, text: str, session: str | None = None,
               capabilities: Mapping[str, Any] | None = None) -> str:
     """plain_echo through the gateway, the plain way; the text it answers."""
-    params: dict[str, Any] = {"name": "plain_echo", "arguments": {"text": text}}
-    if revision == MODERN:
-        params["_meta"] = _modern_meta(capabilities or {})
-        headers = _modern_headers("tools/call", params, token)
-    else:
-        headers = _legacy_headers(token, session)
-    response = _direct(url, {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}, headers)
-    answer = Answer(response.status_code, response.headers.get("Content-Type", ""), response.content).final()
+    answer, shown = _plain_request(url, revision, token, "tools/call", 7,
+                                   {"name": "plain_echo", "arguments": {"text": text}}, session, capabilities)
     if answer.get("id") != 7 or "result" not in answer:
-        raise RuntimeError(f"plain_echo was not answered: {response.text[:300]}")
+        raise RuntimeError(f"plain_echo was not answered: {shown}")
     return answer["result"]["content"][0]["text"]
 
 
 def read_watched(url: str, revision: str, token: str, session: str | None = None,
                  capabilities: Mapping[str, Any] | None = None) -> None:
     """resources/read of the asking backend's resource: the user meets that backend too."""
-    params: dict[str, Any] = {"uri": WATCHED_URI}
-    if revision == MODERN:
-        params["_meta"] = _modern_meta(capabilities or {})
-        headers = _modern_headers("resources/read", params, token)
-    else:
-        headers = _legacy_headers(token, session)
-    response = _direct(url, {"jsonrpc": "2.0", "id": 8, "method": "resources/read", "params": params}, headers)
-    if "result" not in Answer(response.status_code, response.headers.get("Content-Type", ""), response.content).final():
-        raise RuntimeError(f"resources/read was not answered: {response.text[:300]}")
+    answer, shown = _plain_request(url, revision, token, "resources/read", 8, {"uri": WATCHED_URI}, session,
+                                   capabilities)
+    if "result" not in answer:
+        raise RuntimeError(f"resources/read was not answered: {shown}")
 
 
 def real_state(url: str, who: str, token: str, capabilities: Mapping[str, Any]) -> RealState:
