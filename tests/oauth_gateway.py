@@ -101,7 +101,8 @@ class SignInGateway:
         self.port = issuer_port or free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.signing_key = signing_key or new_signing_key()
-        self.idp = OidcIdP([f"{self.issuer}/oauth/callback"], **dict(idp or {}))
+        # /connect/login: the connect pages sign the browser's person in at the same IdP.
+        self.idp = OidcIdP([f"{self.issuer}/oauth/callback", f"{self.issuer}/connect/login"], **dict(idp or {}))
         self._env = environment({UPSTREAM_SECRET_ENV: self.idp.client_secret, SIGNING_KEY_ENV: self.signing_key,
                                  ADMIN_TOKEN_ENV: ADMIN_TOKEN, RECORDS_KEY_ENV: "records-key-0123456789abcdef"})
         self._env.__enter__()

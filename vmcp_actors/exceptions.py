@@ -40,10 +40,12 @@ class BackendNotTried(BackendUnavailable):
 
 
 class BackendHTTPError(BackendError):
-    """The backend answered with an unexpected HTTP status."""
+    """The backend answered with an unexpected HTTP status. ``challenge``: its
+    ``WWW-Authenticate`` header on a 401 or 403 (what it wants of a token)."""
 
-    def __init__(self, backend: str, message: str, status: int):
+    def __init__(self, backend: str, message: str, status: int, challenge: str | None = None):
         self.status = status
+        self.challenge = challenge
         super().__init__(backend, message)
 
 
@@ -76,4 +78,14 @@ class BackendAuthError(BackendError):
 
     def __init__(self, backend: str, message: str, idp_error: str | None = None):
         self.idp_error = idp_error
+        super().__init__(backend, message)
+
+
+class ConnectionNeeded(BackendAuthError):
+    """The backend needs the person's own authorization (``outgoingAuth`` type ``oauth``)
+    and they have not given it, or it lapsed: they are asked to connect. ``scopes``: what
+    to ask for (the backend's challenge joined to what was asked before)."""
+
+    def __init__(self, backend: str, message: str, scopes: tuple[str, ...] = ()):
+        self.scopes = scopes
         super().__init__(backend, message)

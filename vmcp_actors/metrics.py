@@ -46,6 +46,9 @@ FAMILIES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "oauth": ("vmcp_oauth_events", "vmcp_oauth_event_duration_seconds",
               "Authorization server events (sign-ins, consents, tokens, registrations, refusals) by outcome.",
               ("event", "outcome")),
+    "connection": ("vmcp_connection_events", "vmcp_connection_event_duration_seconds",
+                   "People's connections to backends of type oauth (links, connects, refreshes, refusals) by "
+                   "outcome.", ("event", "outcome")),
 }
 MCP_METHODS = frozenset({
     "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/templates/list",
@@ -118,6 +121,10 @@ def record_backend(backend: str, outcome: str, seconds: float) -> None:
 
 def record_oauth(event: str, outcome: str) -> None:
     METRICS.observe("oauth", (event, outcome), 0.0)
+
+
+def record_connection(event: str, outcome: str) -> None:
+    METRICS.observe("connection", (event, outcome), 0.0)
 
 
 # -- several workers ----------------------------------------------------------------------

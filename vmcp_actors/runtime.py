@@ -29,8 +29,8 @@ from vmcp_actors.decorators import CompositeTasks, WorkflowMetrics, stack
 from vmcp_actors.edge._auth import Authenticator, build_authenticator
 from vmcp_actors.edge._service import McpService
 from vmcp_actors.exceptions import ConfigError
-from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals, record_oauth
-from vmcp_actors.oauth import OAuthService, build_oauth, oauth_secrets
+from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals, record_connection, record_oauth
+from vmcp_actors.oauth import ConnectService, OAuthService, build_connections, build_oauth, oauth_secrets
 from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.users._actor import SessionServices
@@ -99,6 +99,7 @@ class Runtime:
     limiter: RateLimiter | None = None  # rateLimiting (None: none configured)
     bulkheads: Bulkheads | None = None  # backends' maxConcurrentCalls (None: none configured)
     oauth: OAuthService | None = None  # incomingAuth.type oauth: the gateway's authorization server
+    connect: ConnectService | None = None  # backends of type oauth: people's connections
 
     def limits_state(self) -> dict[str, Any]:
         """The admin state's rate limits and bulkheads (this worker's counts; bucket levels
@@ -163,12 +164,20 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     oidc = config.incoming_auth.oidc if config.incoming_auth.type == "oidc" else None
     client_secret = secret_from_env("incomingAuth.oidc.clientSecretEnv", oidc.client_secret_env if oidc else None)
     oauth_held = oauth_secrets(config, secret_from_env) if config.incoming_auth.type == "oauth" else None
+    connect_secrets = {name: secret_from_env(f"outgoingAuth.backends.{name}.oauth.clientSecretEnv",
+                                             config.outgoing_auth.for_backend(name).oauth.client_secret_env)
+                       for name in config.connected_backends}
     signer = _signer(config)
     store = _record_store(config, signer)
     # With records in Redis, the caches get a shared second level there too.
     shared = SharedCache(store.client, signer, config.session_storage.key_prefix) \
         if isinstance(store, RedisRecordStore) else None
-    outgoing_auth = build_outgoing_auth(config, cache=ExchangedTokenCache(shared=shared))
+    connect = build_connections(
+        config, connect_secrets, oauth_held.upstream_client_secret if oauth_held is not None else client_secret or "",
+        store.client if isinstance(store, RedisRecordStore) else None, signer, record_connection) \
+        if config.connected_backends else None
+    outgoing_auth = build_outgoing_auth(config, cache=ExchangedTokenCache(shared=shared),
+                                        personal=connect.connections if connect is not None else None)
     extra_hosts = {h.lower() for h in config.operational.allowed_hosts}
     allowed = {"localhost", "127.0.0.1", "::1"} | extra_hosts
     if bind_host not in ("0.0.0.0", "::", ""):
@@ -212,6 +221,9 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
                          remembered_instructions=lambda: services.eras.instructions(names))
     if oauth is not None:
         oauth.server.events.audit = service.audit_oauth
+    if connect is not None:
+        connect.connections.events.audit = service.audit_connection
+        connect.connections.on_change = lambda person, backend: _connection_changed(directory, person, backend)
     package_logger = logging.getLogger("vmcp_actors")
     if _PROBLEMS not in package_logger.handlers:
         package_logger.addHandler(_PROBLEMS)
@@ -221,7 +233,18 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
                    GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals,
-                   processes, tasks, limiter, bulkheads, oauth)
+                   processes, tasks, limiter, bulkheads, oauth, connect)
+
+
+def _connection_changed(directory: Directory, person: Any, backend: str) -> None:
+    """A person connected or disconnected ``backend``: their live users here list it again
+    (others, and other workers', when they next retry what they miss)."""
+    for user in directory.live_users():
+        if (user.key.issuer, user.key.subject) == tuple(person):
+            try:
+                user.proxy.backend_changed(backend)
+            except pykka.ActorDeadError:
+                pass
 
 
 def process_gauges(config: VmcpConfig, directory: Directory, services: SessionServices) -> list[Any]:

@@ -27,6 +27,8 @@ DOWN: dict[str, str] = {}
 class RecordingChannel:
     """A backend session that records what would be sent to it."""
 
+    personal = None  # no person connects it
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, Any]] = []
 

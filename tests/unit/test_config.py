@@ -897,7 +897,7 @@ def test_default_auth_block_must_match_the_type_too() -> None:
 
 def test_unknown_outgoing_auth_type_lists_the_choices() -> None:
     assert errors_of(with_backend_auth({"type": "basic"})) == (
-        "outgoingAuth.backends.github.type: must be one of unauthenticated, header_injection, token_exchange, "
+        "outgoingAuth.backends.github.type: must be one of unauthenticated, header_injection, token_exchange, oauth, "
         "upstream_inject, aws_sts, obo, xaa",
     )
 

@@ -25,7 +25,7 @@ from vmcp_actors.config import (
     VmcpConfig,
     required_env_vars,
 )
-from vmcp_actors.exceptions import BackendAuthError, ConfigError
+from vmcp_actors.exceptions import BackendAuthError, ConfigError, ConnectionNeeded
 from vmcp_actors.identity import Identity, token_of
 from vmcp_actors.shared_cache import SharedCache
 
@@ -65,6 +65,38 @@ class HeaderInjection:
 
     def __repr__(self) -> str:  # never the value
         return f"HeaderInjection({self._name!r})"
+
+
+class PersonalTokens(Protocol):
+    """Each person's own tokens for the backends they connected (``outgoingAuth`` type
+    ``oauth``); the gateway's connection service implements it."""
+
+    def token(self, identity: Identity | None, backend: str) -> str:
+        """The person's access token for ``backend``, refreshed first when due; raises
+        ConnectionNeeded when they have none (or it can no longer be refreshed)."""
+
+    def refused(self, identity: Identity | None, backend: str, token: str, status: int,
+                challenge: str | None) -> ConnectionNeeded:
+        """The backend refused ``token`` (401, or 403 for scope): what to ask the person."""
+
+
+class PersonalOAuth:
+    """The person's own token at the backend, from the connections they made."""
+
+    def __init__(self, backend: str, tokens: PersonalTokens):
+        self._backend = backend
+        self.tokens = tokens
+
+    def headers(self, identity: Identity | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens.token(identity, self._backend)}"}
+
+    def refused(self, identity: Identity | None, status: int, challenge: str | None,
+                sent: Mapping[str, str]) -> ConnectionNeeded:
+        token = sent.get("Authorization", "")[len("Bearer "):]
+        return self.tokens.refused(identity, self._backend, token, status, challenge)
+
+    def __repr__(self) -> str:
+        return f"PersonalOAuth({self._backend!r})"
 
 
 class ExchangedTokenCache:
@@ -225,10 +257,12 @@ def _json_or_empty(response: requests.Response) -> dict:
 
 
 def build_outgoing_auth(
-    config: VmcpConfig, environ: Mapping[str, str] | None = None, cache: ExchangedTokenCache | None = None
+    config: VmcpConfig, environ: Mapping[str, str] | None = None, cache: ExchangedTokenCache | None = None,
+    personal: PersonalTokens | None = None,
 ) -> dict[str, OutgoingAuth]:
     """One strategy per backend, secrets read from the environment now: an unset variable is
-    a startup error naming the variable and the field that refers to it."""
+    a startup error naming the variable and the field that refers to it. ``personal``: the
+    people's own tokens, for backends of type oauth."""
     environ = os.environ if environ is None else environ
     missing = [f"{path}: environment variable {name} is not set or empty"
                for path, name in required_env_vars(config) if not environ.get(name)]
@@ -238,6 +272,12 @@ def build_outgoing_auth(
     strategies: dict[str, OutgoingAuth] = {}
     for backend in config.backends:
         auth = config.outgoing_auth.for_backend(backend.name)
+        if auth.type == "oauth":
+            if personal is None:
+                raise ConfigError([f"outgoingAuth.backends.{backend.name}.type: oauth needs the connection "
+                                   "service (started by the runtime)"])
+            strategies[backend.name] = PersonalOAuth(backend.name, personal)
+            continue
         strategies[backend.name] = _strategy(backend.name, auth, environ, cache,
                                              config.operational.timeouts.for_backend(backend.name))
     return strategies

@@ -30,7 +30,7 @@ import pykka
 
 from vmcp_actors import __version__
 from vmcp_actors.backends._backoff import HandshakeBackoff
-from vmcp_actors.backends._auth import OutgoingAuth, Unauthenticated
+from vmcp_actors.backends._auth import OutgoingAuth, PersonalOAuth, Unauthenticated
 from vmcp_actors.backends._http import STREAM_OPEN, Abort, McpHttpClient
 from vmcp_actors.backends._models import Handshake, compose_instructions
 from vmcp_actors.concurrency import (
@@ -359,6 +359,11 @@ class BackendChannel:
         self._calls = _CallsInFlight()
 
     @property
+    def personal(self) -> Any:
+        """The connection service when each person connects this backend (type oauth), else None."""
+        return self._auth.tokens if isinstance(self._auth, PersonalOAuth) else None
+
+    @property
     def takes_requests(self) -> bool:
         """The gateway declared sampling, elicitation or roots to this backend (its user's
         clients did): on a 2025 session it may then ask for them, outside a call too, so
@@ -387,11 +392,14 @@ class BackendChannel:
         of the user, so it waits the backend's timeout, not one request's deadline. Its
         instructions are remembered for the backend (what initialize tells clients). While
         the backend backs off after a failed handshake, it fails at once."""
-        if self._backoff is None:
-            handshake = self._handshake_in_some_era(identity)
-        else:
-            with self._backoff.attempt(self.name, self._backoff_owner):
+        try:
+            if self._backoff is None:
                 handshake = self._handshake_in_some_era(identity)
+            else:
+                with self._backoff.attempt(self.name, self._backoff_owner):
+                    handshake = self._handshake_in_some_era(identity)
+        except BackendHTTPError as error:
+            raise self._refusal(identity, error) from None
         self._eras.said(self.name, handshake.instructions)
         return handshake
 
@@ -648,11 +656,32 @@ class BackendChannel:
         on_settled(first, lambda settled: attempt(settled, False))
         return outcome
 
+    def _refusal(self, identity: Identity | None, error: BackendHTTPError) -> BackendError:
+        """A 401 or 403 to a person's own token: they are asked to connect (again)."""
+        refused = getattr(self._auth, "refused", None)
+        if refused is None or error.status not in (401, 403):
+            return error
+        try:
+            sent = self._auth.headers(identity)
+        except BackendError as needed:
+            return needed  # it lapsed meanwhile: that says it
+        return refused(identity, error.status, error.challenge, sent)
+
     def exchange_with(self, identity: Identity | None, handshake: Handshake, method: str,
                       params: dict[str, Any] | None, deadline: Deadline | None = None,
                       extra_headers: Mapping[str, str] | None = None) -> Exchange:
         """One exchange on the backend session ``handshake`` names (no renewal here).
         ``extra_headers``: a 2026-07-28 call's ``Mcp-Param-*`` headers."""
+        if not hasattr(self._auth, "refused"):
+            return (yield from self._exchange_with(identity, handshake, method, params, deadline, extra_headers))
+        try:
+            return (yield from self._exchange_with(identity, handshake, method, params, deadline, extra_headers))
+        except BackendHTTPError as error:
+            raise self._refusal(identity, error) from None
+
+    def _exchange_with(self, identity: Identity | None, handshake: Handshake, method: str,
+                       params: dict[str, Any] | None, deadline: Deadline | None = None,
+                       extra_headers: Mapping[str, str] | None = None) -> Exchange:
         timeout = self.timeout if deadline is None else deadline.cap(self.timeout)
         if timeout <= 0:
             raise BackendTimeout(self.name, f"backend {self.name!r}: the request's deadline passed before the "

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from vmcp_actors.backends._health import CircuitBreaker
 
 logger = logging.getLogger(__name__)
+# What of a 401 or 403 WWW-Authenticate header is kept (the scopes and metadata it names).
+_CHALLENGE_LIMIT = 2048
 
 _JSON = "application/json"
 _SSE = "text/event-stream"
@@ -637,7 +639,9 @@ class McpHttpClient:
                 status,
                 self._body_prefix(resp, deadline),
             )
-        raise BackendHTTPError(self._name, f"backend {self._name!r} answered HTTP {status}", status=status)
+        challenge = resp.headers.get("WWW-Authenticate", "")[:_CHALLENGE_LIMIT] if status in (401, 403) else None
+        raise BackendHTTPError(self._name, f"backend {self._name!r} answered HTTP {status}", status=status,
+                               challenge=challenge)
 
     def _error_body(self, resp: requests.Response, deadline: float) -> dict | None:
         """The JSON-RPC error object of a small JSON error body, or None."""

@@ -36,6 +36,8 @@ def required_env_vars(config: VmcpConfig) -> list[tuple[str, str]]:
 
 def _backend_auth_env_vars(path: str, auth: BackendAuthConfig) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
+    if auth.oauth is not None and auth.oauth.client_secret_env is not None:
+        found.append((f"{path}.oauth.clientSecretEnv", auth.oauth.client_secret_env))
     if auth.header_injection is not None and auth.header_injection.header_value_env is not None:
         found.append((f"{path}.headerInjection.headerValueEnv", auth.header_injection.header_value_env))
     if auth.token_exchange is not None and auth.token_exchange.client_secret_env is not None:

@@ -239,7 +239,7 @@ class FailureHandlingConfig:
 
 # What the audit log can record (ToolHive's event type names).
 # oauth: the authorization server's sign-ins, consents, tokens, registrations and refusals.
-AUDIT_EVENT_TYPES = ("mcp_tool_call", "mcp_resource_read", "mcp_prompt_get", "mcp_task", "oauth")
+AUDIT_EVENT_TYPES = ("mcp_tool_call", "mcp_resource_read", "mcp_prompt_get", "mcp_task", "oauth", "connection")
 
 
 @dataclass(frozen=True)
@@ -323,6 +323,9 @@ class OperationalConfig:
     # How long a first discovery waits for each backend before it answers with those that
     # were ready (a late one joins with list_changed); perWorkload per backend.
     discovery_budget: TimeoutsConfig = field(default_factory=lambda: TimeoutsConfig(DISCOVERY_BUDGET))
+    # The gateway's public base URL: where connect links and OAuth callbacks point (None:
+    # incomingAuth.oauth.issuer; see VmcpConfig.public_url).
+    public_url: str | None = None
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "allowed_hosts")
@@ -511,12 +514,28 @@ class TokenExchangeConfig:
 
 
 @dataclass(frozen=True)
+class BackendOAuthConfig:
+    """``type: oauth``: each person authorizes the gateway at the backend's own
+    authorization server. Without ``client_id`` the gateway registers itself there (its
+    client metadata document where the server takes one, else dynamic registration)."""
+
+    scopes: tuple[str, ...] = ()
+    client_id: str | None = None
+    client_secret_env: str | None = None  # env var NAME; a pre-registered confidential client
+
+    def __post_init__(self) -> None:
+        _freeze_sequence(self, "scopes")
+
+
+@dataclass(frozen=True)
 class BackendAuthConfig:
-    """How the gateway authenticates to one backend; the block matching ``type`` is set."""
+    """How the gateway authenticates to one backend; the block matching ``type`` is set
+    (``oauth`` may be omitted: every setting of it is optional)."""
 
     type: str = "unauthenticated"
     header_injection: HeaderInjectionConfig | None = None
     token_exchange: TokenExchangeConfig | None = None
+    oauth: BackendOAuthConfig | None = None
     # For a stdio backend: the environment variable of the child that carries the
     # credential (the injected header's value, or the exchanged token) instead of a header.
     token_env: str | None = None
@@ -605,3 +624,17 @@ class VmcpConfig:
 
     def backend(self, name: str) -> BackendConfig | None:
         return next((b for b in self.backends if b.name == name), None)
+
+    @property
+    def public_url(self) -> str | None:
+        """Where people's browsers reach the gateway (connect links, OAuth callbacks):
+        ``operational.publicUrl``, else the authorization server's issuer."""
+        if self.operational.public_url is not None:
+            return self.operational.public_url.rstrip("/")
+        oauth = self.incoming_auth.oauth
+        return oauth.issuer.rstrip("/") if oauth is not None else None
+
+    @property
+    def connected_backends(self) -> tuple[str, ...]:
+        """The backends each person connects with their own authorization (type oauth)."""
+        return tuple(b.name for b in self.backends if self.outgoing_auth.for_backend(b.name).type == "oauth")

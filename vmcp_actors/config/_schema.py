@@ -57,6 +57,7 @@ from ._model import (
     AuditConfig,
     AuthzConfig,
     BackendAuthConfig,
+    BackendOAuthConfig,
     BackendConfig,
     CircuitBreakerConfig,
     SandboxConfig,
@@ -683,13 +684,32 @@ class TokenExchangeSchema(_StrictSchema):
         return TokenExchangeConfig(**data)
 
 
+class BackendOAuthSchema(_StrictSchema):
+    scopes = _List(_String(validate=_scope), load_default=tuple,
+                   validate=_NoDuplicates("scope", "scopes"))
+    client_id = _String(data_key="clientId", load_default=None, allow_none=True, validate=_not_blank)
+    client_secret_env = _String(data_key="clientSecretEnv", load_default=None, allow_none=True,
+                                validate=_env_var_name)
+
+    @validates_schema(skip_on_field_errors=False)
+    def _check_secret_has_client(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data.get("client_secret_env") is not None and data.get("client_id") is None:
+            raise ValidationError({"clientSecretEnv": ["needs clientId (the secret of a client registered at the "
+                                                       "backend's authorization server)"]})
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> BackendOAuthConfig:
+        return BackendOAuthConfig(**data)
+
+
 class BackendAuthSchema(_StrictSchema):
     type = _String(
         load_default="unauthenticated",
-        validate=_Choice(["unauthenticated", *AUTH_BLOCKS], ["upstream_inject", "aws_sts", "obo", "xaa"]),
+        validate=_Choice(["unauthenticated", *AUTH_BLOCKS, "oauth"], ["upstream_inject", "aws_sts", "obo", "xaa"]),
     )
     header_injection = _Nested(HeaderInjectionSchema, data_key="headerInjection", load_default=None, allow_none=True)
     token_exchange = _Nested(TokenExchangeSchema, data_key="tokenExchange", load_default=None, allow_none=True)
+    oauth = _Nested(BackendOAuthSchema, load_default=None, allow_none=True)
     token_env = _String(data_key="tokenEnv", load_default=None, allow_none=True, validate=_env_var_name)
 
     @validates_schema(pass_original=True, skip_on_field_errors=False)
@@ -697,9 +717,11 @@ class BackendAuthSchema(_StrictSchema):
         if not isinstance(original_data, Mapping):
             return
         kind = original_data.get("type", "unauthenticated")
-        if kind != "unauthenticated" and kind not in AUTH_BLOCKS:
+        if kind not in ("unauthenticated", "oauth") and kind not in AUTH_BLOCKS:
             return  # the type itself is wrong; that error says enough
         errors: dict[str, list[str]] = {}
+        if kind != "oauth" and original_data.get("oauth") is not None:
+            errors["oauth"] = [f"must not be set for type {kind} (it is for type oauth)"]
         for block_type, key in AUTH_BLOCKS.items():
             has_block = original_data.get(key) is not None
             if kind == block_type and not has_block:
@@ -711,6 +733,8 @@ class BackendAuthSchema(_StrictSchema):
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> BackendAuthConfig:
+        if data["type"] == "oauth" and data["oauth"] is None:
+            data["oauth"] = BackendOAuthConfig()
         return BackendAuthConfig(**data)
 
 
@@ -1103,6 +1127,7 @@ class OperationalSchema(_StrictSchema):
     tasks = _Nested(TasksSchema, load_default=TasksConfig)
     discovery_budget = _Nested(DiscoveryBudgetSchema, data_key="discoveryBudget",
                                load_default=lambda: TimeoutsConfig(DISCOVERY_BUDGET))
+    public_url = _String(data_key="publicUrl", load_default=None, allow_none=True, validate=_https_or_loopback)
 
     @post_load
     def _build(self, data: dict[str, Any], **kwargs: Any) -> OperationalConfig:
@@ -1234,6 +1259,43 @@ class VmcpSchema(_StrictSchema):
             raise ValidationError({"outgoingAuth": errors})
 
     @validates_schema(skip_on_field_errors=False)
+    def _check_personal_oauth(self, data: dict[str, Any], **kwargs: Any) -> None:
+        """``type: oauth`` stores each person's authorization: it needs callers who are
+        people, a public URL for connect links, and a way to sign the browser's person in."""
+        outgoing = data.get("outgoing_auth")
+        if not isinstance(outgoing, OutgoingAuthConfig):
+            return
+        named = [name for name, auth in outgoing.backends.items() if auth.type == "oauth"]
+        if outgoing.default.type == "oauth":
+            named.append("")
+        if not named:
+            return
+        incoming = data.get("incoming_auth")
+        kind = _loaded(incoming, "type")
+        errors: dict[str, Any] = {}
+        if kind == "anonymous":
+            message = ["type oauth needs incomingAuth.type oidc or oauth: with anonymous callers every caller "
+                       "would act as the one person who connected"]
+            for name in named:
+                if name:
+                    errors.setdefault("outgoingAuth", {}).setdefault("backends", {})[name] = {"type": message}
+                else:
+                    errors.setdefault("outgoingAuth", {})["default"] = {"type": message}
+        elif kind == "oidc" and isinstance(incoming, IncomingAuthConfig) and incoming.oidc is not None:
+            if incoming.oidc.client_id is None or incoming.oidc.client_secret_env is None:
+                errors["incomingAuth"] = {"oidc": {"clientId": [
+                    "clientId and clientSecretEnv are required when a backend's outgoingAuth is type oauth: the "
+                    "connect page signs the browser's person in at the identity provider, to check they are the "
+                    "caller who asked"]}}
+            operational = data.get("operational")
+            if isinstance(operational, OperationalConfig) and operational.public_url is None:
+                errors["operational"] = {"publicUrl": [
+                    "is required when a backend's outgoingAuth is type oauth and incomingAuth is oidc: connect "
+                    "links and the OAuth callback point there"]}
+        if errors:
+            raise ValidationError(errors)
+
+    @validates_schema(skip_on_field_errors=False)
     def _check_process_credentials(self, data: dict[str, Any], **kwargs: Any) -> None:
         """A stdio backend's credential goes into its child's environment (tokenEnv), a
         user's own one only into a perUser child; tokenEnv is for stdio backends only."""
@@ -1328,8 +1390,8 @@ def _process_credential_problem(backend: BackendConfig, auth: BackendAuthConfig,
     if auth.token_env is None:
         return "tokenEnv", (f"is required for stdio backend {backend.name!r}: its credential goes into the "
                             "child's environment under this name (a process takes no headers)")
-    if auth.type == "token_exchange" and not backend.per_user:
-        return "tokenEnv", (f"stdio backend {backend.name!r} is shared by every user: a user's exchanged token "
+    if auth.type in ("token_exchange", "oauth") and not backend.per_user:
+        return "tokenEnv", (f"stdio backend {backend.name!r} is shared by every user: a user's own token "
                             "needs scope: perUser")
     return None
 

@@ -20,8 +20,20 @@ import pykka
 
 from vmcp_actors.backends import BackendChannel
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
+from vmcp_actors.exceptions import ConnectionNeeded
 from vmcp_actors.core._admitted import Requirements, refuse_unless_admitted
-from vmcp_actors.core._catalog import Catalog, InternalTool, Route
+from vmcp_actors.core._catalog import Catalog, InternalTool, Route, connect_tool_name
+from vmcp_actors.core._connect import (
+    CONNECT_INPUT,
+    CONNECT_STATE,
+    ConnectLinks,
+    RawExchange,
+    after_answer,
+    connect_result,
+    connected_answer,
+    connecting,
+    takes_url_elicitation,
+)
 from vmcp_actors.core._exchange import Exchange, drained, from_backend
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
 from vmcp_actors.core._interface import Continuation, UnknownTool
@@ -124,9 +136,12 @@ class AggregatedBackends:
                  fail_on_partial: bool = False,
                  record_subscription: Callable[[str, str, bool], None] | None = None,
                  task_handles: TaskHandles | None = None, page_size: int = 100,
-                 asked: AskedStore | None = None, discovery_budget: float | None = None):
+                 asked: AskedStore | None = None, discovery_budget: float | None = None,
+                 client_capabilities: Mapping[str, Any] | None = None):
         """``discovery_budget``: how long a first discovery waits for backends before it
-        answers with those that were ready (None: until the request's deadline)."""
+        answers with those that were ready (None: until the request's deadline).
+        ``client_capabilities``: what the user's client declared (URL elicitation is how
+        it is asked to connect a backend)."""
         self._user = user  # ActorProxy[UserActor]
         self._discovery_budget = discovery_budget
         self._channels = channels
@@ -138,6 +153,10 @@ class AggregatedBackends:
         self._record_subscription = record_subscription
         self._fail_on_partial = fail_on_partial  # operational.failureHandling.partialFailureMode: fail
         self._required = Requirements()  # what a call must have been decided by (the stack says: require)
+        self._url_elicitation = takes_url_elicitation(client_capabilities or {})
+        # Backends each person connects (type oauth): their connect tools stay callable once connected.
+        self._connectable = {connect_tool_name(name): name for name, channel in channels.items()
+                             if channel.personal is not None}
 
     # -- catalog -----------------------------------------------------------------------
 
@@ -146,7 +165,7 @@ class AggregatedBackends:
         if published is not None and published.done() and published.exception() is None \
                 and published.result().has_backends:
             catalog: Catalog = published.result()  # usable: read without a message
-            if catalog.failures and self._board.remind_due():
+            if catalog.missing and self._board.remind_due():
                 self._remind_retry(identity)
         else:
             catalog = self._discovered(identity, deadline)
@@ -230,7 +249,7 @@ class AggregatedBackends:
         if published.exception() is not None:
             return None
         catalog = published.result()
-        if catalog.failures:
+        if catalog.missing:
             return 0  # a missing backend may join at any time
         hints = [found.ttl_ms for found in catalog.backends.values() if found.ttl_ms is not None]
         return min(hints) if hints else None
@@ -252,7 +271,10 @@ class AggregatedBackends:
         return self.catalog(identity, deadline).prompts
 
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
-        return self.catalog(identity, deadline).tool_routes.get(name)
+        route = self.catalog(identity, deadline).tool_routes.get(name)
+        if route is None and name in self._connectable:  # listed only while unconnected, callable always
+            return Route(self._connectable[name], name, name, connect=True)
+        return route
 
     def describe_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> dict[str, Any] | None:
         return self.catalog(identity, deadline).tool_definitions.get(name)
@@ -293,17 +315,49 @@ class AggregatedBackends:
     def call_route(self, identity: Identity | None, route: Route, arguments: dict[str, Any] | None,
                    meta: dict[str, Any] | None, deadline: Deadline) -> Exchange:
         """Call the backend tool ``route`` leads to, on this thread."""
+        if route.connect:
+            return from_backend(self._connect(identity, route, deadline), route.backend)
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
         headers = self._param_headers(identity, route, arguments, deadline)
         task = requested_task.get()
         if task is not None:
             tool = None if task.awaited else self._backend_tool(identity, route, deadline)
             params = self._tasks.call_params(route.backend, tool, params, task)
-        exchange = from_backend(self._channels[route.backend].request(identity, "tools/call", params, deadline, headers),
-                                route.backend)
+        channel = self._channels[route.backend]
+
+        def start() -> RawExchange:
+            return channel.request(identity, "tools/call", params, deadline, headers)
+
+        raw = self._connected_first(identity, route, params, start, deadline) \
+            if channel.personal is not None else start()
+        exchange = from_backend(raw, route.backend)
         if task is None or task.awaited:
             return self._tasks.unasked(identity, route.backend, exchange, deadline)
         return self._tasks.call(route.backend, exchange, task)
+
+    def _connect(self, identity: Identity | None, route: Route, deadline: Deadline) -> RawExchange:
+        """The connect tool: asks the person to connect, unless they have."""
+        links = self._channels[route.backend].personal
+        assert links is not None
+        if links.connected(identity, route.backend):
+            return connect_result(route.backend, f"Already connected to {route.backend}. To connect again (another "
+                                                 "account, more scopes), disconnect it first on the gateway's "
+                                                 "connections page.", error=False)
+        return (yield from connecting(links, identity, route.backend, None, self._url_elicitation,
+                                      {"name": route.original_name, "arguments": {}},
+                                      connected_answer(route.backend), deadline))
+
+    def _connected_first(self, identity: Identity | None, route: Route, params: Mapping[str, Any],
+                         start: Callable[[], RawExchange], deadline: Deadline) -> RawExchange:
+        """A call to a backend of the person's own: when their authorization is missing or
+        lapsed, they are asked to connect, and the call goes on once they have."""
+        try:
+            return (yield from start())
+        except ConnectionNeeded as needed:
+            links = self._channels[route.backend].personal
+            assert links is not None
+            return (yield from connecting(links, identity, route.backend, needed, self._url_elicitation, params,
+                                          start, deadline))
 
     def task_request(self, identity: Identity | None, method: str, params: dict[str, Any], modern: bool,
                      deadline: Deadline) -> Exchange | dict[str, Any]:
@@ -407,6 +461,8 @@ class AggregatedBackends:
         speaks 2026-07-28 (else the input is ignored, as the specification lets a server
         do, and the request is an ordinary one). The name must still be offered."""
         method, name = continuation.method, continuation.name
+        if continuation.backend_state == CONNECT_STATE and method == "tools/call":
+            return self._connect_resumed(identity, continuation, deadline)
         route = None
         if method == "resources/read":
             owner = self.lookup_resource(identity, name, deadline)
@@ -447,6 +503,31 @@ class AggregatedBackends:
             return self._request(identity, backend, method, params, deadline, headers)
         params = self._tasks.call_params(backend, None, params, task)
         return self._tasks.call(backend, self._request(identity, backend, method, params, deadline, headers), task)
+
+    def _connect_resumed(self, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> Exchange:
+        """A 2026-07-28 client's retry after it was asked to connect: once the person has,
+        the call goes on (a new call to the backend, or the connect tool's answer)."""
+        route = self.lookup_tool(identity, continuation.name, deadline)
+        if route is None or route.backend != continuation.backend or identity is None:
+            raise continuation.unknown()
+        refuse_unless_admitted(continuation.name, self._required.client)
+        links = self._channels[route.backend].personal
+        if links is None:
+            raise continuation.unknown()
+        arguments = dict(continuation.arguments) if continuation.arguments is not None else None
+        meta = dict(continuation.meta) if continuation.meta else None
+        if route.connect:
+            then = connected_answer(route.backend)
+        else:
+            params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
+            headers = self._param_headers(identity, route, arguments, deadline)
+            channel = self._channels[route.backend]
+
+            def then() -> RawExchange:
+                return channel.request(identity, "tools/call", params, deadline, headers)
+
+        answer = continuation.input_responses.get(CONNECT_INPUT)
+        return from_backend(after_answer(links, identity, route.backend, answer, then, deadline), route.backend)
 
     def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:
         """A client notification every backend session of the user should hear (roots changed)."""

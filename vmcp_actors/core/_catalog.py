@@ -51,6 +51,7 @@ class Route:
     original_name: str
     resolved_name: str = ""
     composite: bool = False
+    connect: bool = False  # the gateway's own tool that connects the person to ``backend``
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,18 @@ class Catalog:
     errors: tuple[str, ...] = ()
     # Names that were not advertised and why (lost a clash, invalid name).
     problems: tuple[str, ...] = ()
+    # Backends the person has not connected (outgoingAuth type oauth): each has a connect tool.
+    unconnected: tuple[str, ...] = ()
 
     @property
     def has_backends(self) -> bool:
-        return bool(self.backends)
+        """Usable: a backend answered, or one waits for the person to connect it."""
+        return bool(self.backends) or bool(self.unconnected)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The backends a later round may add: failed ones and unconnected ones."""
+        return tuple(sorted({*self.failures, *self.unconnected}))
 
     @functools.cached_property
     def tool_definitions(self) -> Mapping[str, dict[str, Any]]:
@@ -149,11 +158,26 @@ class _Candidate:
     definition: dict[str, Any]
 
 
+def connect_tool_name(backend: str) -> str:
+    return f"connect_{backend}"
+
+
+def connect_tool(backend: str) -> dict[str, Any]:
+    """The tool that tells the person how to connect ``backend`` (listed while they have not)."""
+    return {"name": connect_tool_name(backend),
+            "description": f"Connect your account at {backend}: its tools need your own authorization there and "
+                           f"appear once you have given it. Call this tool to get the link to open in a browser.",
+            "inputSchema": {"type": "object", "properties": {}},
+            "annotations": {"title": f"Connect {backend}", "readOnlyHint": True, "openWorldHint": True}}
+
+
 def build_catalog(
     discovered: Mapping[str, DiscoveredBackend],
     failures: Mapping[str, str],
     aggregation: AggregationConfig,
+    unconnected: tuple[str, ...] | frozenset[str] = (),
 ) -> Catalog:
+    """``unconnected``: backends the person must connect first (a connect tool each is listed)."""
     backends = sorted(discovered)
     problems: list[str] = []
 
@@ -170,6 +194,13 @@ def build_catalog(
         if name is not None:
             tool_routes[name] = candidate.route
             tools.append({**candidate.definition, "name": name})
+    for backend in sorted(unconnected):
+        name = connect_tool_name(backend)
+        if name in tool_routes:
+            problems.append(f"the connect tool {name!r} is not offered: a backend tool has that name")
+            continue
+        tool_routes[name] = Route(backend, name, name, connect=True)
+        tools.append(connect_tool(backend))
 
     prompts, prompt_routes = _prompts(backends, discovered, aggregation, problems)
     resources, owners = _resources(backends, discovered)
@@ -188,6 +219,7 @@ def build_catalog(
         failures=MappingProxyType(dict(failures)),
         errors=tuple(errors),
         problems=tuple(problems),
+        unconnected=tuple(sorted(unconnected)),
     )
 
 

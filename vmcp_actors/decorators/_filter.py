@@ -30,9 +30,10 @@ from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 
 def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
     """The one predicate: a ``filter`` entry matches the post-override, pre-prefix name or
-    the backend's own name. Composite tools are the operator's own and are not filtered
-    (the filter chooses backend tools)."""
-    return route.composite or aggregation.is_advertised(route.backend, route.resolved_name, route.original_name)
+    the backend's own name. Composite tools and connect tools are the gateway's own and are
+    not filtered (the filter chooses backend tools; a hidden backend's tools still serve
+    composite steps once its person has connected it)."""
+    return route.composite or route.connect or aggregation.is_advertised(route.backend, route.resolved_name, route.original_name)
 
 
 class AdvertisingFilter(CoreLayer):

@@ -82,10 +82,17 @@ class AuditLog:
     def write_oauth(self, event: str, outcome: str, details: dict[str, Any]) -> None:
         """One line per authorization-server event (``type: oauth``): what happened to
         which client and person, never a token, code or secret."""
-        if not self._config.records("oauth"):
+        self._write_event("oauth", event, outcome, details)
+
+    def write_connection(self, event: str, outcome: str, details: dict[str, Any]) -> None:
+        """One line per event of a person's connection to a backend (``type: connection``)."""
+        self._write_event("connection", event, outcome, details)
+
+    def _write_event(self, kind: str, event: str, outcome: str, details: dict[str, Any]) -> None:
+        if not self._config.records(kind):
             return
         line = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                "component": self._config.component, "type": "oauth", "event": event, "outcome": outcome,
+                "component": self._config.component, "type": kind, "event": event, "outcome": outcome,
                 **{name: value for name, value in details.items() if value is not None}}
         self._logger.info("%s", json.dumps(line, separators=(",", ":"), ensure_ascii=False))
 

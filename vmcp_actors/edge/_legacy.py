@@ -17,6 +17,7 @@ import pykka
 from vmcp_actors.backends import InputRequired
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import VmcpConfig
+from vmcp_actors.core._catalog import connect_tool_name
 from vmcp_actors.core._exchange import Notification, ServerRequest, from_backend
 from vmcp_actors.edge._driver import Answered, CallRun, Failed, Outcome, Write
 from vmcp_actors.edge._modern import legacy_result
@@ -50,6 +51,10 @@ def check_header_version(header: str | None, session_version: str | None) -> Jso
     return None
 
 
+# How long a connect tool's call waits for the person to finish connecting in the browser.
+CONNECT_WAIT = 300.0
+
+
 class RequestDeadlines:
     """The one deadline of each client request: the longest backend timeout (the most any
     backend may take to answer), and for a composite tool's call its own timeout on top
@@ -59,6 +64,9 @@ class RequestDeadlines:
         timeouts = config.operational.timeouts
         self._longest = max([timeouts.default, *timeouts.per_workload.values()])
         self._composites = {tool.name: self._longest + tool.timeout for tool in config.composite_tools}
+        # A connect tool waits for a person in a browser: a call asking URL elicitation waits that long.
+        self._composites.update({connect_tool_name(name): self._longest + CONNECT_WAIT
+                                 for name in config.connected_backends})
 
     def for_request(self, message: Message) -> Deadline:
         if self._composites and message.method == "tools/call" and isinstance(message.params, dict):

@@ -149,6 +149,7 @@ class McpService:
         self._draining = threading.Event()  # set once, on SIGTERM
         self._audit = AuditLog(config.audit)
         self.audit_oauth = self._audit.write_oauth
+        self.audit_connection = self._audit.write_connection
         self._live = live if live is not None else LiveSessions()
         self._gateway = gateway  # ActorProxy[Gateway]
         self._directory = directory

@@ -9,15 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from vmcp_actors.config import VmcpConfig
+from vmcp_actors.config import UpstreamIdpConfig, VmcpConfig
 from vmcp_actors.exceptions import ConfigError
+from vmcp_actors.oauth._connections import Connections
+from vmcp_actors.oauth._connections import Events as ConnectionEvents
 from vmcp_actors.oauth._keys import KeyProblem, TokenKeys, load_signing_key
 from vmcp_actors.oauth._records import MemoryOAuthRecords, OAuthRecords, RedisOAuthRecords
 from vmcp_actors.oauth._server import Events, GatewayAuthorizationServer
 from vmcp_actors.oauth._tokens import GatewayTokenAuthenticator
 from vmcp_actors.oauth._upstream import UpstreamIdp
 
-__all__ = ["OAuthSecrets", "OAuthService", "build_oauth", "oauth_secrets"]
+__all__ = ["ConnectService", "OAuthSecrets", "OAuthService", "build_connections", "build_oauth", "oauth_secrets"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,34 @@ def build_oauth(config: VmcpConfig, secrets: OAuthSecrets, redis_client: Any, si
     exchanges = any(auth.type == "token_exchange" for auth in (config.outgoing_auth.default,
                                                                *config.outgoing_auth.backends.values()))
     return OAuthService(server, GatewayTokenAuthenticator(server, carries_upstream_token=exchanges))
+
+
+@dataclass(frozen=True)
+class ConnectService:
+    """People's connections to backends of type oauth, and the sign-in that tells the
+    connect pages who the browser's person is (the same identity provider callers use)."""
+
+    connections: Connections
+    login: UpstreamIdp
+
+
+def build_connections(config: VmcpConfig, backend_secrets: dict[str, str | None], login_secret: str,
+                      redis_client: Any, signer: Any, count: Callable[[str, str], None] | None = None) -> ConnectService:
+    """``login_secret``: the secret of the gateway's client at the identity provider
+    (incomingAuth.oauth.upstream's, or incomingAuth.oidc's)."""
+    records: OAuthRecords = RedisOAuthRecords(redis_client, signer, config.session_storage.key_prefix) \
+        if redis_client is not None else MemoryOAuthRecords()
+    public_url = config.public_url
+    assert public_url is not None
+    incoming = config.incoming_auth
+    if incoming.oauth is not None:
+        idp = incoming.oauth.upstream
+    else:
+        assert incoming.oidc is not None and incoming.oidc.client_id is not None
+        idp = UpstreamIdpConfig(incoming.oidc.issuer, incoming.oidc.client_id, incoming.oidc.client_secret_env or "",
+                                ("openid",))
+    login = UpstreamIdp(idp, login_secret, f"{public_url}/connect/login", records)
+    return ConnectService(Connections(config, records, backend_secrets, ConnectionEvents(count)), login)
 
 
 def _client_row(client: Any, grants: list[dict[str, Any]]) -> dict[str, Any]:

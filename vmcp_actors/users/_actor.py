@@ -83,7 +83,7 @@ from vmcp_actors.core._tasks import TASK_STATUS_NOTIFICATIONS, TaskHandles
 from vmcp_actors.decorators import DecoratorStack, stack
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.decorators._composite_tasks import CompositeTasks, UserTasks
-from vmcp_actors.exceptions import BackendError, BackendUnavailable
+from vmcp_actors.exceptions import BackendError, BackendUnavailable, ConnectionNeeded
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS
 from vmcp_actors.limits import Bulkheads
@@ -205,7 +205,8 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
                                     fail_on_partial=handling is not None and handling.partial_failure_mode == "fail",
                                     record_subscription=record_subscription, task_handles=handles,
                                     page_size=config.operational.page_size, asked=store,
-                                    discovery_budget=discovery_budget(config))
+                                    discovery_budget=discovery_budget(config),
+                                    client_capabilities=record.client_capabilities)
     decorators = services.decorators if services.decorators is not None else \
         stack(config, workflow_metrics=services.workflow_metrics)
     tasks = UserTasks(services.composite_tasks, handles, handles.owner, record.key.label,
@@ -378,6 +379,7 @@ class UserActor(LoopActor):
         self._answered_early: Catalog | None = None  # served before the round ended: changes get told
         self._discovered: dict[str, DiscoveredBackend] = {}
         self._failures: dict[str, str] = {}
+        self._unconnected: set[str] = set()  # backends the person has not connected (type oauth)
         self._session_origins: dict[str, bool] = {}  # session id -> its catalog came from the cache
         # Sessions attached on a local cache miss: from the cache too if the next full round's
         # shared read has their catalog.
@@ -471,7 +473,7 @@ class UserActor(LoopActor):
         if current is None or (current.done() and not _has_backends(current)):
             cached = self._services.discovery_cache.local(self._cache_key(identity))
             if cached is not None:
-                self._discovered, self._failures = dict(cached.backends), {}
+                self._discovered, self._failures, self._unconnected = dict(cached.backends), {}, set()
                 self._serve(resolved(cached))
             elif self._round is None or not self._round.full:
                 self._serve(self._discover(sorted(self._connections), full=True, shared_first=True).future)
@@ -487,12 +489,12 @@ class UserActor(LoopActor):
         of them (at most every REMIND_RETRY_EVERY, never waiting for the answer)."""
         self._identity = identity
         current = result_or_none(self._catalog)
-        if current is None or not current.has_backends or not current.failures or self._round is not None:
+        if current is None or not current.has_backends or not current.missing or self._round is not None:
             return
         if self._catalog_done_at is None:
             self._catalog_done_at = time.monotonic()
         elif time.monotonic() - self._catalog_done_at >= self._retry_after(current.failures):
-            self._discover(sorted(current.failures), full=False)
+            self._discover(list(current.missing), full=False)
 
     def _retry_after(self, failures: Mapping[str, str]) -> float:
         """How long a catalog missing ``failures`` is served before they are retried:
@@ -510,7 +512,7 @@ class UserActor(LoopActor):
         for name in self._round.pending:
             if name not in self._discovered:
                 failures[name] = f"backend {name!r} is still being discovered"
-        catalog = build_catalog(self._discovered, failures, self._config.aggregation)
+        catalog = build_catalog(self._discovered, failures, self._config.aggregation, frozenset(self._unconnected))
         if self._round.full and catalog.has_backends:
             self._answered_early = catalog
         return catalog
@@ -530,7 +532,7 @@ class UserActor(LoopActor):
         cached = cache.local(self._cache_key(identity))
         if cached is not None:
             if result_or_none(self._catalog) is not cached:
-                self._discovered, self._failures = dict(cached.backends), {}
+                self._discovered, self._failures, self._unconnected = dict(cached.backends), {}, set()
                 self._serve(resolved(cached))
         else:
             if self._catalog is not None and self._catalog.done():
@@ -846,7 +848,7 @@ class UserActor(LoopActor):
             self._ask_to_discover(round_, sorted(round_.pending))
             return
         self._round = None
-        self._discovered, self._failures = dict(message.catalog.backends), {}
+        self._discovered, self._failures, self._unconnected = dict(message.catalog.backends), {}, set()
         for session_id in self._origins_pending & self._session_origins.keys():
             self._session_origins[session_id] = True
         self._origins_pending.clear()
@@ -882,10 +884,16 @@ class UserActor(LoopActor):
         if error is None:
             self._discovered[name] = message.outcome.result()
             self._failures.pop(name, None)
+            self._unconnected.discard(name)
             if not round_.first.done():
                 round_.first.set_result(None)
+        elif isinstance(error, ConnectionNeeded):  # its connect tool stands in until the person connects
+            self._discovered.pop(name, None)
+            self._failures.pop(name, None)
+            self._unconnected.add(name)
         else:
             self._discovered.pop(name, None)
+            self._unconnected.discard(name)
             self._failures[name] = describe_failure(name, error, "discovery failed")
             logger.warning("skipping backend %r for user %s: %s", name, self._key.label, self._failures[name])
         round_.pending.discard(name)
@@ -894,7 +902,8 @@ class UserActor(LoopActor):
         self._round = None
         if not round_.first.done():
             round_.first.set_result(None)
-        catalog = build_catalog(self._discovered, self._failures, self._config.aggregation)
+        catalog = build_catalog(self._discovered, self._failures, self._config.aggregation,
+                                frozenset(self._unconnected))
         if catalog.has_backends:
             # The cache itself refuses catalogs with failures or conflicts.
             self._services.discovery_cache.put(self._cache_key(self._identity), catalog)

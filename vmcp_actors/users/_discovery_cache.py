@@ -106,7 +106,7 @@ class DiscoveryCache:
         return (build_catalog(discovered, {}, self._aggregation), ttl) if ttl > 0 else None
 
     def put(self, key: Hashable, catalog: Catalog) -> None:
-        if not self.enabled or catalog.failures or catalog.errors or not catalog.has_backends:
+        if not self.enabled or catalog.failures or catalog.errors or catalog.unconnected or not catalog.backends:
             return  # errors are never cached
         ttl = self._ttl
         hints = [found.ttl_ms for found in catalog.backends.values() if found.ttl_ms is not None]

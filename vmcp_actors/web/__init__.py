@@ -13,7 +13,7 @@ from vmcp_actors.edge._service import Unavailable
 from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST
 from vmcp_actors.runtime import Runtime
 from vmcp_actors.users._store import StoreUnavailable
-from vmcp_actors.web import admin, admin_page, health, mcp, metrics, oauth, wellknown
+from vmcp_actors.web import admin, admin_page, connections, health, mcp, metrics, oauth, wellknown
 from vmcp_actors.web._installed import EXTENSION_KEY, current_runtime, install
 from vmcp_actors.web._responses import rpc_error
 
@@ -37,6 +37,7 @@ def create_app(runtime: Runtime, test_config: dict[str, Any] | None = None) -> F
     app.register_blueprint(metrics.bp)
     app.register_blueprint(wellknown.bp)
     app.register_blueprint(oauth.bp)
+    app.register_blueprint(connections.bp)
     _register_error_handlers(app)
     return app
 

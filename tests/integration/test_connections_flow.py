@@ -1,0 +1,83 @@
+"""Connect on first use (issue 37), at the protocol level: the TypeScript SDK's example OAuth
+server as a backend (its own authorization server: DCR, PKCE, strict resource), the gateway
+as its clients' authorization server in front of oidc-provider, a headless browser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pykka
+import pytest
+
+from tests.oauth_browser import browser, need_browser, sign_in_pages
+from tests.oauth_clients import TsExampleOAuthServer
+from tests.oauth_gateway import RawOAuthClient, SignInGateway, mcp_post
+
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+
+@pytest.fixture(autouse=True)
+def stop_all_actors():
+    yield
+
+
+@pytest.fixture(scope="module")
+def setup():
+    need_browser()
+    backend = TsExampleOAuthServer()
+    gateway = SignInGateway([{"name": "ts", "url": f"http://localhost:{backend.port}/mcp"}],
+                            extra={"outgoingAuth": {"backends": {"ts": {"type": "oauth"}}}})
+    try:
+        with browser() as driver:
+            yield gateway, driver, backend
+    finally:
+        gateway.stop()
+        backend.stop()
+        pykka.ActorRegistry.stop_all(block=True, timeout=5)
+
+
+def session(gateway: SignInGateway, token: str) -> str:
+    answer = mcp_post(gateway.mcp_url, token, INIT)
+    assert answer.status_code == 200, answer.text
+    session_id = answer.headers["Mcp-Session-Id"]
+    mcp_post(gateway.mcp_url, token, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             **{"Mcp-Session-Id": session_id})
+    return session_id
+
+
+def rpc(gateway: SignInGateway, token: str, session_id: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    answer = mcp_post(gateway.mcp_url, token, {"jsonrpc": "2.0", "id": 2, "method": method, "params": params},
+                      **{"Mcp-Session-Id": session_id})
+    assert answer.status_code == 200, answer.text
+    text = answer.text
+    if answer.headers.get("Content-Type", "").startswith("text/event-stream"):
+        import json
+        data = [line[5:] for line in text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return answer.json()
+
+
+def test_a_person_connects_through_the_link_and_the_backends_tools_appear(setup):
+    gateway, driver, backend = setup
+    client = RawOAuthClient(gateway.issuer)
+    token = client.sign_in(driver, "alice")["access_token"]
+    session_id = session(gateway, token)
+    listed = rpc(gateway, token, session_id, "tools/list", {})
+    names = [tool["name"] for tool in listed["result"]["tools"]]
+    assert names == ["connect_ts"], listed
+    called = rpc(gateway, token, session_id, "tools/call", {"name": "connect_ts", "arguments": {}})
+    result = called["result"]
+    assert result["isError"] is True
+    text = result["content"][0]["text"]
+    link = text.rsplit(" ", 1)[-1]
+    assert link.startswith(f"{gateway.issuer}/connect/"), text
+    final, pages = sign_in_pages(driver, link, login="alice", stop_prefix=f"{gateway.issuer}/connect/callback")
+    import time
+    time.sleep(1)
+    print(driver.find_element("id", "message").text, pages)
+    listed = rpc(gateway, token, session_id, "tools/list", {})
+    names = [tool["name"] for tool in listed["result"]["tools"]]
+    assert "ts_greet" in names, listed
+    greeted = rpc(gateway, token, session_id, "tools/call", {"name": "ts_greet", "arguments": {"name": "Ann"}})
+    assert greeted["result"]["content"][0]["text"] == "Hello, Ann!", greeted
