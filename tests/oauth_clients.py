@@ -379,9 +379,15 @@ class PythonSdkClient:
         return None if info is None else info.model_dump(mode="json", exclude_none=True)
 
     def run(self, url: str, open_url: OpenUrl, call: ToolCall | None = None,
-            timeout: float = SESSION_TIMEOUT, before_call: Callable[[], None] | None = None) -> ClientRun:
+            timeout: float = SESSION_TIMEOUT, before_call: Callable[[], None] | None = None,
+            elicitation: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+            notifications: list[dict[str, Any]] | None = None) -> ClientRun:
+        """``elicitation``: the client declares elicitation (form and URL) and answers each
+        request with what this returns for its params (run on a worker thread);
+        ``notifications``: the server's notifications are appended there (method, params)."""
         async def main() -> ClientRun:
-            return await asyncio.wait_for(self._session(url, open_url, call, timeout, before_call), timeout)
+            return await asyncio.wait_for(self._session(url, open_url, call, timeout, before_call, elicitation,
+                                                        notifications), timeout)
 
         try:
             return asyncio.run(main())
@@ -389,7 +395,9 @@ class PythonSdkClient:
             raise _leaf(group) from group
 
     async def _session(self, url: str, open_url: OpenUrl, call: ToolCall | None, timeout: float,
-                       before_call: Callable[[], None] | None) -> ClientRun:
+                       before_call: Callable[[], None] | None,
+                       elicitation: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                       notifications: list[dict[str, Any]] | None = None) -> ClientRun:
         import httpx2
         import mcp
         from mcp.client.auth import AuthorizationCodeResult, OAuthClientProvider, OAuthFlowError
@@ -423,8 +431,29 @@ class PythonSdkClient:
         verify: Any = ssl.create_default_context(cafile=self.ca_pem_path) if self.ca_pem_path else True
         http = httpx2.AsyncClient(auth=provider, verify=verify,
                                   timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT))
+        extra: dict[str, Any] = {}
+        if elicitation is not None:
+            from mcp_types import ElicitResult
+
+            async def elicit(context: Any, params: Any) -> Any:
+                asked = params.model_dump(mode="json", by_alias=True, exclude_none=True)
+                answer = await anyio.to_thread.run_sync(elicitation, asked, abandon_on_cancel=True)
+                return ElicitResult.model_validate(answer)
+
+            extra["elicitation_callback"] = elicit
+        if notifications is not None:
+            async def heard(message: Any) -> None:
+                root = getattr(message, "root", message)
+                method = getattr(root, "method", None)
+                if isinstance(method, str):
+                    params = getattr(root, "params", None)
+                    notifications.append({"method": method, "params": params.model_dump(mode="json", by_alias=True)
+                                          if hasattr(params, "model_dump") else params})
+
+            extra["message_handler"] = heard
         try:
-            async with http, mcp.Client(streamable_http_client(url, http_client=http), mode=self.mode) as client:
+            async with http, mcp.Client(streamable_http_client(url, http_client=http), mode=self.mode,
+                                        **extra) as client:
                 tools, text, is_error = await _list_and_call(client, call, before_call)
                 version = client.protocol_version
         finally:

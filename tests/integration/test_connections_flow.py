@@ -81,3 +81,35 @@ def test_a_person_connects_through_the_link_and_the_backends_tools_appear(setup)
     assert "ts_greet" in names, listed
     greeted = rpc(gateway, token, session_id, "tools/call", {"name": "ts_greet", "arguments": {"name": "Ann"}})
     assert greeted["result"]["content"][0]["text"] == "Hello, Ann!", greeted
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_client_with_url_elicitation_is_asked_and_its_call_goes_on(setup, mode):
+    import threading
+
+    from tests.oauth_browser import sign_in
+    from tests.oauth_clients import PythonSdkClient, ToolCall
+
+    gateway, driver, backend = setup
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    client = PythonSdkClient(mode=mode)
+    asked: list[dict[str, Any]] = []
+    heard: list[dict[str, Any]] = []
+    login = f"carol-{mode}"
+
+    def open_url(url: str) -> None:
+        sign_in(driver, url, login=login, stop_prefix=client.redirect_uri)
+
+    def elicit(params: dict[str, Any]) -> dict[str, Any]:
+        asked.append(params)
+        threading.Thread(target=sign_in_pages, args=(driver, params["url"]),
+                         kwargs={"login": login, "stop_prefix": f"{gateway.issuer}/connect/callback"},
+                         daemon=True).start()
+        return {"action": "accept"}
+
+    run = client.run(gateway.mcp_url, open_url, ToolCall("connect_ts", {}), elicitation=elicit, notifications=heard)
+    assert run.tools == ["connect_ts"]
+    assert asked and asked[0]["mode"] == "url", asked
+    assert run.call_is_error is False, run.call_text
+    assert "Connected to ts" in run.call_text
+    print(mode, run.protocol_version, [n["method"] for n in heard])
