@@ -409,8 +409,18 @@ class MessageBus:
         with self._lock:
             if self._closed:
                 raise BackendUnavailable(self.backend, f"backend {self.backend!r} was stopped")
-            if self._link is not None and self._link_ready:
-                return self._link, self._generation
+            link, generation = (self._link, self._generation) if self._link is not None and self._link_ready \
+                else (None, 0)
+        if link is not None:
+            outdated = getattr(link, "outdated", None)
+            if not headers or outdated is None or not outdated(headers):
+                return link, generation
+            # Its credential was renewed (a person's token): a new process gets the new one
+            # as soon as nothing is in flight on this one; until then this one serves.
+            retired = self.retire_if_idle("its credential was renewed: starting it again with the new one")
+            if retired is None:
+                return link, generation
+            retired.close()
         # Another caller may be opening and initializing it: wait for that, within the deadline.
         if not self._opening_lock.acquire(timeout=max(0.0, deadline - self._clock())):
             raise BackendTimeout(self.backend, f"backend {self.backend!r} was still starting when the call's "

@@ -146,6 +146,9 @@ class ChildLink:
         self._stopping = False
         self._garbage = 0
         self.ended = threading.Event()  # set once the process is reaped and its exit reported
+        # The credential it was started with, and how to read one from a call's headers.
+        self._credential: str | None = None
+        self._credential_of: Callable[[Mapping[str, str]], str | None] | None = None
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None
         os.set_blocking(process.stdin.fileno(), False)
         name = bus.backend
@@ -155,6 +158,17 @@ class ChildLink:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def carries(self, credential: str | None, credential_of: Callable[[Mapping[str, str]], str | None]) -> None:
+        self._credential, self._credential_of = credential, credential_of
+
+    def outdated(self, headers: Mapping[str, str]) -> bool:
+        """Whether a call's headers carry another credential than the child started with
+        (a person's token was refreshed or renewed): the bus starts it again when idle."""
+        if self._credential_of is None:
+            return False
+        current = self._credential_of(headers)
+        return current is not None and current != self._credential
 
     @property
     def stopping(self) -> bool:
@@ -508,7 +522,11 @@ class ChildProcesses:
             raise BackendUnavailable(backend.name, f"backend {backend.name!r} could not be started: "
                                                    f"{type(error).__name__}: {getattr(error, 'strerror', '') or ''}"
                                      .rstrip(": ")) from None
-        return ChildLink(child.bus, process, secrets, lambda ended: self._exited(key, ended))
+        link = ChildLink(child.bus, process, secrets, lambda ended: self._exited(key, ended))
+        auth = self._config.outgoing_auth.for_backend(backend.name)
+        if auth.token_env is not None and auth.type in ("oauth", "token_exchange"):  # per person, and it changes
+            link.carries(_credential(auth, headers or {}), lambda given: _credential(auth, given))
+        return link
 
     def _make_room(self, wanting: _Child) -> tuple[ChildLink | None, bool]:
         """(Under _lock.) Room for one more child: (None, False) when there is some; else

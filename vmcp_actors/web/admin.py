@@ -58,6 +58,16 @@ def oauth_overview() -> Response:
     return json_response(oauth.overview())
 
 
+@bp.get("/connections")
+def connections_overview() -> Response:
+    """Every person's connections to backends of type oauth (backend, scopes, since,
+    state) and the refreshes this process made; never a token."""
+    connect = current_runtime().connect
+    if connect is None:
+        return json_response({"error": "no backend here is of outgoingAuth type oauth"}, 404)
+    return json_response(connect.connections.overview())
+
+
 @bp.post("/oauth/revoke")
 def oauth_revoke() -> Response:
     """``{"grant": id}``, ``{"user": subject}`` or ``{"client": client id}``: ends those grants."""

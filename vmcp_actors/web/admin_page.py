@@ -65,7 +65,8 @@ def page() -> Response:
     state = collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes, runtime.tasks,
                                 runtime.limits_state(), store=runtime.service.store)
     return _page("admin.html", name=runtime.config.name, state=state, problems=recent_problems(),
-                 now=time.time(), oauth=runtime.oauth.overview() if runtime.oauth is not None else None)
+                 now=time.time(), oauth=runtime.oauth.overview() if runtime.oauth is not None else None,
+                 connections=runtime.connect.connections.overview() if runtime.connect is not None else None)
 
 
 @bp.post("/admin/oauth-end")
