@@ -96,6 +96,7 @@ class ClientRun:
     refreshed: bool  # it stored new tokens without a user (a refresh)
     callback: dict[str, str] | None  # the redirect's query at the loopback callback, code and state left out (RFC 9207's iss)
     tokens: dict[str, Any] | None = None  # the tokens the client printed: only TsSdkClient.run(print_tokens=True)
+    elicitation: dict[str, Any] | None = None  # TsSdkClient.run(on_elicit=...): the ids asked and completed
 
 
 def follow_redirects(authorization_url: str) -> None:
@@ -526,14 +527,16 @@ class TsSdkClient:
         return self.stored().get("clientInformation")
 
     def run(self, url: str, open_url: OpenUrl, call: ToolCall | None = None, timeout: float = SESSION_TIMEOUT,
-            print_tokens: bool = False) -> ClientRun:
+            print_tokens: bool = False, on_elicit: Callable[[dict[str, Any]], None] | None = None) -> ClientRun:
         """One session. ``print_tokens``: the script also prints the tokens it saved (they are in the
-        store anyway: this is the SDK's own view, for a test that asks for it)."""
+        store anyway: this is the SDK's own view, for a test that asks for it). ``on_elicit``: the
+        client declares URL elicitation and accepts each request; this gets its params (the test
+        opens the URL); the run's ``elicitation`` is then ``{"elicitations", "completed"}`` (ids)."""
         home = node_mcp_home()
         options = {"callbackPort": self.callback_port, "callbackHost": "127.0.0.1", "callbackPath": "/callback",
                    "store": str(self.store), "clientMetadataUrl": self.cimd_url, "clientMetadata": self.client_metadata,
                    "call": None if call is None else {"name": call.name, "arguments": call.arguments},
-                   "printTokens": print_tokens}
+                   "printTokens": print_tokens, "elicitation": on_elicit is not None}
         env = dict(os.environ)
         if self.ca_pem_path:
             env["NODE_EXTRA_CA_CERTS"] = self.ca_pem_path
@@ -546,7 +549,7 @@ class TsSdkClient:
         reader.start()
         opened: list[str] = []
         try:
-            outcome = self._follow(lines, open_url, opened, timeout)
+            outcome = self._follow(lines, open_url, opened, timeout, on_elicit)
             process.wait(10)
         except BaseException as error:
             _kill_group(process)
@@ -562,10 +565,13 @@ class TsSdkClient:
         return ClientRun(self.name, outcome["tools"], call_outcome.get("text"), call_outcome.get("isError"),
                          outcome["protocolVersion"], opened, reused_tokens=outcome["hadTokens"] and not opened,
                          refreshed=outcome["tokensSaved"] > 0 and not opened, callback=outcome["callback"],
-                         tokens=outcome.get("tokens"))
+                         tokens=outcome.get("tokens"),
+                         elicitation={key: outcome[key] for key in ("elicitations", "completed") if key in outcome}
+                         or None)
 
     @staticmethod
-    def _follow(lines: queue.Queue, open_url: OpenUrl, opened: list[str], timeout: float) -> dict[str, Any]:
+    def _follow(lines: queue.Queue, open_url: OpenUrl, opened: list[str], timeout: float,
+                on_elicit: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -578,6 +584,8 @@ class TsSdkClient:
             if "authorize" in message:
                 opened.append(message["authorize"])
                 open_url(message["authorize"])
+            elif "elicit" in message and on_elicit is not None:
+                on_elicit(message["elicit"])
             elif "error" in message:
                 raise RuntimeError(f"ts_oauth_client.mjs failed: {message['error']}")
             elif "outcome" in message:

@@ -113,3 +113,35 @@ def test_a_client_with_url_elicitation_is_asked_and_its_call_goes_on(setup, mode
     assert run.call_is_error is False, run.call_text
     assert "Connected to ts" in run.call_text
     print(mode, run.protocol_version, [n["method"] for n in heard])
+
+
+def test_the_typescript_sdk_client_is_asked_by_url_elicitation_and_told_when_it_is_done(setup):
+    import threading
+
+    from tests.oauth_browser import sign_in
+    from tests.oauth_clients import ToolCall, TsSdkClient
+
+    gateway, driver, backend = setup
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    client = TsSdkClient()
+    login = "dave"
+    browsing: list[threading.Thread] = []
+
+    def open_url(url: str) -> None:
+        sign_in(driver, url, login=login, stop_prefix=client.redirect_uri)
+
+    def on_elicit(params: dict[str, Any]) -> None:
+        assert params["mode"] == "url" and params["url"].startswith(f"{gateway.issuer}/connect/")
+        thread = threading.Thread(target=sign_in_pages, args=(driver, params["url"]),
+                                  kwargs={"login": login, "stop_prefix": f"{gateway.issuer}/connect/callback"},
+                                  daemon=True)
+        browsing.append(thread)
+        thread.start()
+
+    run = client.run(gateway.mcp_url, open_url, ToolCall("connect_ts", {}), on_elicit=on_elicit)
+    for thread in browsing:
+        thread.join(30)
+    assert run.tools == ["connect_ts"]
+    assert run.call_is_error is False and "Connected to ts" in run.call_text, run.call_text
+    assert run.elicitation is not None and len(run.elicitation["elicitations"]) == 1
+    assert run.elicitation["completed"] == run.elicitation["elicitations"]

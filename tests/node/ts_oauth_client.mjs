@@ -8,7 +8,11 @@
 // OPTIONS_JSON: {"callbackPort": 0, "callbackHost": "127.0.0.1", "callbackPath": "/callback",
 //           "store": "/path/store.json" | null, "clientMetadataUrl": "https://..." | null,
 //           "clientMetadata": {...} (merged over the defaults below), "call": {"name", "arguments"} | null,
-//           "printTokens": false}
+//           "printTokens": false, "elicitation": false}
+//
+// With "elicitation", the client declares URL elicitation and accepts every request at once,
+// printing it first ({"elicit": params}: the caller opens its URL); the outcome then also has
+// "elicitations" (their ids) and "completed" (the ids of notifications/elicitation/complete).
 //
 // The redirect URI is http://<callbackHost>:<callbackPort><callbackPath>, served by this script
 // (port 0: one the system picks). With "store", the registration and tokens are read from that
@@ -37,6 +41,7 @@ const require = createRequire(join(home, "package.json"));
 const { Client } = require("@modelcontextprotocol/sdk/client/index.js");
 const { StreamableHTTPClientTransport } = require("@modelcontextprotocol/sdk/client/streamableHttp.js");
 const { UnauthorizedError } = require("@modelcontextprotocol/sdk/client/auth.js");
+const { ElicitRequestSchema, ElicitationCompleteNotificationSchema } = require("@modelcontextprotocol/sdk/types.js");
 
 function emit(line) {
     process.stdout.write(JSON.stringify(line) + "\n");
@@ -183,7 +188,20 @@ const clientMetadata = {
     ...(options.clientMetadata ?? {}),
 };
 const provider = new StoredOAuthProvider(redirectUrl, clientMetadata, options.clientMetadataUrl, options.store);
-const client = new Client({ name: "vmcp-actors-ts-oauth", version: "1.0.0" }, { capabilities: {} });
+const client = new Client({ name: "vmcp-actors-ts-oauth", version: "1.0.0" },
+    { capabilities: options.elicitation ? { elicitation: { url: {} } } : {} });
+const elicitations = [];
+const completed = [];
+if (options.elicitation) {
+    client.setRequestHandler(ElicitRequestSchema, async (request) => {
+        elicitations.push(request.params.elicitationId ?? null);
+        emit({ elicit: request.params });
+        return { action: "accept" };
+    });
+    client.setNotificationHandler(ElicitationCompleteNotificationSchema, (notification) => {
+        completed.push(notification.params.elicitationId);
+    });
+}
 let transport;
 let callbackQuery = null;
 
@@ -226,6 +244,7 @@ try {
         hadTokens: provider.hadTokens,
         callback: callbackQuery,
     });
+    if (options.elicitation) Object.assign(outcome, { elicitations, completed });
     if (options.printTokens) outcome.tokens = provider.tokens() ?? null;
     emit({ outcome });
 } catch (error) {

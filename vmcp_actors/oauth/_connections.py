@@ -538,7 +538,9 @@ class Connections:
         authorization = self.backends[backend]
         server = authorization.server()
         client = authorization.client(server)
-        scopes = tuple(dict.fromkeys([*authorization.config.scopes, *server.scopes, *ticket.get("scopes", ())]))
+        # The operator's choice, else what the backend asks for; plus what a 403 asked for since.
+        asked = authorization.config.scopes or server.scopes
+        scopes = tuple(dict.fromkeys([*asked, *ticket.get("scopes", ())]))
         state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
         with authorization.session(client, scopes) as session:
             url, _ = session.create_authorization_url(server.authorization_endpoint, state=state,
