@@ -9,9 +9,11 @@ from typing import Any
 import pykka
 import pytest
 
+from tests.gateway import wait_until
 from tests.oauth_browser import browser, need_browser, sign_in_pages
 from tests.oauth_clients import TsExampleOAuthServer
 from tests.oauth_gateway import RawOAuthClient, SignInGateway, mcp_post
+from vmcp_actors.web._installed import EXTENSION_KEY
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
@@ -73,12 +75,13 @@ def test_a_person_connects_through_the_link_and_the_backends_tools_appear(setup)
     link = text.rsplit(" ", 1)[-1]
     assert link.startswith(f"{gateway.issuer}/connect/"), text
     final, pages = sign_in_pages(driver, link, login="alice", stop_prefix=f"{gateway.issuer}/connect/callback")
-    import time
-    time.sleep(1)
-    print(driver.find_element("id", "message").text, pages)
-    listed = rpc(gateway, token, session_id, "tools/list", {})
-    names = [tool["name"] for tool in listed["result"]["tools"]]
-    assert "ts_greet" in names, listed
+    assert driver.find_element("id", "message").text.startswith("Connected to ts.")
+
+    def listed() -> list[str]:  # the person's catalog is rebuilt just after the connect
+        return [tool["name"] for tool in rpc(gateway, token, session_id, "tools/list", {})["result"]["tools"]]
+
+    assert "ts_greet" in wait_until(lambda: "ts_greet" in listed() and listed(), timeout=20), listed()
+    assert "connect_ts" not in listed()
     greeted = rpc(gateway, token, session_id, "tools/call", {"name": "ts_greet", "arguments": {"name": "Ann"}})
     assert greeted["result"]["content"][0]["text"] == "Hello, Ann!", greeted
 
@@ -112,7 +115,11 @@ def test_a_client_with_url_elicitation_is_asked_and_its_call_goes_on(setup, mode
     assert asked and asked[0]["mode"] == "url", asked
     assert run.call_is_error is False, run.call_text
     assert "Connected to ts" in run.call_text
-    print(mode, run.protocol_version, [n["method"] for n in heard])
+    assert run.protocol_version == ("2025-11-25" if mode == "legacy" else "2026-07-28")
+    if mode == "legacy":  # the call waited for the connect, and says so before its answer
+        assert "notifications/elicitation/complete" in [n["method"] for n in heard]
+        assert [n["params"]["elicitationId"] for n in heard if n["method"].endswith("complete")] == \
+            [asked[0]["elicitationId"]]
 
 
 def test_the_typescript_sdk_client_is_asked_by_url_elicitation_and_told_when_it_is_done(setup):
@@ -145,3 +152,61 @@ def test_the_typescript_sdk_client_is_asked_by_url_elicitation_and_told_when_it_
     assert run.call_is_error is False and "Connected to ts" in run.call_text, run.call_text
     assert run.elicitation is not None and len(run.elicitation["elicitations"]) == 1
     assert run.elicitation["completed"] == run.elicitation["elicitations"]
+
+
+STDIO_SERVER = '''
+import os
+from mcp.server.mcpserver import MCPServer
+srv = MCPServer("stdio-token")
+
+@srv.tool()
+def token_seen() -> str:
+    """What this process got in its environment, and its pid."""
+    return f"{os.getpid()} {os.environ.get('SAAS_TOKEN', '<unset>')}"
+
+srv.run("stdio")
+'''
+
+
+def test_a_process_backend_gets_the_persons_token_and_starts_again_with_a_new_one(setup, tmp_path):
+    import sys
+
+    from tests.oauth_browser import sign_in
+
+    gateway, driver, backend = setup
+    script = tmp_path / "token_server.py"
+    script.write_text(STDIO_SERVER, encoding="utf-8")
+    with SignInGateway([{"name": "saas", "transport": "stdio", "command": sys.executable, "args": [str(script)],
+                         "scope": "perUser"}],
+                       extra={"outgoingAuth": {"backends": {"saas": {
+                           "type": "oauth", "tokenEnv": "SAAS_TOKEN",
+                           "oauth": {"issuer": f"http://localhost:{backend.auth_port}",
+                                     "resource": f"http://localhost:{backend.port}/mcp"}}}}}) as stdio_gateway:
+        driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+        client = RawOAuthClient(stdio_gateway.issuer)
+        token = client.sign_in(driver, "erin")["access_token"]
+        session_id = session(stdio_gateway, token)
+
+        def connect() -> None:
+            asked = rpc(stdio_gateway, token, session_id, "tools/call", {"name": "connect_saas", "arguments": {}})
+            link = asked["result"]["content"][0]["text"].rsplit(" ", 1)[-1]
+            sign_in_pages(driver, link, login="erin", stop_prefix=f"{stdio_gateway.issuer}/connect/callback")
+
+        def seen() -> str:
+            def called() -> str | None:  # the catalog is rebuilt just after the connect
+                answer = rpc(stdio_gateway, token, session_id, "tools/call", {"name": "saas_token_seen", "arguments": {}})
+                if "error" in answer or answer["result"].get("isError"):
+                    return None
+                return answer["result"]["content"][0]["text"].split(" ", 1)[1]
+
+            value = wait_until(called, timeout=20, interval=0.1)
+            assert value, "the process backend never answered"
+            return value
+
+        connect()
+        first_token = seen()
+        assert first_token not in ("<unset>", token) and len(first_token) > 10
+        runtime = stdio_gateway.gateway.app.extensions[EXTENSION_KEY]
+        runtime.connect.connections.disconnect((stdio_gateway.idp.issuer, "erin"), "saas")
+        connect()
+        assert seen() not in (first_token, "<unset>")  # a process's environment is fixed: a new process

@@ -335,3 +335,13 @@ def test_a_disconnect_revokes_at_the_server_and_forgets(connections):
     assert [sent["token"] for sent in revoked] == [["rt-alice"], ["at-alice"]]
     assert not connections.connected(ALICE, "saas")
     assert not connections.disconnect((ALICE.issuer, ALICE.subject), "saas")
+
+
+@responses.activate
+def test_a_named_issuer_is_used_without_asking_the_backend(clock):
+    responses.add(responses.GET, f"{AS}/.well-known/oauth-authorization-server", json=server_metadata())
+    named = Connections(config(issuer=AS, resource="https://api.saas.example"), MemoryOAuthRecords(clock), {},
+                        clock=clock, guard_for=lambda url: UrlGuard(url, public_resolver))
+    server = named.backends["saas"].server()
+    assert (server.issuer, server.resource) == (AS, "https://api.saas.example")
+    assert [call.request.method for call in responses.calls] == ["GET"]  # no probe of the backend

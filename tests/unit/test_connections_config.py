@@ -79,10 +79,15 @@ def test_bad_settings_name_their_field(auth, operational, expected):
 
 def test_a_process_backend_takes_the_persons_token_in_its_environment_only_per_person():
     stdio = {"name": "github", "transport": "stdio", "command": "github-mcp-server"}
+    named = {"issuer": "https://auth.example"}
+    assert any(error.startswith("outgoingAuth.backends.github.oauth: stdio backend 'github' has no URL")
+               for error in errors_of(data({"type": "oauth", "tokenEnv": "T"}, backend={**stdio, "scope": "perUser"})))
     assert any(error.startswith("outgoingAuth.backends.github.tokenEnv: is required")
-               for error in errors_of(data({"type": "oauth"}, backend=stdio)))
+               for error in errors_of(data({"type": "oauth", "oauth": named}, backend=stdio)))
     assert any("needs scope: perUser" in error
-               for error in errors_of(data({"type": "oauth", "tokenEnv": "GITHUB_TOKEN"}, backend=stdio)))
-    config = config_from_mapping(data({"type": "oauth", "tokenEnv": "GITHUB_TOKEN"},
-                                      backend={**stdio, "scope": "perUser"}))
-    assert config.outgoing_auth.for_backend("github").token_env == "GITHUB_TOKEN"
+               for error in errors_of(data({"type": "oauth", "oauth": named, "tokenEnv": "GITHUB_TOKEN"},
+                                           backend=stdio)))
+    config = config_from_mapping(data({"type": "oauth", "oauth": {**named, "resource": "https://api.example"},
+                                       "tokenEnv": "GITHUB_TOKEN"}, backend={**stdio, "scope": "perUser"}))
+    auth = config.outgoing_auth.for_backend("github")
+    assert auth.token_env == "GITHUB_TOKEN" and auth.oauth.issuer == "https://auth.example"

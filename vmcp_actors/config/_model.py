@@ -522,6 +522,10 @@ class BackendOAuthConfig:
     scopes: tuple[str, ...] = ()
     client_id: str | None = None
     client_secret_env: str | None = None  # env var NAME; a pre-registered confidential client
+    # The authorization server's issuer, when the backend does not say it (a stdio backend
+    # has no URL to ask), and the RFC 8707 resource to ask tokens for (default: its URL).
+    issuer: str | None = None
+    resource: str | None = None
 
     def __post_init__(self) -> None:
         _freeze_sequence(self, "scopes")

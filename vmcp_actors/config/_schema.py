@@ -690,6 +690,8 @@ class BackendOAuthSchema(_StrictSchema):
     client_id = _String(data_key="clientId", load_default=None, allow_none=True, validate=_not_blank)
     client_secret_env = _String(data_key="clientSecretEnv", load_default=None, allow_none=True,
                                 validate=_env_var_name)
+    issuer = _String(load_default=None, allow_none=True, validate=_https_or_loopback)
+    resource = _String(load_default=None, allow_none=True, validate=_resource_url)
 
     @validates_schema(skip_on_field_errors=False)
     def _check_secret_has_client(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -1381,6 +1383,9 @@ class VmcpSchema(_StrictSchema):
 
 def _process_credential_problem(backend: BackendConfig, auth: BackendAuthConfig,
                                 named: bool) -> tuple[str, str] | None:
+    if backend.is_process and auth.type == "oauth" and (auth.oauth is None or auth.oauth.issuer is None):
+        return "oauth", (f"stdio backend {backend.name!r} has no URL to say where people authorize: set "
+                         "oauth.issuer (its authorization server) and, if it asks one, oauth.resource")
     if not backend.is_process:
         if auth.token_env is not None and named:
             return "tokenEnv", f"is for stdio backends only (backend {backend.name!r} is {backend.transport})"

@@ -140,7 +140,7 @@ class AuthServer:
     issuer: str
     authorization_endpoint: str
     token_endpoint: str
-    resource: str  # the backend as a protected resource (RFC 8707's value)
+    resource: str | None  # the backend as a protected resource (RFC 8707's value; None: not asked)
     scopes: tuple[str, ...] = ()  # what the backend asks for (its challenge, else its metadata)
     registration_endpoint: str | None = None
     revocation_endpoint: str | None = None
@@ -163,7 +163,8 @@ class BackendAuthorization:
         self._name = gateway_name
         self._records = records
         self._http = http
-        self.guard = guard if guard is not None else UrlGuard(url)
+        # The operator's issuer vouches for its own network; else the backend's URL does.
+        self.guard = guard if guard is not None else UrlGuard(config.issuer or url)
         self._lock = threading.Lock()  # guards _server and _known_until (metadata is read outside it)
         self._server: AuthServer | None = None
         self._known_until = 0.0
@@ -184,6 +185,9 @@ class BackendAuthorization:
         return found
 
     def _discover(self) -> AuthServer:
+        if self.config.issuer is not None:  # the operator named it: the backend is not asked
+            return self._server_from(self.config.issuer.rstrip("/"), self.config.resource or self.url or None, {},
+                                     self.config.scopes)
         challenge = self._challenge()
         metadata_url = challenge.get("resource_metadata")
         resource = self._json(self.guard.check(metadata_url)) if metadata_url else self._well_known_resource()
@@ -191,17 +195,21 @@ class BackendAuthorization:
         if not isinstance(servers, list) or not servers or not isinstance(servers[0], str):
             raise ConnectUnavailable(f"backend {self.backend!r} names no authorization server")
         issuer = self.guard.check(servers[0]).rstrip("/")
+        named = resource.get("resource")
+        scopes = challenge.get("scope", "").split() or [s for s in resource.get("scopes_supported") or []
+                                                         if isinstance(s, str)]
+        return self._server_from(issuer, self.config.resource or (named if isinstance(named, str) and named
+                                                                  else self.url), challenge, tuple(scopes))
+
+    def _server_from(self, issuer: str, resource: str | None, challenge: dict[str, str],
+                     scopes: tuple[str, ...]) -> AuthServer:
         metadata = self._server_metadata(issuer)
         endpoints = {name: self.guard.check(metadata.get(name)) for name in ("authorization_endpoint", "token_endpoint")}
         optional = {name: self.guard.check(metadata[name]) if isinstance(metadata.get(name), str) else None
                     for name in ("registration_endpoint", "revocation_endpoint")}
-        named = resource.get("resource")
-        scopes = challenge.get("scope", "").split() or [s for s in resource.get("scopes_supported") or []
-                                                         if isinstance(s, str)]
         methods = metadata.get("token_endpoint_auth_methods_supported")
         return AuthServer(
-            issuer=issuer, resource=named if isinstance(named, str) and named else self.url,
-            scopes=tuple(scopes), auth_methods=tuple(m for m in methods if isinstance(m, str))
+            issuer=issuer, resource=resource, scopes=scopes, auth_methods=tuple(m for m in methods if isinstance(m, str))
             if isinstance(methods, list) else ("client_secret_basic",),
             cimd=metadata.get("client_id_metadata_document_supported") is True,
             sends_iss=metadata.get("authorization_response_iss_parameter_supported") is True,
@@ -470,7 +478,7 @@ class Connections:
             server = authorization.server()
             client = current["client"]
             tokens = authorization.token_request(lambda session: session.refresh_token(
-                server.token_endpoint, refresh_token=current["refresh_token"], resource=server.resource), client)
+                server.token_endpoint, refresh_token=current["refresh_token"], **_resource(server)), client)
         except ConnectRefused as refused:
             self.events("refresh", "refused", backend=backend, user=identity.subject, error=str(refused))
             self._forget(identity, backend)
@@ -544,7 +552,7 @@ class Connections:
         state, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(48)
         with authorization.session(client, scopes) as session:
             url, _ = session.create_authorization_url(server.authorization_endpoint, state=state,
-                                                      code_verifier=verifier, resource=server.resource)
+                                                      code_verifier=verifier, **_resource(server))
         self.records.put("connect-flow", state, {"ticket": ticket_id, "browser": browser, "verifier": verifier,
                                                  "backend": backend, "person": ticket["person"],
                                                  "issuer": server.issuer, "client": client,
@@ -572,7 +580,7 @@ class Connections:
             raise ConnectRefused("the answer came from another authorization server")
         tokens = authorization.token_request(lambda session: session.fetch_token(
             server.token_endpoint, grant_type="authorization_code", code=code, code_verifier=flow["verifier"],
-            resource=server.resource), flow["client"])
+            **_resource(server)), flow["client"])
         now = self._clock()
         kept = kept_tokens(tokens, now)
         granted = kept.pop("scope", None)
@@ -660,6 +668,11 @@ class Connections:
                          "user": connection["person"][1], "scopes": list(connection.get("scopes", ())),
                          "since": connection.get("since"), "state": _state(connection, self._clock())})
         return {"connections": rows, "refreshes": self.refreshes}
+
+
+def _resource(server: AuthServer) -> dict[str, str]:
+    """RFC 8707: the backend the token is for, when it is known."""
+    return {"resource": server.resource} if server.resource else {}
 
 
 def _state(connection: dict[str, Any] | None, now: float) -> str:
