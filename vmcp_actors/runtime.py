@@ -212,7 +212,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
                                           request_id_base=secrets.randbits(40) << 12 if store.shared else 0)
     gateway = Gateway.start(config, directory, services, signer).proxy()
     if services.fanout is not None:
-        services.fanout.start(lambda key, backend, message: _to_live_user(directory, key, backend, message))
+        services.fanout.start(lambda key, backend, message: _from_other_process(directory, key, backend, message))
     oauth = build_oauth(config, oauth_held, store.client if isinstance(store, RedisRecordStore) else None,
                         signer, record_oauth) if oauth_held is not None else None
     authenticator = oauth.authenticator if oauth is not None else build_authenticator(oidc, client_secret)
@@ -223,7 +223,8 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
         oauth.server.events.audit = service.audit_oauth
     if connect is not None:
         connect.connections.events.audit = service.audit_connection
-        connect.connections.on_change = lambda person, backend: _connection_changed(directory, person, backend)
+        connect.connections.on_change = lambda person, backend: _connection_changed(directory, person, backend,
+                                                                                   services.fanout)
     package_logger = logging.getLogger("vmcp_actors")
     if _PROBLEMS not in package_logger.handlers:
         package_logger.addHandler(_PROBLEMS)
@@ -236,9 +237,22 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
                    processes, tasks, limiter, bulkheads, oauth, connect)
 
 
-def _connection_changed(directory: Directory, person: Any, backend: str) -> None:
-    """A person connected or disconnected ``backend``: their live users here list it again
-    (others, and other workers', when they next retry what they miss)."""
+# Told to the other processes through the stream fanout: a person's connection changed.
+CONNECTION_CHANGED = "vmcp/connectionChanged"
+
+
+def _from_other_process(directory: Directory, key: UserKey, backend: str, message: dict) -> None:
+    if message.get("method") == CONNECTION_CHANGED:
+        _connection_changed(directory, (key.issuer, key.subject), backend)
+    else:
+        _to_live_user(directory, key, backend, message)
+
+
+def _connection_changed(directory: Directory, person: Any, backend: str, fanout: StreamFanout | None = None) -> None:
+    """A person connected or disconnected ``backend``: their live users here list it again,
+    and (``fanout``: Redis) the other processes are told to do the same."""
+    if fanout is not None:
+        fanout.publish(UserKey(person[0], person[1]), backend, {"method": CONNECTION_CHANGED})
     for user in directory.live_users():
         if (user.key.issuer, user.key.subject) == tuple(person):
             try:
