@@ -1357,6 +1357,9 @@ class VmcpSchema(_StrictSchema):
         composites = [_loaded(composite, "name") for composite in data.get("composite_tools") or ()]
         if None in composites:
             return  # a composite whose name did not load may be the one a limit means
+        outgoing = data.get("outgoing_auth")
+        if isinstance(outgoing, OutgoingAuthConfig):  # the gateway's own connect tools are named too
+            composites += [f"connect_{name}" for name in backends if outgoing.for_backend(name).type == "oauth"]
         problems = unadvertisable_limits(limits.tools, aggregation, backends, composites)
         if problems:
             raise ValidationError({"rateLimiting": {"tools": {
