@@ -43,7 +43,7 @@ from vmcp_actors.config import BackendOAuthConfig, VmcpConfig
 from vmcp_actors.exceptions import BackendAuthError, ConnectionNeeded
 from vmcp_actors.identity import Identity
 from vmcp_actors.oauth._clients import LOOPBACK_HOSTS, address_allowed
-from vmcp_actors.oauth._records import OAuthRecords
+from vmcp_actors.oauth._records import OAuthRecords, await_renewal
 
 logger = logging.getLogger(__name__)
 
@@ -499,21 +499,17 @@ class Connections:
 
     def _refreshed_by_another(self, identity: Identity, backend: str, stale: dict[str, Any]) -> dict[str, Any]:
         record_key = f"{person_key(identity)}|{backend}"
-        deadline = time.monotonic() + REFRESH_WAIT
-        pause = threading.Event()
-        while time.monotonic() < deadline:
-            pause.wait(0.02)  # another worker holds the refresh: its result lands in the records
-            kept = self.records.get("connection", record_key)
-            if kept is None:
-                raise ConnectionNeeded(backend, f"backend {backend!r} no longer accepts your authorization: "
-                                                "connect again", tuple(stale.get("scopes", ())))
-            if kept["expires_at"] != stale["expires_at"]:
-                return kept
-            if self.records.get("lock", f"connection-refresh:{record_key}") is None:
-                break  # the other worker gave up without a result: try once more here
-        else:
+        outcome, kept = await_renewal(self.records, "connection", record_key, f"connection-refresh:{record_key}",
+                                      stale, REFRESH_WAIT)
+        if outcome == "renewed":
+            assert kept is not None
+            return kept
+        if outcome == "gone":
+            raise ConnectionNeeded(backend, f"backend {backend!r} no longer accepts your authorization: connect "
+                                            "again", tuple(stale.get("scopes", ())))
+        if outcome == "late":
             raise BackendAuthError(backend, f"backend {backend!r}: your authorization is being renewed; retry")
-        return self._fresh(identity, backend)
+        return self._fresh(identity, backend)  # the other worker gave up without a result: once more here
 
     def _forget(self, identity: Identity, backend: str, only_token: str | None = None) -> None:
         record_key = f"{person_key(identity)}|{backend}"

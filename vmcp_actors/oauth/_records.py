@@ -41,6 +41,25 @@ class OAuthRecords(Protocol):
     def hit(self, name: str, window: float) -> int: ...
 
 
+def await_renewal(records: OAuthRecords, kind: str, key: str, lock: str, stale: dict[str, Any],
+                  wait: float) -> tuple[str, dict[str, Any] | None]:
+    """While another worker holds ``lock`` to renew the record ``kind``/``key``: what it left,
+    waiting ``wait`` seconds at most. ``("renewed", record)``; ``("gone", None)``: the record
+    went; ``("free", None)``: the lock went without a renewal (try it here); ``("late", None)``."""
+    deadline = time.monotonic() + wait
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        pause.wait(0.02)  # the other worker's result lands in the records
+        kept = records.get(kind, key)
+        if kept is None:
+            return "gone", None
+        if kept["expires_at"] != stale["expires_at"]:
+            return "renewed", kept
+        if records.get("lock", lock) is None:
+            return "free", None
+    return "late", None
+
+
 class _Locks:
     """Locks over the records' own ``add`` and ``update``: a holder's mark that expires."""
 

@@ -26,7 +26,7 @@ from authlib.integrations.base_client.errors import OAuthError as ClientOAuthErr
 
 from vmcp_actors.config import UpstreamIdpConfig
 from vmcp_actors.edge._auth import JwksKeys, key_fits
-from vmcp_actors.oauth._records import OAuthRecords
+from vmcp_actors.oauth._records import OAuthRecords, await_renewal
 
 logger = logging.getLogger(__name__)
 
@@ -197,17 +197,13 @@ class UpstreamIdp:
             self._records.release(f"upstream-refresh:{grant}", holder)
 
     def _refreshed_by_another(self, grant: str, stale: dict[str, Any], ttl: float) -> dict[str, Any]:
-        deadline = time.monotonic() + REFRESH_WAIT
-        pause = threading.Event()
-        while time.monotonic() < deadline:
-            pause.wait(0.02)  # another worker holds the refresh: its result lands in the records
-            kept = self._records.get("upstream", grant)
-            if kept is None:
-                raise UpstreamRefused("the grant ended")
-            if kept["expires_at"] != stale["expires_at"]:
-                return kept
-            if self._records.get("lock", f"upstream-refresh:{grant}") is None:
-                break  # the other worker gave up without a result: try once more here
-        else:
+        outcome, kept = await_renewal(self._records, "upstream", grant, f"upstream-refresh:{grant}", stale,
+                                      REFRESH_WAIT)
+        if outcome == "renewed":
+            assert kept is not None
+            return kept
+        if outcome == "gone":
+            raise UpstreamRefused("the grant ended")
+        if outcome == "late":
             raise UpstreamUnavailable()
-        return self.fresh_tokens(grant, ttl)
+        return self.fresh_tokens(grant, ttl)  # the other worker gave up without a result: once more here
