@@ -340,9 +340,8 @@ class AggregatedBackends:
         links = self._channels[route.backend].personal
         assert links is not None
         if links.connected(identity, route.backend):
-            return connect_result(route.backend, f"Already connected to {route.backend}. To connect again (another "
-                                                 "account, more scopes), disconnect it first on the gateway's "
-                                                 "connections page.", error=False)
+            return connect_result(f"Already connected to {route.backend}. To connect again (another account, more "
+                                  f"scopes), disconnect it first at {links.public_url}/connections", error=False)
         return (yield from connecting(links, identity, route.backend, None, self._url_elicitation,
                                       {"name": route.original_name, "arguments": {}},
                                       connected_answer(route.backend), deadline))

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from vmcp_actors.backends import InputRequired
 from vmcp_actors.concurrency import Deadline
-from vmcp_actors.exceptions import BackendAuthError, ConnectionNeeded
+from vmcp_actors.exceptions import ConnectionNeeded
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 
@@ -38,6 +38,8 @@ RawExchange = Generator[Any, None, dict[str, Any]]
 class ConnectLinks(Protocol):
     """The connection service, as calls see it."""
 
+    public_url: str  # where people's browsers reach the gateway
+
     def link(self, identity: Identity, backend: str, scopes: tuple[str, ...] = ()) -> tuple[str, str]:
         """A new connect link for the person and backend: ``(url, elicitation id)``."""
 
@@ -51,14 +53,14 @@ def takes_url_elicitation(capabilities: Mapping[str, Any]) -> bool:
     return isinstance(elicitation, Mapping) and isinstance(elicitation.get("url"), Mapping)
 
 
-def connect_result(backend: str, text: str, *, error: bool) -> dict[str, Any]:
+def connect_result(text: str, *, error: bool) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": error}
 
 
 def link_result(backend: str, url: str, why: str) -> dict[str, Any]:
     """For a client without URL elicitation: the link, for the person (and the model) to see."""
-    return connect_result(backend, f"{why}. Open this link in a browser to connect your {backend} account, "
-                                   f"then call the tool again: {url}", error=True)
+    return connect_result(f"{why}. Open this link in a browser to connect your {backend} account, then call the "
+                          f"tool again: {url}", error=True)
 
 
 def connecting(links: ConnectLinks, identity: Identity | None, backend: str, needed: ConnectionNeeded | None,
@@ -83,7 +85,7 @@ def connecting(links: ConnectLinks, identity: Identity | None, backend: str, nee
 
     yield InputRequired(backend, "tools/call", dict(params), {CONNECT_INPUT: request}, CONNECT_STATE, retry,
                         deadline)
-    return connect_result(backend, "The connect was not answered.", error=True)
+    return connect_result("The connect was not answered.", error=True)
 
 
 def after_answer(links: ConnectLinks, identity: Identity, backend: str, answer: Any,
@@ -93,12 +95,12 @@ def after_answer(links: ConnectLinks, identity: Identity, backend: str, answer: 
     person to finish in the browser, then go on."""
     action = answer.get("action") if isinstance(answer, Mapping) else None
     if action != "accept":
-        return connect_result(backend, f"Not connected to {backend}: the request was "
-                                       f"{'declined' if action == 'decline' else 'cancelled'}.", error=True)
+        return connect_result(f"Not connected to {backend}: the request was "
+                              f"{'declined' if action == 'decline' else 'cancelled'}.", error=True)
     if not links.wait_connected(identity, backend, max(0.0, deadline.remaining() - ANSWER_MARGIN)):
         where = f" ({url})" if url else ""
-        return connect_result(backend, f"Not connected to {backend} yet: finish in the browser{where}, then call "
-                                       "the tool again.", error=True)
+        return connect_result(f"Not connected to {backend} yet: finish in the browser{where}, then call the tool "
+                              "again.", error=True)
     if elicitation is not None:
         yield {"jsonrpc": "2.0", "method": "notifications/elicitation/complete",
                "params": {"elicitationId": elicitation}}
@@ -109,16 +111,8 @@ def connected_answer(backend: str) -> Callable[[], RawExchange]:
     """The connect tool's own answer once the backend is connected."""
 
     def answer() -> RawExchange:
-        return connect_result(backend, f"Connected to {backend}: its tools are in your tool list now.",
-                              error=False)
+        return connect_result(f"Connected to {backend}: its tools are in your tool list now.", error=False)
         yield  # makes this a generator  # noqa: unreachable
 
     return answer
 
-
-def needs_connection(error: BaseException) -> ConnectionNeeded | None:
-    return error if isinstance(error, ConnectionNeeded) else None
-
-
-__all__ = ["CONNECT_INPUT", "CONNECT_STATE", "BackendAuthError", "ConnectLinks", "after_answer", "connected_answer",
-           "connecting", "link_result", "needs_connection", "takes_url_elicitation"]
