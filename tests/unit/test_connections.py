@@ -345,3 +345,25 @@ def test_a_named_issuer_is_used_without_asking_the_backend(clock):
     server = named.backends["saas"].server()
     assert (server.issuer, server.resource) == (AS, "https://api.saas.example")
     assert [call.request.method for call in responses.calls] == ["GET"]  # no probe of the backend
+
+
+def test_a_403_for_another_reason_is_the_backends_answer_and_keeps_the_connection(connections):
+    store(connections, ALICE)
+    assert connections.refused(ALICE, "saas", "at-alice", 403, 'Bearer error="forbidden"') is None
+    assert connections.refused(ALICE, "saas", "at-alice", 403, None) is None
+    assert connections.connected(ALICE, "saas")
+
+
+def test_a_wait_for_a_connect_is_for_one_made_since_it_was_asked(connections, clock):
+    store(connections, ALICE)  # connected before: a 403 asked for more scopes
+    asked_at = clock.now + 1
+    assert not connections.wait_connected(ALICE, "saas", 0.0, since=asked_at)
+    store(connections, ALICE, since=asked_at + 5)  # the new connect, with the scopes
+    assert connections.wait_connected(ALICE, "saas", 0.0, since=asked_at)
+
+
+def test_records_are_keyed_by_digests_of_links_and_states(connections):
+    url, _ = connections.link(ALICE, "saas")
+    ticket = urlsplit(url).path.rsplit("/", 1)[-1]
+    assert connections.ticket(ticket) is not None
+    assert ticket not in connections.records.keys("connect-ticket")

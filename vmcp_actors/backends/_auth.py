@@ -76,8 +76,9 @@ class PersonalTokens(Protocol):
         ConnectionNeeded when they have none (or it can no longer be refreshed)."""
 
     def refused(self, identity: Identity | None, backend: str, token: str, status: int,
-                challenge: str | None) -> ConnectionNeeded:
-        """The backend refused ``token`` (401, or 403 for scope): what to ask the person."""
+                challenge: str | None) -> ConnectionNeeded | None:
+        """The backend refused ``token`` (401, or 403 for scope): what to ask the person;
+        None for a 403 that is the backend's answer to the call, not to the token."""
 
 
 class PersonalOAuth:
@@ -91,7 +92,7 @@ class PersonalOAuth:
         return {"Authorization": f"Bearer {self.tokens.token(identity, self._backend)}"}
 
     def refused(self, identity: Identity | None, status: int, challenge: str | None,
-                sent: Mapping[str, str]) -> ConnectionNeeded:
+                sent: Mapping[str, str]) -> ConnectionNeeded | None:
         token = sent.get("Authorization", "")[len("Bearer "):]
         return self.tokens.refused(identity, self._backend, token, status, challenge)
 

@@ -665,7 +665,7 @@ class BackendChannel:
             sent = self._auth.headers(identity)
         except BackendError as needed:
             return needed  # it lapsed meanwhile: that says it
-        return refused(identity, error.status, error.challenge, sent)
+        return refused(identity, error.status, error.challenge, sent) or error
 
     def exchange_with(self, identity: Identity | None, handshake: Handshake, method: str,
                       params: dict[str, Any] | None, deadline: Deadline | None = None,

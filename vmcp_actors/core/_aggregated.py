@@ -25,10 +25,10 @@ from vmcp_actors.core._admitted import Requirements, refuse_unless_admitted
 from vmcp_actors.core._catalog import Catalog, InternalTool, Route, connect_tool_name
 from vmcp_actors.core._connect import (
     CONNECT_INPUT,
-    CONNECT_STATE,
     ConnectLinks,
     RawExchange,
     after_answer,
+    asked_since,
     connect_result,
     connected_answer,
     connecting,
@@ -460,8 +460,9 @@ class AggregatedBackends:
         speaks 2026-07-28 (else the input is ignored, as the specification lets a server
         do, and the request is an ordinary one). The name must still be offered."""
         method, name = continuation.method, continuation.name
-        if continuation.backend_state == CONNECT_STATE and method == "tools/call":
-            return self._connect_resumed(identity, continuation, deadline)
+        since = asked_since(continuation.backend_state) if method == "tools/call" else None
+        if since is not None:
+            return self._connect_resumed(identity, continuation, since, deadline)
         route = None
         if method == "resources/read":
             owner = self.lookup_resource(identity, name, deadline)
@@ -503,7 +504,8 @@ class AggregatedBackends:
         params = self._tasks.call_params(backend, None, params, task)
         return self._tasks.call(backend, self._request(identity, backend, method, params, deadline, headers), task)
 
-    def _connect_resumed(self, identity: Identity | None, continuation: Continuation, deadline: Deadline) -> Exchange:
+    def _connect_resumed(self, identity: Identity | None, continuation: Continuation, since: float,
+                         deadline: Deadline) -> Exchange:
         """A 2026-07-28 client's retry after it was asked to connect: once the person has,
         the call goes on (a new call to the backend, or the connect tool's answer)."""
         route = self.lookup_tool(identity, continuation.name, deadline)
@@ -526,7 +528,8 @@ class AggregatedBackends:
                 return channel.request(identity, "tools/call", params, deadline, headers)
 
         answer = continuation.input_responses.get(CONNECT_INPUT)
-        return from_backend(after_answer(links, identity, route.backend, answer, then, deadline), route.backend)
+        return from_backend(after_answer(links, identity, route.backend, answer, then, deadline, since),
+                            route.backend)
 
     def notify_backends(self, identity: Identity | None, method: str, params: dict[str, Any] | None) -> None:
         """A client notification every backend session of the user should hear (roots changed)."""

@@ -26,7 +26,8 @@ from vmcp_actors.exceptions import ConnectionNeeded
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
 
-# The requestState of a connect round and the key of its one input request.
+# The requestState of a connect round (``vmcp-connect:<when it was asked>``) and the key of
+# its one input request.
 CONNECT_STATE = "vmcp-connect"
 CONNECT_INPUT = "connect"
 # Answer this long before the call's deadline when the connect has not finished by then.
@@ -45,7 +46,10 @@ class ConnectLinks(Protocol):
 
     def connected(self, identity: Identity | None, backend: str) -> bool: ...
 
-    def wait_connected(self, identity: Identity, backend: str, timeout: float) -> bool: ...
+    def now(self) -> float: ...
+
+    def wait_connected(self, identity: Identity, backend: str, timeout: float, since: float = 0.0) -> bool:
+        """Connected at ``since`` or later, waiting ``timeout`` at most."""
 
 
 def takes_url_elicitation(capabilities: Mapping[str, Any]) -> bool:
@@ -72,6 +76,7 @@ def connecting(links: ConnectLinks, identity: Identity | None, backend: str, nee
         raise JsonRpcError(INVALID_PARAMS, f"backend {backend!r} needs a signed-in person")
     why = str(needed) if needed is not None else f"backend {backend!r} needs your authorization"
     scopes = needed.scopes if needed is not None else ()
+    since = links.now()  # a connection already there (a 403 asked for more scopes) is not this connect
     url, elicitation = links.link(identity, backend, scopes)
     if not url_elicitation:
         return link_result(backend, url, why.rstrip("."))
@@ -81,23 +86,34 @@ def connecting(links: ConnectLinks, identity: Identity | None, backend: str, nee
 
     def retry(responses: Mapping[str, Any]) -> RawExchange:
         return (yield from after_answer(links, identity, backend, responses.get(CONNECT_INPUT), then, deadline,
-                                        elicitation, url))
+                                        since, elicitation, url))
 
-    yield InputRequired(backend, "tools/call", dict(params), {CONNECT_INPUT: request}, CONNECT_STATE, retry,
-                        deadline)
+    yield InputRequired(backend, "tools/call", dict(params), {CONNECT_INPUT: request}, f"{CONNECT_STATE}:{since}",
+                        retry, deadline)
     return connect_result("The connect was not answered.", error=True)
 
 
+def asked_since(state: str | None) -> float | None:
+    """When a connect round was asked, from its state; None for another request's state."""
+    kind, _, when = (state or "").partition(":")
+    if kind != CONNECT_STATE:
+        return None
+    try:
+        return float(when)
+    except ValueError:
+        return None
+
+
 def after_answer(links: ConnectLinks, identity: Identity, backend: str, answer: Any,
-                 then: Callable[[], RawExchange], deadline: Deadline, elicitation: str | None = None,
-                 url: str | None = None) -> RawExchange:
+                 then: Callable[[], RawExchange], deadline: Deadline, since: float,
+                 elicitation: str | None = None, url: str | None = None) -> RawExchange:
     """The client answered the connect request: wait (within the call's deadline) for the
     person to finish in the browser, then go on."""
     action = answer.get("action") if isinstance(answer, Mapping) else None
     if action != "accept":
         return connect_result(f"Not connected to {backend}: the request was "
                               f"{'declined' if action == 'decline' else 'cancelled'}.", error=True)
-    if not links.wait_connected(identity, backend, max(0.0, deadline.remaining() - ANSWER_MARGIN)):
+    if not links.wait_connected(identity, backend, max(0.0, deadline.remaining() - ANSWER_MARGIN), since):
         where = f" ({url})" if url else ""
         return connect_result(f"Not connected to {backend} yet: finish in the browser{where}, then call the tool "
                               "again.", error=True)

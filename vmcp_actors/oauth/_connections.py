@@ -93,6 +93,11 @@ def person_key(identity: Identity) -> str:
     return person_digest((identity.issuer, identity.subject))
 
 
+def secret_key(secret: str) -> str:
+    """A record's key for a random secret (a ticket, a state): its digest, so keys reveal none."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
 def person_digest(person: tuple[str, str] | list[str]) -> str:
     return hashlib.sha256(f"{person[0]}\0{person[1]}".encode()).hexdigest()[:40]
 
@@ -425,8 +430,12 @@ class Connections:
         return connection["access_token"]
 
     def refused(self, identity: Identity | None, backend: str, token: str, status: int,
-                challenge: str | None) -> ConnectionNeeded:
+                challenge: str | None) -> ConnectionNeeded | None:
+        """A 401, or a 403 for scope, asks the person to connect (again); another 403 is the
+        backend's answer to this call (None), and the connection stays."""
         asked = parse_challenge(challenge)
+        if status == 403 and asked.get("error") != "insufficient_scope":
+            return None
         if identity is None:
             return ConnectionNeeded(backend, f"backend {backend!r} needs a signed-in person")
         key = person_key(identity)
@@ -527,14 +536,14 @@ class Connections:
         """A new connect link for this person and backend: ``(url, elicitation id)``."""
         ticket = secrets.token_urlsafe(24)
         elicitation = secrets.token_urlsafe(12)
-        self.records.put("connect-ticket", ticket, {"person": [identity.issuer, identity.subject],
-                                                    "backend": backend, "scopes": list(scopes),
-                                                    "elicitation": elicitation}, TICKET_TTL)
+        self.records.put("connect-ticket", secret_key(ticket), {"person": [identity.issuer, identity.subject],
+                                                                "backend": backend, "scopes": list(scopes),
+                                                                "elicitation": elicitation}, TICKET_TTL)
         self.events("link", "made", backend=backend, user=identity.subject)
         return f"{self.public_url}/connect/{ticket}", elicitation
 
     def ticket(self, ticket: str) -> dict[str, Any] | None:
-        return self.records.get("connect-ticket", ticket) if 10 <= len(ticket) <= 100 else None
+        return self.records.get("connect-ticket", secret_key(ticket)) if 10 <= len(ticket) <= 100 else None
 
     def authorization_url(self, ticket: dict[str, Any], ticket_id: str, browser: str) -> str:
         """Where the person goes to authorize: the flow is kept under its ``state``."""
@@ -549,7 +558,7 @@ class Connections:
         with authorization.session(client, scopes) as session:
             url, _ = session.create_authorization_url(server.authorization_endpoint, state=state,
                                                       code_verifier=verifier, **_resource(server))
-        self.records.put("connect-flow", state, {"ticket": ticket_id, "browser": browser, "verifier": verifier,
+        self.records.put("connect-flow", secret_key(state), {"ticket": ticket_id, "browser": browser, "verifier": verifier,
                                                  "backend": backend, "person": ticket["person"],
                                                  "issuer": server.issuer, "client": client,
                                                  "scopes": list(scopes), "elicitation": ticket["elicitation"]},
@@ -557,11 +566,16 @@ class Connections:
         self.events("authorize", "sent", backend=backend)
         return url
 
+    def take_flow(self, state: str) -> dict[str, Any] | None:
+        """The connect under way that ``state`` names, taken (a callback uses it once)."""
+        return self.records.take("connect-flow", secret_key(state)) if 10 <= len(state) <= 100 else None
+
     def finish(self, state: str, code: str, iss: str | None, browser: str) -> dict[str, Any]:
         """The callback: the flow of ``state`` (taken once), its code exchanged, the tokens
         stored for its person. ConnectRefused when anything does not match."""
-        flow = self.records.take("connect-flow", state) if 10 <= len(state) <= 100 else None
+        flow = self.take_flow(state)
         if flow is None:
+            self.events("callback", "expired")
             raise ConnectRefused("this connect has expired or was already finished")
         backend = flow["backend"]
         if not secrets.compare_digest(flow["browser"], browser):
@@ -574,9 +588,13 @@ class Connections:
         if (iss is not None and iss.rstrip("/") != flow["issuer"]) or (iss is None and server.sends_iss):
             self.events("callback", "issuer_mismatch", backend=backend)
             raise ConnectRefused("the answer came from another authorization server")
-        tokens = authorization.token_request(lambda session: session.fetch_token(
-            server.token_endpoint, grant_type="authorization_code", code=code, code_verifier=flow["verifier"],
-            **_resource(server)), flow["client"])
+        try:
+            tokens = authorization.token_request(lambda session: session.fetch_token(
+                server.token_endpoint, grant_type="authorization_code", code=code, code_verifier=flow["verifier"],
+                **_resource(server)), flow["client"])
+        except ConnectRefused as refused:
+            self.events("callback", "code_refused", backend=backend, error=str(refused))
+            raise ConnectRefused("the authorization server did not accept the answer") from None
         now = self._clock()
         kept = kept_tokens(tokens, now)
         granted = kept.pop("scope", None)
@@ -586,7 +604,7 @@ class Connections:
         ttl = CONNECTION_TTL if kept["refresh_token"] else max(1.0, kept["expires_at"] - now)
         key = person_digest((issuer, subject))
         self.records.put("connection", f"{key}|{backend}", connection, ttl)
-        self.records.delete("connect-ticket", flow["ticket"])
+        self.records.delete("connect-ticket", secret_key(flow["ticket"]))
         with self._tokens_lock:
             self._tokens.pop((key, backend), None)
         with self._changed:
@@ -596,12 +614,18 @@ class Connections:
             self.on_change((issuer, subject), backend)
         return {"backend": backend, "elicitation": flow["elicitation"], "person": [issuer, subject]}
 
-    def wait_connected(self, identity: Identity, backend: str, timeout: float) -> bool:
-        """Whether the person has connected ``backend``, waiting up to ``timeout`` for it
-        (woken by a connect in this process; another worker's is seen within a second)."""
+    def now(self) -> float:
+        return self._clock()
+
+    def wait_connected(self, identity: Identity, backend: str, timeout: float, since: float = 0.0) -> bool:
+        """Whether the person has connected ``backend`` (at ``since`` or later: a connect asked
+        for more scopes replaces one already there), waiting up to ``timeout`` for it (woken
+        by a connect in this process; another worker's is seen within a second)."""
         deadline = time.monotonic() + timeout
+        record_key = f"{person_key(identity)}|{backend}"
         while True:
-            if self.connected(identity, backend):
+            connection = self.records.get("connection", record_key)
+            if connection is not None and connection.get("since", 0.0) >= since:
                 return True
             left = deadline - time.monotonic()
             if left <= 0:

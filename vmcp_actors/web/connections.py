@@ -20,6 +20,7 @@ import hmac
 import json
 import logging
 import secrets
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,7 +28,7 @@ from flask import Blueprint, Response, redirect, render_template, request
 
 from vmcp_actors.identity import Identity
 from vmcp_actors.oauth import ConnectService
-from vmcp_actors.oauth._connections import ConnectRefused, ConnectUnavailable
+from vmcp_actors.oauth._connections import ConnectRefused, ConnectUnavailable, secret_key
 from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web._installed import current_runtime
@@ -96,8 +97,8 @@ def _known_person(service: ConnectService, browser: str) -> dict[str, Any] | Non
 def _sign_in(service: ConnectService, browser: str, new: bool, then: str) -> Response:
     """To the identity provider, to learn who this browser's person is; back to ``then``."""
     state, nonce, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
-    service.connections.records.put("connect-login", state, {"browser": _digest(browser), "nonce": nonce,
-                                                             "verifier": verifier, "then": then}, LOGIN_TTL)
+    service.connections.records.put("connect-login", secret_key(state), {
+        "browser": _digest(browser), "nonce": nonce, "verifier": verifier, "then": then}, LOGIN_TTL)
     return _with_cookie(_redirect(service.login.authorization_url(state, nonce, verifier)), browser, new)
 
 
@@ -136,7 +137,8 @@ def login() -> Response:
     assert service is not None
     state = request.args.get("state", "")
     try:
-        flow = service.connections.records.take("connect-login", state) if 10 <= len(state) <= 100 else None
+        flow = service.connections.records.take("connect-login", secret_key(state)) \
+            if 10 <= len(state) <= 100 else None
         if flow is None:
             return _page("This sign-in has expired or was already finished. Open the link again.", 400)
         presented = request.cookies.get(BROWSER_COOKIE, "")
@@ -167,7 +169,7 @@ def callback() -> Response:
     browser = request.cookies.get(BROWSER_COOKIE, "")
     try:
         if request.args.get("error") or not request.args.get("code"):
-            flow = service.connections.records.take("connect-flow", state) if 10 <= len(state) <= 100 else None
+            flow = service.connections.take_flow(state)
             if flow is not None:
                 service.connections.events("callback", "denied", backend=flow["backend"])
             return _page("Not connected: the authorization was not given.", 400)
@@ -202,7 +204,8 @@ def connections() -> Response:
         known = _known_person(service, browser)
         if known is None:
             return _sign_in(service, browser, new, "/connections")
-        rows = service.connections.of(tuple(known["person"]))
+        rows = [{**row, "since": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(row["since"])) if row["since"] else ""}
+                for row in service.connections.of(tuple(known["person"]))]
     except (UpstreamUnavailable, StoreUnavailable):
         return _page("The sign-in service cannot be reached right now. Try again in a moment.", 503)
     body = render_template("connections.html", rows=rows, csrf=known["csrf"], server_name=current_runtime().config.name)
