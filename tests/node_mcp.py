@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import socket
 import subprocess
 import tempfile
@@ -30,6 +31,7 @@ EVERYTHING_ENTRY = "node_modules/@modelcontextprotocol/server-everything/dist/in
 SIGN_IN_PACKAGES = ("node_modules/oidc-provider/package.json", "node_modules/mcp-remote/package.json")
 NODE = "node_modules/.bin/node"
 STARTUP_TIMEOUT = 15.0
+STOP_TIMEOUT = 5.0
 
 
 def install_home(variable: str, name: str) -> Path:
@@ -139,3 +141,67 @@ def run_ts_client(url: str, scenario: dict[str, Any], timeout: float = 60.0) -> 
     if done.returncode != 0 or not done.stdout.strip():
         raise RuntimeError(f"ts_client.mjs exited with {done.returncode}: {done.stderr[-3000:]}")
     return json.loads(done.stdout)
+
+
+class ReadyNodeProgram:
+    """A test program of ``tests/node/`` (oidc-provider behind it) started with its config
+    JSON in an environment variable, not argv (no process listing shows a secret in it). It
+    prints ``READY <issuer>`` once it listens, and exits when its stdin closes, so it never
+    outlives this process. Subclasses set ``issuer`` and call :meth:`_start`."""
+
+    issuer: str
+    _process: subprocess.Popen
+    _log: Any
+
+    def _start(self, program: Path, config_env: str, config: dict[str, Any]) -> None:
+        home = node_mcp_home()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - its stderr, kept until stop()
+        self._process = subprocess.Popen(
+            [str(home / NODE), str(program), str(home)], env={**os.environ, config_env: json.dumps(config)},
+            cwd=home, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        try:
+            self._wait_ready(program.name)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, name: str) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        received = b""
+        stdout = self._process.stdout
+        assert stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(stdout, selectors.EVENT_READ)
+            while b"\n" not in received:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    raise RuntimeError(f"{name} did not start within {STARTUP_TIMEOUT} s: {self.log()}")
+                chunk = os.read(stdout.fileno(), 4096)
+                if not chunk:
+                    self._process.wait(STOP_TIMEOUT)
+                    raise RuntimeError(f"{name} exited with {self._process.returncode}: {self.log()}")
+                received += chunk
+        line = received.split(b"\n", 1)[0].decode("utf-8", "replace")
+        if line != f"READY {self.issuer}":
+            raise RuntimeError(f"{name} said {line!r}, not READY {self.issuer}: {self.log()}")
+
+    def log(self) -> str:
+        """The tail of its stderr (oidc-provider's warnings, server errors)."""
+        if self._log.closed:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", "replace")[-2000:]
+
+    def stop(self) -> None:
+        """Stop it and wait for it; safe to call more than once."""
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(STOP_TIMEOUT)
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None and not stream.closed:
+                stream.close()
+        self._log.close()

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import pykka
 import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -224,3 +225,28 @@ def mcp_post(url: str, token: str | None, message: dict[str, Any], **headers: st
     if token is not None:
         sent["Authorization"] = f"Bearer {token}"
     return requests.post(url, json=message, headers=sent, timeout=15)
+
+
+@contextmanager
+def connect_setup(extra: Mapping[str, Any] | None = None, **options: Any) -> Iterator[tuple[SignInGateway, Any, Any]]:
+    """The connect tests' world (issue 37): the TypeScript SDK's example OAuth server as the
+    backend ``ts`` (outgoingAuth type oauth), a SignInGateway in front of it (``options``:
+    workers, authz...) and one headless browser; ``(gateway, driver, backend)``. Everything
+    started is stopped (its actors too) on leaving."""
+    from tests.oauth_browser import browser, need_browser
+    from tests.oauth_clients import TsExampleOAuthServer
+
+    need_browser()
+    backend = TsExampleOAuthServer()
+    gateway = None
+    try:
+        gateway = SignInGateway([{"name": "ts", "url": f"http://localhost:{backend.port}/mcp"}],
+                                extra={"outgoingAuth": {"backends": {"ts": {"type": "oauth"}}}, **dict(extra or {})},
+                                **options)
+        with browser() as driver:
+            yield gateway, driver, backend
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        backend.stop()
+        pykka.ActorRegistry.stop_all(block=True, timeout=5)

@@ -19,13 +19,7 @@ configured like a company IdP.
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import selectors
-import subprocess
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,12 +30,10 @@ from tests import node_mcp
 from tests.ports import free_port
 
 IDP_PROGRAM = Path(__file__).resolve().parent / "node" / "oidc_idp.mjs"
-STARTUP_TIMEOUT = 15.0
-STOP_TIMEOUT = 5.0
 DAY = 24 * 3600
 
 
-class OidcIdP:
+class OidcIdP(node_mcp.ReadyNodeProgram):
     """oidc-provider on ``.issuer`` (``http://127.0.0.1:<port>``), started by the constructor
     (which skips the test, or fails it under CI, when oidc-provider is not installed) and
     stopped by :meth:`stop` or on leaving a ``with`` block.
@@ -69,41 +61,7 @@ class OidcIdP:
             "require_pkce": require_pkce,
             "users": {login: dict(claims) for login, claims in (users or {}).items()},
         }
-        home = node_mcp.node_mcp_home()
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the IdP's stderr, kept until stop()
-        # The configuration (with the client secret) goes in the environment, not argv: no
-        # process listing shows it. stdin stays open: the IdP exits when it closes, so it
-        # never outlives this process.
-        self._process = subprocess.Popen(
-            [str(home / node_mcp.NODE), str(IDP_PROGRAM), str(home)],
-            env={**os.environ, "OIDC_IDP_CONFIG": json.dumps(config)}, cwd=home,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self) -> None:
-        """Wait for the ``READY <issuer>`` line the IdP prints once it listens."""
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        received = b""
-        stdout = self._process.stdout
-        assert stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(stdout, selectors.EVENT_READ)
-            while b"\n" not in received:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not selector.select(remaining):
-                    raise RuntimeError(f"oidc_idp.mjs did not start within {STARTUP_TIMEOUT} s: {self.log()}")
-                chunk = os.read(stdout.fileno(), 4096)
-                if not chunk:
-                    self._process.wait(STOP_TIMEOUT)
-                    raise RuntimeError(f"oidc_idp.mjs exited with {self._process.returncode}: {self.log()}")
-                received += chunk
-        line = received.split(b"\n", 1)[0].decode("utf-8", "replace")
-        if line != f"READY {self.issuer}":
-            raise RuntimeError(f"oidc_idp.mjs said {line!r}, not READY {self.issuer}: {self.log()}")
+        self._start(IDP_PROGRAM, "OIDC_IDP_CONFIG", config)
 
     # -- addresses -------------------------------------------------------------------
 
@@ -139,28 +97,7 @@ class OidcIdP:
         answer.raise_for_status()
         return answer.json()
 
-    def log(self) -> str:
-        """The tail of the IdP's stderr (oidc-provider's warnings, server errors)."""
-        if self._log.closed:
-            return ""
-        self._log.seek(0)
-        return self._log.read().decode("utf-8", "replace")[-2000:]
-
     # -- lifecycle -------------------------------------------------------------------
-
-    def stop(self) -> None:
-        """Stop the IdP and wait for it; safe to call more than once."""
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(STOP_TIMEOUT)
-        for stream in (self._process.stdin, self._process.stdout):
-            if stream is not None and not stream.closed:
-                stream.close()
-        self._log.close()
 
     def __enter__(self) -> OidcIdP:
         return self

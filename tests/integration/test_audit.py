@@ -131,7 +131,7 @@ def test_the_audit_config_is_checked():
     with pytest.raises(ConfigError) as caught:
         config_from_mapping({**base, "audit": {"eventTypes": ["mcp_everything"], "maxDataSize": 0, "logfile": "x"}})
     assert list(caught.value.errors) == [
-        "audit.eventTypes[0]: must be one of mcp_tool_call, mcp_resource_read, mcp_prompt_get, mcp_task, oauth",
+        "audit.eventTypes[0]: must be one of mcp_tool_call, mcp_resource_read, mcp_prompt_get, mcp_task, oauth, connection",
         "audit.logfile: unknown field",
         "audit.maxDataSize: must be between 1 and 1048576",
     ]

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pykka
 import pytest
 
 from tests.gateway import wait_until
-from tests.oauth_browser import browser, need_browser, sign_in_pages
-from tests.oauth_clients import TsExampleOAuthServer
-from tests.oauth_gateway import RawOAuthClient, SignInGateway, mcp_post
+from tests.oauth_browser import sign_in_pages
+from tests.oauth_gateway import RawOAuthClient, SignInGateway, connect_setup, mcp_post
 from vmcp_actors.web._installed import EXTENSION_KEY
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -26,17 +24,8 @@ def stop_all_actors():
 
 @pytest.fixture(scope="module")
 def setup():
-    need_browser()
-    backend = TsExampleOAuthServer()
-    gateway = SignInGateway([{"name": "ts", "url": f"http://localhost:{backend.port}/mcp"}],
-                            extra={"outgoingAuth": {"backends": {"ts": {"type": "oauth"}}}})
-    try:
-        with browser() as driver:
-            yield gateway, driver, backend
-    finally:
-        gateway.stop()
-        backend.stop()
-        pykka.ActorRegistry.stop_all(block=True, timeout=5)
+    with connect_setup() as world:
+        yield world
 
 
 def session(gateway: SignInGateway, token: str) -> str:
@@ -210,3 +199,4 @@ def test_a_process_backend_gets_the_persons_token_and_starts_again_with_a_new_on
         runtime.connect.connections.disconnect((stdio_gateway.idp.issuer, "erin"), "saas")
         connect()
         assert seen() not in (first_token, "<unset>")  # a process's environment is fixed: a new process
+

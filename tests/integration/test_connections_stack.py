@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import pykka
 import pytest
 
 from tests.gateway import wait_until
 from tests.integration.test_connections_flow import rpc, session
-from tests.oauth_browser import browser, need_browser, sign_in_pages
-from tests.oauth_clients import TsExampleOAuthServer
-from tests.oauth_gateway import RawOAuthClient, SignInGateway, mcp_post
+from tests.oauth_browser import sign_in_pages
+from tests.oauth_gateway import RawOAuthClient, SignInGateway, connect_setup, mcp_post
 
 POLICIES = ['permit(principal, action, resource);',
             'forbid(principal == Client::"mallory", action == Action::"call_tool", resource == Tool::"connect_ts");']
@@ -27,24 +25,14 @@ def stop_all_actors():
 
 @pytest.fixture(scope="module")
 def setup():
-    need_browser()
-    backend = TsExampleOAuthServer()
-    extra = {"outgoingAuth": {"backends": {"ts": {"type": "oauth"}}},
-             "rateLimiting": {"tools": [{"name": "connect_ts", "perUser": {"maxTokens": 3, "refillPeriod": "1h"}}]},
+    extra = {"rateLimiting": {"tools": [{"name": "connect_ts", "perUser": {"maxTokens": 3, "refillPeriod": "1h"}}]},
              "compositeTools": [{"name": "greet_twice", "description": "Greet, then greet the greeting",
                                  "parameters": {"type": "object", "properties": {"who": {"type": "string"}}},
                                  "steps": [{"id": "first", "tool": "ts.greet", "arguments": {"name": "{{ params.who }}"}},
                                            {"id": "second", "tool": "ts.greet", "dependsOn": ["first"],
                                             "arguments": {"name": "{{ steps.first.output.text }}"}}]}]}
-    gateway = SignInGateway([{"name": "ts", "url": f"http://localhost:{backend.port}/mcp"}], extra=extra,
-                            authz={"type": "cedar", "policies": POLICIES})
-    try:
-        with browser() as driver:
-            yield gateway, driver
-    finally:
-        gateway.stop()
-        backend.stop()
-        pykka.ActorRegistry.stop_all(block=True, timeout=5)
+    with connect_setup(extra, authz={"type": "cedar", "policies": POLICIES}) as (gateway, driver, _):
+        yield gateway, driver
 
 
 def signed_in(gateway: SignInGateway, driver: Any, login: str) -> tuple[str, str]:

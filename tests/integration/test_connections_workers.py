@@ -8,15 +8,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pykka
 import pytest
 import redis
 
 from tests.gateway import answer_of, wait_until
 from tests.integration.test_oauth_workers import PREFIX, assert_nowhere, shared_records
-from tests.oauth_browser import browser, need_browser, sign_in_pages
-from tests.oauth_clients import TsExampleOAuthServer
-from tests.oauth_gateway import RawOAuthClient, SignInGateway, mcp_post
+from tests.oauth_browser import sign_in_pages
+from tests.oauth_gateway import RawOAuthClient, connect_setup, mcp_post
 from vmcp_actors.web._installed import EXTENSION_KEY
 
 
@@ -46,19 +44,12 @@ def stop_all_actors():
 def setup():
     from tests.redis_server import RedisServer
 
-    need_browser()
     server = RedisServer().start()
-    backend = TsExampleOAuthServer()
-    extra = {**shared_records(server), "outgoingAuth": {"backends": {"ts": {"type": "oauth"}}}}
-    gateway = SignInGateway([{"name": "ts", "url": f"http://localhost:{backend.port}/mcp"}], workers=2, extra=extra)
     try:
-        with browser() as driver:
+        with connect_setup(shared_records(server), workers=2) as (gateway, driver, _):
             yield gateway, driver, server
     finally:
-        gateway.stop()
-        backend.stop()
         server.close()
-        pykka.ActorRegistry.stop_all(block=True, timeout=5)
 
 
 def tools(base: str, token: str) -> list[str]:

@@ -21,10 +21,11 @@
 // Prints "READY <issuer>" on stdout once listening, and nothing else there. Exits when stdin
 // closes (so it never outlives the test process) or on SIGTERM. Logs no token or secret.
 import { generateKeyPairSync, randomBytes } from "node:crypto";
-import { createServer } from "node:http";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
+
+import { serveUntilStdinCloses, withoutWebFonts } from "./serve_provider.mjs";
 
 const [home] = process.argv.slice(2);
 const require = createRequire(join(home, "package.json"));
@@ -120,29 +121,7 @@ provider.use(async (ctx, next) => {
             failedTokenRequests[grantType] = (failedTokenRequests[grantType] ?? 0) + 1;
         }
     }
-    // The development pages' stylesheet imports a web font: keep the browser off the internet.
-    if (typeof ctx.body === "string" && ctx.response.is("html")) {
-        ctx.body = ctx.body.replace(/@import url\(https:\/\/fonts\.googleapis\.com[^)]*\);/g, "");
-    }
+    withoutWebFonts(ctx);
 });
 
-provider.on("server_error", (ctx, error) => {
-    console.error(`oidc_idp: server error on ${ctx.method} ${ctx.path}: ${error.name}: ${error.message}`);
-});
-
-const server = createServer(provider.callback());
-
-function shutdown() {
-    server.close();
-    server.closeAllConnections();
-    process.exit(0);
-}
-
-process.on("SIGTERM", shutdown);
-process.stdin.on("end", shutdown);
-process.stdin.on("error", shutdown);
-process.stdin.resume();
-
-server.listen(config.port, "127.0.0.1", () => {
-    process.stdout.write(`READY ${issuer}\n`);
-});
+serveUntilStdinCloses(provider, config.port, issuer, "oidc_idp");

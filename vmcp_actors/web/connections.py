@@ -40,10 +40,12 @@ bp = Blueprint("connections", __name__)
 BROWSER_COOKIE = "vmcp_connect_browser"
 PERSON_TTL = 3600.0  # how long a browser's person is known after they signed in here
 LOGIN_TTL = 600.0
+# same-origin: the page's own forms carry their Origin (no-referrer makes it "null"). No
+# form-action: the Connect form's answer goes on to the backend's authorization server, and
+# browsers hold a form's whole redirect chain to it (the csrf value and SameSite guard it).
 PAGE_HEADERS = {"Cache-Control": "no-store", "Pragma": "no-cache", "X-Frame-Options": "DENY",
-                "Referrer-Policy": "no-referrer",
-                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; "
-                                           "form-action 'self'",
+                "Referrer-Policy": "same-origin",
+                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
 
 
