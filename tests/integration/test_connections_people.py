@@ -579,3 +579,42 @@ def test_a_connect_link_is_absolute_names_no_one_and_serves_its_person_once(worl
         unknown = requests.get(f"{world.gateway.issuer}/connect/{ticket}", allow_redirects=False, timeout=10)
         assert unknown.status_code == 404, unknown.status_code
         assert "expired or was already used" in unknown.text
+
+
+def test_a_clients_call_that_meets_a_refused_token_asks_by_url_elicitation_and_goes_on(world):
+    """A client that declares URL elicitation (the Python SDK's, 2025-11-25): once the
+    backend answers 401 to the person's token (revoked there, unknown to the gateway), the
+    very call asks the person to connect again, waits for it, and answers."""
+    import threading
+
+    from tests.oauth_browser import sign_in
+    from tests.oauth_clients import PythonSdkClient, ToolCall
+
+    world.driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    client = PythonSdkClient(mode="legacy")
+    asked: list[dict[str, Any]] = []
+    heard: list[dict[str, Any]] = []
+
+    def open_url(url: str) -> None:
+        sign_in(world.driver, url, login="nina", stop_prefix=client.redirect_uri)
+
+    def elicit(params: dict[str, Any]) -> dict[str, Any]:
+        asked.append(params)
+        threading.Thread(target=sign_in_pages, args=(world.driver, params["url"]),
+                         kwargs={"login": "nina", "stop_prefix": world.callback}, daemon=True).start()
+        return {"action": "accept"}
+
+    first = client.run(world.gateway.mcp_url, open_url, ToolCall(CONNECT_TOOL, {}), elicitation=elicit)
+    assert first.call_text.startswith(f"Connected to {BACKEND}"), first.call_text
+    connections = world.gateway.gateway.app.extensions[EXTENSION_KEY].connect.connections
+    (key,) = [key for key in connections.records.keys("connection")
+              if (connections.records.get("connection", key) or {}).get("person", [None, None])[1] == "nina"]
+    # Her token is no longer good at the backend (revoked there): the gateway learns it from the 401.
+    connections.records.update("connection", key, lambda record: {**record, "access_token": "revoked-elsewhere"})
+    connections._tokens.clear()
+    second = client.run(world.gateway.mcp_url, open_url, ToolCall(TOOL, {}), elicitation=elicit, notifications=heard)
+    assert len(asked) == 2 and asked[1]["mode"] == "url" and "authorization" in asked[1]["message"], asked
+    assert second.call_is_error is False and '"sub": "nina"' in second.call_text.replace("'", '"'), second.call_text
+    completed = [n["params"]["elicitationId"] for n in heard if n["method"] == "notifications/elicitation/complete"]
+    assert completed == [asked[1]["elicitationId"]]
+    assert connections.records.get("connection", key)["access_token"] != "revoked-elsewhere"
