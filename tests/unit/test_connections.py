@@ -15,15 +15,14 @@ import responses
 from vmcp_actors.config import config_from_mapping
 from vmcp_actors.exceptions import BackendAuthError, ConnectionNeeded
 from vmcp_actors.identity import Identity
-from vmcp_actors.oauth._connections import (
+from vmcp_actors.oauth._backend_servers import (
     AuthServer,
     ConnectRefused,
-    Connections,
     ConnectUnavailable,
     UrlGuard,
     parse_challenge,
-    person_key,
 )
+from vmcp_actors.oauth._connections import Connections, person_key
 from vmcp_actors.oauth._records import MemoryOAuthRecords
 
 BACKEND = "https://mcp.saas.example/mcp"

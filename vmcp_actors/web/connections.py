@@ -28,7 +28,8 @@ from flask import Blueprint, Response, redirect, render_template, request
 
 from vmcp_actors.identity import Identity
 from vmcp_actors.oauth import ConnectService
-from vmcp_actors.oauth._connections import ConnectRefused, ConnectUnavailable, secret_key
+from vmcp_actors.oauth._backend_servers import ConnectRefused, ConnectUnavailable
+from vmcp_actors.oauth._connections import secret_key
 from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web._installed import current_runtime
