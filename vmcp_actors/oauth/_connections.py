@@ -62,7 +62,9 @@ def secret_key(secret: str) -> str:
 
 
 def person_digest(person: tuple[str, str] | list[str]) -> str:
-    return hashlib.sha256(f"{person[0]}\0{person[1]}".encode()).hexdigest()[:40]
+    """(issuer, subject) as a key; an issuer with or without its trailing slash is one issuer
+    (an access token's ``iss`` and the provider's discovery may differ in it)."""
+    return hashlib.sha256(f"{person[0].rstrip('/')}\0{person[1]}".encode()).hexdigest()[:40]
 
 
 def kept_tokens(tokens: dict[str, Any], now: float) -> dict[str, Any]:
