@@ -254,7 +254,7 @@ def _connection_changed(directory: Directory, person: Any, backend: str, fanout:
     if fanout is not None:
         fanout.publish(UserKey(person[0], person[1]), backend, {"method": CONNECTION_CHANGED})
     for user in directory.live_users():
-        if (user.key.issuer, user.key.subject) == tuple(person):
+        if (user.key.issuer.rstrip("/"), user.key.subject) == (person[0].rstrip("/"), person[1]):
             try:
                 user.proxy.backend_changed(backend)
             except pykka.ActorDeadError:
