@@ -735,3 +735,27 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def interleaved_calls(clients: dict[Any, McpClient], tool: dict[Any, str], calls: int, answer: Callable[[int], str],
+                      warmup: int = 20) -> dict[Any, list[float]]:
+    """One thread: each client initialized and warmed up, then ``calls`` rounds of one call
+    of ``tool[key]`` per client, the order reversed every other round; each call's seconds by
+    key. Every answer's text must be ``answer(n)``. The clients are closed afterwards."""
+    samples: dict[Any, list[float]] = {key: [] for key in clients}
+    try:
+        for key, client in clients.items():
+            client.initialize()
+            for n in range(warmup):
+                client.call_tool(tool[key], {"text": f"w{n}"})
+        order = list(clients.items())
+        for n in range(calls):
+            for key, client in (order if n % 2 == 0 else order[::-1]):
+                started = time.perf_counter()
+                got = client.call_tool(tool[key], {"text": str(n)})
+                samples[key].append(time.perf_counter() - started)
+                assert got["content"][0]["text"] == answer(n), got
+    finally:
+        for client in clients.values():
+            client.close()
+    return samples

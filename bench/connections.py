@@ -60,6 +60,7 @@ from bench._common import (
     ROOT,
     Check,
     McpClient,
+    interleaved_calls,
     median,
     parse_args,
     percentile,
@@ -473,23 +474,8 @@ def echo_overhead(calls: int, idp: Any, endpoint: TokenEndpoint, redis_server: A
         add(Mode("direct", "", ""), backend_url)
         for (mode, _), gateway in zip(modes, stack.enter_context(gateways([spec for _, spec in modes], directory))):
             add(mode, gateway.url)
-        samples: dict[Mode, list[float]] = {mode: [] for mode in clients}
         tool = {mode: "echo" if not mode.records else TOOL for mode in clients}
-        try:
-            for mode, client in clients.items():
-                client.initialize()
-                for n in range(WARMUP):
-                    client.call_tool(tool[mode], {"text": f"w{n}"})
-            order = list(clients.items())
-            for n in range(calls):
-                for mode, client in (order if n % 2 == 0 else order[::-1]):
-                    started = time.perf_counter()
-                    answer = client.call_tool(tool[mode], {"text": str(n)})
-                    samples[mode].append(time.perf_counter() - started)
-                    assert answer["content"][0]["text"] == f"{BACKEND}:{n}", answer
-        finally:
-            for client in clients.values():
-                client.close()
+        samples = interleaved_calls(clients, tool, calls, lambda n: f"{BACKEND}:{n}", WARMUP)
         received = backend.counts()
     p50 = {mode.name: median(values) * 1000 for mode, values in samples.items()}
     p99 = {mode.name: percentile(values, 99) * 1000 for mode, values in samples.items()}

@@ -62,6 +62,7 @@ from bench._common import (
     _tail,
     _wait_ready,
     gateway,
+    interleaved_calls,
     median,
     parse_args,
     percentile,
@@ -291,22 +292,8 @@ def echo_overhead(calls: int, backend_url: str, oauth_base: str, oauth_token: st
                                                                headers={"Authorization": f"Bearer {oauth_token}"}),
                    "gateway, IdP token (oidc)": McpClient(oidc_gateway.url,
                                                           headers={"Authorization": f"Bearer {idp_token}"})}
-        samples: dict[str, list[float]] = {name: [] for name in clients}
         tool = {name: "echo" if name == "direct" else "echo_echo" for name in clients}
-        try:
-            for name, client in clients.items():
-                client.initialize()
-                for n in range(WARMUP):
-                    client.call_tool(tool[name], {"text": f"w{n}"})
-            for n in range(calls):
-                for name, client in (clients.items() if n % 2 == 0 else reversed(list(clients.items()))):
-                    started = time.perf_counter()
-                    answer = client.call_tool(tool[name], {"text": str(n)})
-                    samples[name].append(time.perf_counter() - started)
-                    assert answer["content"][0]["text"] == f"echo:{n}", answer
-        finally:
-            for client in clients.values():
-                client.close()
+        samples = interleaved_calls(clients, tool, calls, lambda n: f"echo:{n}", WARMUP)
     p50 = {name: median(values) * 1000 for name, values in samples.items()}
     p99 = {name: percentile(values, 99) * 1000 for name, values in samples.items()}
     print(f"\n### 2. echo, sequential ({calls} calls per mode, rotating; legacy client with a session)\n")
