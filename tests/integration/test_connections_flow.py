@@ -49,6 +49,31 @@ def rpc(gateway: SignInGateway, token: str, session_id: str, method: str, params
     return answer.json()
 
 
+def listen(gateway: SignInGateway, token: str, session_id: str) -> list[str]:
+    """The methods the session's standalone stream (GET) brings, as they come (read on a thread)."""
+    import json
+    import threading
+
+    import requests
+
+    heard: list[str] = []
+    stream = requests.get(gateway.mcp_url, stream=True, timeout=30, headers={
+        "Authorization": f"Bearer {token}", "Accept": "text/event-stream", "Mcp-Session-Id": session_id,
+        "MCP-Protocol-Version": "2025-11-25"})
+    assert stream.status_code == 200, stream.status_code
+
+    def read() -> None:
+        try:
+            for line in stream.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    heard.append(json.loads(line[5:]).get("method", ""))
+        except Exception:  # noqa: BLE001 - the stream ends with the module's gateway
+            pass
+
+    threading.Thread(target=read, daemon=True).start()
+    return heard
+
+
 def test_a_person_connects_through_the_link_and_the_backends_tools_appear(setup):
     gateway, driver, backend = setup
     client = RawOAuthClient(gateway.issuer)
@@ -57,6 +82,7 @@ def test_a_person_connects_through_the_link_and_the_backends_tools_appear(setup)
     listed = rpc(gateway, token, session_id, "tools/list", {})
     names = [tool["name"] for tool in listed["result"]["tools"]]
     assert names == ["connect_ts"], listed
+    heard = listen(gateway, token, session_id)  # the session's stream, as a client keeps it open
     called = rpc(gateway, token, session_id, "tools/call", {"name": "connect_ts", "arguments": {}})
     result = called["result"]
     assert result["isError"] is True
@@ -69,6 +95,7 @@ def test_a_person_connects_through_the_link_and_the_backends_tools_appear(setup)
     def listed() -> list[str]:  # the person's catalog is rebuilt just after the connect
         return [tool["name"] for tool in rpc(gateway, token, session_id, "tools/list", {})["result"]["tools"]]
 
+    assert wait_until(lambda: "notifications/tools/list_changed" in heard, timeout=20), heard  # told at once
     assert "ts_greet" in wait_until(lambda: "ts_greet" in listed() and listed(), timeout=20), listed()
     assert "connect_ts" not in listed()
     greeted = rpc(gateway, token, session_id, "tools/call", {"name": "ts_greet", "arguments": {"name": "Ann"}})

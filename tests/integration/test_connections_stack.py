@@ -79,3 +79,17 @@ def test_a_composite_over_a_backend_appears_once_the_person_connected_it(setup):
         return None if "error" in answer or result.get("isError") else result["content"][0]["text"]
 
     assert wait_until(greeted, timeout=20, interval=0.1) == '{"text": "Hello, Hello, Ann!!"}'  # the last step's output
+
+
+def test_a_composite_task_runs_its_steps_with_the_persons_connection(setup):
+    gateway, driver = setup
+    token, session_id = signed_in(gateway, driver, "tess")
+    link = call(gateway, token, session_id, "connect_ts", {})["result"]["content"][0]["text"].rsplit(" ", 1)[-1]
+    sign_in_pages(driver, link, login="tess", stop_prefix=f"{gateway.issuer}/connect/callback")
+    assert wait_until(lambda: "greet_twice" in [tool["name"] for tool in rpc(
+        gateway, token, session_id, "tools/list", {})["result"]["tools"]], timeout=20, interval=0.1)
+    created = rpc(gateway, token, session_id, "tools/call",
+                  {"name": "greet_twice", "arguments": {"who": "Tim"}, "task": {"ttl": 60000}})
+    handle = created["result"]["task"]["taskId"]
+    done = rpc(gateway, token, session_id, "tasks/result", {"taskId": handle})
+    assert done["result"]["content"][0]["text"] == '{"text": "Hello, Hello, Tim!!"}', done
