@@ -228,11 +228,13 @@ def mcp_post(url: str, token: str | None, message: dict[str, Any], **headers: st
 
 
 @contextmanager
-def connect_setup(extra: Mapping[str, Any] | None = None, **options: Any) -> Iterator[tuple[SignInGateway, Any, Any]]:
+def connect_setup(extra: Mapping[str, Any] | None = None, more: Any = None,
+                  **options: Any) -> Iterator[tuple[SignInGateway, Any, Any]]:
     """The connect tests' world (issue 37): the TypeScript SDK's example OAuth server as the
     backend ``ts`` (outgoingAuth type oauth), a SignInGateway in front of it (``options``:
-    workers, authz...) and one headless browser; ``(gateway, driver, backend)``. Everything
-    started is stopped (its actors too) on leaving."""
+    workers, authz...) and one headless browser; ``(gateway, driver, backend)``. ``more``:
+    given the example server, ``(backends, outgoingAuth backends)`` to add (one that uses its
+    authorization server). Everything started is stopped (its actors too) on leaving."""
     from tests.oauth_browser import browser, need_browser
     from tests.oauth_clients import TsExampleOAuthServer
 
@@ -240,9 +242,10 @@ def connect_setup(extra: Mapping[str, Any] | None = None, **options: Any) -> Ite
     backend = TsExampleOAuthServer()
     gateway = None
     try:
-        gateway = SignInGateway([{"name": "ts", "url": f"http://localhost:{backend.port}/mcp"}],
-                                extra={"outgoingAuth": {"backends": {"ts": {"type": "oauth"}}}, **dict(extra or {})},
-                                **options)
+        backends, auth = more(backend) if more is not None else ([], {})
+        gateway = SignInGateway([{"name": "ts", "url": f"http://localhost:{backend.port}/mcp"}, *backends],
+                                extra={"outgoingAuth": {"backends": {"ts": {"type": "oauth"}, **auth}},
+                                       **dict(extra or {})}, **options)
         with browser() as driver:
             yield gateway, driver, backend
     finally:
