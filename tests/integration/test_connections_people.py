@@ -609,10 +609,15 @@ def test_a_clients_call_that_meets_a_refused_token_asks_by_url_elicitation_and_g
     connections = world.gateway.gateway.app.extensions[EXTENSION_KEY].connect.connections
     (key,) = [key for key in connections.records.keys("connection")
               if (connections.records.get("connection", key) or {}).get("person", [None, None])[1] == "nina"]
-    # Her token is no longer good at the backend (revoked there): the gateway learns it from the 401.
-    connections.records.update("connection", key, lambda record: {**record, "access_token": "revoked-elsewhere"})
-    connections._tokens.clear()
-    second = client.run(world.gateway.mcp_url, open_url, ToolCall(TOOL, {}), elicitation=elicit, notifications=heard)
+
+    def revoked_elsewhere() -> None:
+        """Between the session's tools/list and its call, her token stops being good at the
+        backend (revoked there): the gateway learns it from the call's 401."""
+        connections.records.update("connection", key, lambda record: {**record, "access_token": "revoked-elsewhere"})
+        connections._tokens.clear()
+
+    second = client.run(world.gateway.mcp_url, open_url, ToolCall(TOOL, {}), elicitation=elicit, notifications=heard,
+                        before_call=revoked_elsewhere)
     assert len(asked) == 2 and asked[1]["mode"] == "url" and "authorization" in asked[1]["message"], asked
     assert second.call_is_error is False and '"sub": "nina"' in second.call_text.replace("'", '"'), second.call_text
     completed = [n["params"]["elicitationId"] for n in heard if n["method"] == "notifications/elicitation/complete"]
