@@ -56,46 +56,37 @@ def tools(base: str, token: str) -> list[str]:
     return [tool["name"] for tool in modern(base, token, "tools/list", {})["result"]["tools"]]
 
 
-def test_a_connect_through_one_worker_serves_the_persons_calls_on_the_other(setup):
-    gateway, driver, server = setup
-    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
-    first, second = gateway.worker_urls
-    token = RawOAuthClient(gateway.issuer).sign_in(driver, "alice")["access_token"]
-    assert tools(second, token) == ["connect_ts"]
-    asked = modern(second, token, "tools/call", {"name": "connect_ts", "arguments": {}})["result"]
-    link = asked["content"][0]["text"].rsplit(" ", 1)[-1]
-    assert asked["isError"] and link.startswith(f"{gateway.issuer}/connect/")  # the public URL, whichever worker
-    sign_in_pages(driver, link, login="alice", stop_prefix=f"{gateway.issuer}/connect/callback")  # on the first
-    # The second worker's user of alice sees it when it next retries what it misses.
-    assert wait_until(lambda: "ts_greet" in tools(second, token), timeout=30, interval=0.2)
-    greeted = modern(second, token, "tools/call", {"name": "ts_greet", "arguments": {"name": "Al"}})
-    assert greeted["result"]["content"][0]["text"] == "Hello, Al!"
-    token_of_alice = [row for row in gateway.gateway.app.extensions[EXTENSION_KEY].connect.connections.records.keys(
-        "connection")]
-    assert len(token_of_alice) == 1
-    held = redis.Redis.from_url(f"redis://{server.address}")
-    connection = gateway.gateway.app.extensions[EXTENSION_KEY].connect.connections.records.get(
-        "connection", token_of_alice[0])
-    assert_nowhere(held, {"access token at ts": connection["access_token"]}, {"connection", "backend-client"})
-
-
-def test_a_modern_clients_retry_after_url_elicitation_may_reach_the_other_worker(setup):
+def test_a_connect_made_through_one_worker_serves_the_person_on_the_other(setup):
+    """A 2026-07-28 client asks on the second worker, is asked by URL elicitation, accepts,
+    and its retry reaches the first worker (the person's browser finishes on the first, the
+    public URL's): the retry waits there for the connect. Then the second worker's user of
+    the person lists the backend's tools (the fanout told it) and calls them."""
     gateway, driver, server = setup
     driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
     first, second = gateway.worker_urls
     token = RawOAuthClient(gateway.issuer).sign_in(driver, "bob")["access_token"]
-    asked = modern(first, token, "tools/call", {"name": "connect_ts", "arguments": {}}, elicitation=True)["result"]
+    assert tools(second, token) == ["connect_ts"]
+    asked = modern(second, token, "tools/call", {"name": "connect_ts", "arguments": {}}, elicitation=True)["result"]
     assert asked["resultType"] == "input_required"
     ((key, request),) = asked["inputRequests"].items()
     assert request["method"] == "elicitation/create" and request["params"]["mode"] == "url"
+    assert request["params"]["url"].startswith(f"{gateway.issuer}/connect/")  # the public URL, whichever worker
     opened = threading.Thread(target=sign_in_pages, args=(driver, request["params"]["url"]),
                               kwargs={"login": "bob", "stop_prefix": f"{gateway.issuer}/connect/callback"})
     opened.start()
     try:  # accepted at once (the person is still in the browser): the retry waits for the connect
-        done = modern(second, token, "tools/call", {"name": "connect_ts", "arguments": {},
-                                                    "inputResponses": {key: {"action": "accept"}},
-                                                    "requestState": asked["requestState"]}, elicitation=True)
+        done = modern(first, token, "tools/call", {"name": "connect_ts", "arguments": {},
+                                                   "inputResponses": {key: {"action": "accept"}},
+                                                   "requestState": asked["requestState"]}, elicitation=True)
     finally:
         opened.join(30)
     assert done["result"]["content"][0]["text"].startswith("Connected to ts"), done
     assert done["result"].get("isError") is False
+    assert wait_until(lambda: "ts_greet" in tools(second, token), timeout=30, interval=0.2)
+    greeted = modern(second, token, "tools/call", {"name": "ts_greet", "arguments": {"name": "Bo"}})
+    assert greeted["result"]["content"][0]["text"] == "Hello, Bo!"
+    records = gateway.gateway.app.extensions[EXTENSION_KEY].connect.connections.records
+    (key_of_bob,) = records.keys("connection")
+    held = redis.Redis.from_url(f"redis://{server.address}")
+    assert_nowhere(held, {"access token at ts": records.get("connection", key_of_bob)["access_token"]},
+                   {"connection", "backend-client"})
