@@ -29,7 +29,7 @@ import requests
 
 from tests.connect_backend import WhoamiBackend
 from tests.gateway import answer_of
-from tests.oauth_browser import browser, need_browser, sign_in_pages
+from tests.oauth_browser import POLL, browser, need_browser, sign_in_pages
 from tests.oauth_gateway import ADMIN_TOKEN, RawOAuthClient, SignInGateway, mcp_post
 from vmcp_actors.web._installed import EXTENSION_KEY
 from vmcp_actors.web.connections import BROWSER_COOKIE
@@ -223,7 +223,7 @@ def element(world: World, selector: str) -> Any:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(world.driver, SETTLE).until(
+    return WebDriverWait(world.driver, SETTLE, poll_frequency=POLL).until(
         lambda driver: (driver.find_elements(By.CSS_SELECTOR, selector) or [False])[0])
 
 
@@ -243,7 +243,7 @@ def press(world: World, selector: str) -> str:
                                 "event => { window.vmcpBlocked = event.violatedDirective; });")
     element(world, selector).click()
     # "blocked: <directive>" while this page stays; "left" once another page has replaced it.
-    outcome = WebDriverWait(world.driver, SETTLE, ignored_exceptions=(WebDriverException,)).until(
+    outcome = WebDriverWait(world.driver, SETTLE, poll_frequency=POLL, ignored_exceptions=(WebDriverException,)).until(
         lambda driver: driver.execute_script(
             "if ('vmcpBlocked' in window) return window.vmcpBlocked && 'blocked: ' + window.vmcpBlocked;"
             "return document.readyState === 'complete' && 'left';"))
