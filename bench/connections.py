@@ -251,7 +251,7 @@ class TokenEndpoint:
 
     def refresh_at(self, answered: float) -> float:
         """When the gateway refreshes a token answered at ``answered`` (its EXPIRY_MARGIN rule)."""
-        from vmcp_actors.oauth._connections import EXPIRY_MARGIN
+        from vmcp_actors.oauth._records import EXPIRY_MARGIN
 
         return answered + self.lifetime - min(EXPIRY_MARGIN, self.lifetime / 2)
 

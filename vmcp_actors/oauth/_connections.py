@@ -38,16 +38,14 @@ from vmcp_actors.oauth._backend_servers import (
     parse_challenge,
     resource_of,
 )
-from vmcp_actors.oauth._records import OAuthRecords, await_renewal
+from vmcp_actors.oauth._records import OAuthRecords, await_renewal, kept_tokens
 
 logger = logging.getLogger(__name__)
 
 TICKET_TTL = 600.0  # a connect link works this long
 FLOW_TTL = 600.0  # a connect under way (at the authorization server) this long
-EXPIRY_MARGIN = 30.0  # refresh this long before the access token expires
 REFRESH_LOCK_TTL = 15.0
 REFRESH_WAIT = 12.0
-DEFAULT_LIFETIME = 3600.0  # when the server says nothing of expires_in
 LOCAL_TOKEN_FOR = 5.0  # a token read from the records is reused this long by this process
 
 
@@ -67,13 +65,9 @@ def person_digest(person: tuple[str, str] | list[str]) -> str:
     return hashlib.sha256(f"{person[0].rstrip('/')}\0{person[1]}".encode()).hexdigest()[:40]
 
 
-def kept_tokens(tokens: dict[str, Any], now: float) -> dict[str, Any]:
-    """What of a token answer is kept: the tokens, when to refresh, what was granted."""
-    expires_in = tokens.get("expires_in")
-    lifetime = float(expires_in) if isinstance(expires_in, (int, float)) and not isinstance(expires_in, bool) \
-        and expires_in > 0 else DEFAULT_LIFETIME
-    kept = {"access_token": tokens["access_token"], "refresh_token": tokens.get("refresh_token"),
-            "expires_at": now + lifetime, "refresh_at": now + lifetime - min(EXPIRY_MARGIN, lifetime / 2)}
+def kept_connection_tokens(tokens: dict[str, Any], now: float) -> dict[str, Any]:
+    """``kept_tokens``, and the scope granted when the answer says it."""
+    kept = kept_tokens(tokens, now)
     if isinstance(tokens.get("scope"), str):
         kept["scope"] = tokens["scope"]
     return kept
@@ -211,7 +205,7 @@ class Connections:
                 return current  # still valid: try again on a later call
             raise BackendAuthError(backend, str(down)) from None
         self.refreshes += 1
-        renewed = {**current, **kept_tokens(tokens, self._clock())}
+        renewed = {**current, **kept_connection_tokens(tokens, self._clock())}
         if not renewed.get("refresh_token"):
             renewed["refresh_token"] = current["refresh_token"]  # the server does not rotate it
         self.records.put("connection", f"{person_key(identity)}|{backend}", renewed, CONNECTION_TTL)
@@ -308,7 +302,7 @@ class Connections:
             self.events("callback", "code_refused", backend=backend, error=str(refused))
             raise ConnectRefused("the authorization server did not accept the answer") from None
         now = self._clock()
-        kept = kept_tokens(tokens, now)
+        kept = kept_connection_tokens(tokens, now)
         granted = kept.pop("scope", None)
         issuer, subject = flow["person"]
         connection = {**kept, "backend": backend, "person": [issuer, subject], "client": flow["client"],

@@ -41,6 +41,23 @@ class OAuthRecords(Protocol):
     def hit(self, name: str, window: float) -> int: ...
 
 
+# A kept token is renewed this long before it expires (or halfway through a shorter life).
+EXPIRY_MARGIN = 30.0
+# Its life when the server's answer says nothing usable of expires_in.
+DEFAULT_LIFETIME = 3600.0
+
+
+def kept_tokens(tokens: dict[str, Any], now: float) -> dict[str, Any]:
+    """What of a token answer is kept: the tokens, when they expire and when to renew them:
+    EXPIRY_MARGIN before the end, or halfway through a shorter life (a token given for 20 s
+    is not due again the moment it arrives)."""
+    expires_in = tokens.get("expires_in")
+    lifetime = float(expires_in) if isinstance(expires_in, (int, float)) and not isinstance(expires_in, bool) \
+        and expires_in > 0 else DEFAULT_LIFETIME
+    return {"access_token": tokens["access_token"], "refresh_token": tokens.get("refresh_token"),
+            "expires_at": now + lifetime, "refresh_at": now + lifetime - min(EXPIRY_MARGIN, lifetime / 2)}
+
+
 def await_renewal(records: OAuthRecords, kind: str, key: str, lock: str, stale: dict[str, Any],
                   wait: float) -> tuple[str, dict[str, Any] | None]:
     """While another worker holds ``lock`` to renew the record ``kind``/``key``: what it left,

@@ -26,12 +26,11 @@ from authlib.integrations.base_client.errors import OAuthError as ClientOAuthErr
 
 from vmcp_actors.config import UpstreamIdpConfig
 from vmcp_actors.edge._auth import JwksKeys, key_fits
-from vmcp_actors.oauth._records import OAuthRecords, await_renewal
+from vmcp_actors.oauth._records import EXPIRY_MARGIN, OAuthRecords, await_renewal, kept_tokens
 
 logger = logging.getLogger(__name__)
 
 IDP_TIMEOUT = 10.0
-EXPIRY_MARGIN = 30.0  # refresh a provider's token this long before it expires
 REFRESH_LOCK_TTL = 15.0
 REFRESH_WAIT = 12.0
 ID_TOKEN_CLAIMS = ("email", "email_verified", "name", "preferred_username", "groups", "roles")
@@ -157,13 +156,7 @@ class UpstreamIdp:
 
     def kept_tokens(self, tokens: dict[str, Any]) -> dict[str, Any]:
         """What of the provider's answer the gateway keeps (never the ID token)."""
-        expires_in = tokens.get("expires_in")
-        lifetime = float(expires_in) if isinstance(expires_in, (int, float)) and expires_in > 0 else 3600.0
-        now = self._clock()
-        # Renewed EXPIRY_MARGIN before the end, or halfway through a shorter life: a token
-        # the IdP gives for 20 s is not due again the moment it arrives.
-        return {"access_token": tokens["access_token"], "refresh_token": tokens.get("refresh_token"),
-                "expires_at": now + lifetime, "refresh_at": now + lifetime - min(EXPIRY_MARGIN, lifetime / 2)}
+        return kept_tokens(tokens, self._clock())
 
     def _due(self, kept: dict[str, Any]) -> bool:
         return self._clock() >= min(kept.get("refresh_at", kept["expires_at"] - EXPIRY_MARGIN), kept["expires_at"])
