@@ -12,7 +12,6 @@ from urllib.parse import urlsplit
 from vmcp_actors.config import UpstreamIdpConfig, VmcpConfig
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.oauth._connections import Connections
-from vmcp_actors.oauth._connections import Events as ConnectionEvents
 from vmcp_actors.oauth._keys import KeyProblem, TokenKeys, load_signing_key
 from vmcp_actors.oauth._records import MemoryOAuthRecords, OAuthRecords, RedisOAuthRecords
 from vmcp_actors.oauth._server import Events, GatewayAuthorizationServer
@@ -118,7 +117,7 @@ def build_connections(config: VmcpConfig, backend_secrets: dict[str, str | None]
         idp = UpstreamIdpConfig(incoming.oidc.issuer, incoming.oidc.client_id, incoming.oidc.client_secret_env or "",
                                 ("openid",))
     login = UpstreamIdp(idp, login_secret, f"{public_url}/connect/login", records)
-    return ConnectService(Connections(config, records, backend_secrets, ConnectionEvents(count)), login)
+    return ConnectService(Connections(config, records, backend_secrets, Events(count, "connection")), login)
 
 
 def _client_row(client: Any, grants: list[dict[str, Any]]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from vmcp_actors.oauth._backend_servers import (
     resource_of,
 )
 from vmcp_actors.oauth._records import OAuthRecords, await_renewal, kept_tokens
+from vmcp_actors.oauth._server import Events
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,18 @@ REFRESH_WAIT = 12.0
 LOCAL_TOKEN_FOR = 5.0  # a token read from the records is reused this long by this process
 
 
+def person_of(identity: Identity) -> tuple[str, str]:
+    return identity.issuer, identity.subject
+
+
 def person_key(identity: Identity) -> str:
     """Whose connection: the person (issuer and subject), as a digest."""
-    return person_digest((identity.issuer, identity.subject))
+    return person_digest(person_of(identity))
+
+
+def connection_key(person: tuple[str, str] | list[str], backend: str) -> str:
+    """The records' key of a person's connection to ``backend``."""
+    return f"{person_digest(person)}|{backend}"
 
 
 def secret_key(secret: str) -> str:
@@ -65,28 +75,6 @@ def person_digest(person: tuple[str, str] | list[str]) -> str:
     return hashlib.sha256(f"{person[0].rstrip('/')}\0{person[1]}".encode()).hexdigest()[:40]
 
 
-def kept_connection_tokens(tokens: dict[str, Any], now: float) -> dict[str, Any]:
-    """``kept_tokens``, and the scope granted when the answer says it."""
-    kept = kept_tokens(tokens, now)
-    if isinstance(tokens.get("scope"), str):
-        kept["scope"] = tokens["scope"]
-    return kept
-
-
-class Events:
-    """Counts (metrics) and audit lines of connects, refreshes and failures; never a token."""
-
-    def __init__(self, count: Callable[[str, str], None] | None = None):
-        self._count = count
-        self.audit: Callable[[str, str, dict[str, Any]], None] | None = None
-
-    def __call__(self, step: str, outcome: str, **fields: Any) -> None:
-        if self._count is not None:
-            self._count(step, outcome)
-        if self.audit is not None:
-            self.audit(step, outcome, fields)
-
-
 class Connections:
     """The people's connections (implements backends' ``PersonalTokens``)."""
 
@@ -97,7 +85,7 @@ class Connections:
         assert public_url is not None, "the config checks a public URL is known"
         self.public_url = public_url
         self.records = records
-        self.events = events if events is not None else Events()
+        self.events = events if events is not None else Events(family="connection")
         self._clock = clock
         self._http = requests.Session()
         self._http.trust_env = False
@@ -144,10 +132,9 @@ class Connections:
             return None
         if identity is None:
             return ConnectionNeeded(backend, f"backend {backend!r} needs a signed-in person")
-        key = person_key(identity)
-        connection = self.records.get("connection", f"{key}|{backend}") or {}
+        connection = self.records.get("connection", connection_key(person_of(identity), backend)) or {}
         scopes = tuple(connection.get("scopes", ()))
-        if status == 403 and asked.get("error") == "insufficient_scope":
+        if status == 403:  # for scope (another 403 was answered above)
             wanted = tuple(dict.fromkeys([*scopes, *asked.get("scope", "").split()]))
             self.events("call", "insufficient_scope", backend=backend, user=identity.subject)
             return ConnectionNeeded(backend, f"backend {backend!r} needs more of your authorization "
@@ -158,11 +145,11 @@ class Connections:
                                          "again", scopes)
 
     def connected(self, identity: Identity | None, backend: str) -> bool:
-        return identity is not None and self.records.get("connection", f"{person_key(identity)}|{backend}") \
-            is not None
+        return identity is not None and \
+            self.records.get("connection", connection_key(person_of(identity), backend)) is not None
 
     def _fresh(self, identity: Identity, backend: str) -> dict[str, Any]:
-        record_key = f"{person_key(identity)}|{backend}"
+        record_key = connection_key(person_of(identity), backend)
         connection = self.records.get("connection", record_key)
         if connection is None:
             raise ConnectionNeeded(backend, f"backend {backend!r} needs your authorization: connect it first")
@@ -205,15 +192,15 @@ class Connections:
                 return current  # still valid: try again on a later call
             raise BackendAuthError(backend, str(down)) from None
         self.refreshes += 1
-        renewed = {**current, **kept_connection_tokens(tokens, self._clock())}
+        renewed = {**current, **kept_tokens(tokens, self._clock())}
         if not renewed.get("refresh_token"):
             renewed["refresh_token"] = current["refresh_token"]  # the server does not rotate it
-        self.records.put("connection", f"{person_key(identity)}|{backend}", renewed, CONNECTION_TTL)
+        self.records.put("connection", connection_key(person_of(identity), backend), renewed, CONNECTION_TTL)
         self.events("refresh", "ok", backend=backend, user=identity.subject)
         return renewed
 
     def _refreshed_by_another(self, identity: Identity, backend: str, stale: dict[str, Any]) -> dict[str, Any]:
-        record_key = f"{person_key(identity)}|{backend}"
+        record_key = connection_key(person_of(identity), backend)
         outcome, kept = await_renewal(self.records, "connection", record_key, f"connection-refresh:{record_key}",
                                       stale, REFRESH_WAIT)
         if outcome == "renewed":
@@ -227,7 +214,7 @@ class Connections:
         return self._fresh(identity, backend)  # the other worker gave up without a result: once more here
 
     def _forget(self, identity: Identity, backend: str, only_token: str | None = None) -> None:
-        record_key = f"{person_key(identity)}|{backend}"
+        record_key = connection_key(person_of(identity), backend)
         if only_token is None:
             self.records.delete("connection", record_key)
         else:  # not one a refresh put there meanwhile
@@ -264,11 +251,10 @@ class Connections:
         with authorization.session(client, scopes) as session:
             url, _ = session.create_authorization_url(server.authorization_endpoint, state=state,
                                                       code_verifier=verifier, **resource_of(server))
-        self.records.put("connect-flow", secret_key(state), {"ticket": ticket_id, "browser": browser, "verifier": verifier,
-                                                 "backend": backend, "person": ticket["person"],
-                                                 "issuer": server.issuer, "client": client,
-                                                 "scopes": list(scopes), "elicitation": ticket["elicitation"]},
-                         FLOW_TTL)
+        self.records.put("connect-flow", secret_key(state), {
+            "ticket": ticket_id, "browser": browser, "verifier": verifier, "backend": backend,
+            "person": ticket["person"], "issuer": server.issuer, "client": client, "scopes": list(scopes),
+            "elicitation": ticket["elicitation"]}, FLOW_TTL)
         self.events("authorize", "sent", backend=backend)
         return url
 
@@ -302,17 +288,16 @@ class Connections:
             self.events("callback", "code_refused", backend=backend, error=str(refused))
             raise ConnectRefused("the authorization server did not accept the answer") from None
         now = self._clock()
-        kept = kept_connection_tokens(tokens, now)
-        granted = kept.pop("scope", None)
+        kept = kept_tokens(tokens, now)
+        granted = tokens.get("scope") if isinstance(tokens.get("scope"), str) else None
         issuer, subject = flow["person"]
         connection = {**kept, "backend": backend, "person": [issuer, subject], "client": flow["client"],
                       "scopes": granted.split() if granted else flow["scopes"], "since": now}
         ttl = CONNECTION_TTL if kept["refresh_token"] else max(1.0, kept["expires_at"] - now)
-        key = person_digest((issuer, subject))
-        self.records.put("connection", f"{key}|{backend}", connection, ttl)
+        self.records.put("connection", connection_key((issuer, subject), backend), connection, ttl)
         self.records.delete("connect-ticket", secret_key(flow["ticket"]))
         with self._tokens_lock:
-            self._tokens.pop((key, backend), None)
+            self._tokens.pop((person_digest((issuer, subject)), backend), None)
         with self._changed:
             self._changed.notify_all()
         self.events("connect", "ok", backend=backend, user=subject)
@@ -328,7 +313,7 @@ class Connections:
         for more scopes replaces one already there), waiting up to ``timeout`` for it (woken
         by a connect in this process; another worker's is seen within a second)."""
         deadline = time.monotonic() + timeout
-        record_key = f"{person_key(identity)}|{backend}"
+        record_key = connection_key(person_of(identity), backend)
         while True:
             connection = self.records.get("connection", record_key)
             if connection is not None and connection.get("since", 0.0) >= since:
@@ -343,10 +328,9 @@ class Connections:
 
     def of(self, person: tuple[str, str]) -> list[dict[str, Any]]:
         """Their connections, without tokens."""
-        key = person_digest(person)
         found = []
         for backend in sorted(self.backends):
-            connection = self.records.get("connection", f"{key}|{backend}")
+            connection = self.records.get("connection", connection_key(person, backend))
             found.append({"backend": backend, "connected": connection is not None,
                           "scopes": list(connection.get("scopes", ())) if connection else [],
                           "since": connection.get("since") if connection else None,
@@ -355,10 +339,9 @@ class Connections:
 
     def disconnect(self, person: tuple[str, str], backend: str) -> bool:
         """Forget the connection and revoke its tokens where the server offers revocation."""
-        key = person_digest(person)
-        connection = self.records.take("connection", f"{key}|{backend}")
+        connection = self.records.take("connection", connection_key(person, backend))
         with self._tokens_lock:
-            self._tokens.pop((key, backend), None)
+            self._tokens.pop((person_digest(person), backend), None)
         if connection is None:
             return False
         authorization = self.backends.get(backend)

@@ -203,16 +203,17 @@ class GatewayIssuer(IssuerParameter):
 
 
 class Events:
-    """Metrics and audit lines of the authorization server: what happened, never a token.
-    ``audit`` is set once the service's audit log exists."""
+    """Metrics and audit lines of the authorization server (and of people's connections):
+    what happened, never a token. ``audit`` is set once the service's audit log exists."""
 
-    def __init__(self, count: Callable[[str, str], None] | None = None):
+    def __init__(self, count: Callable[[str, str], None] | None = None, family: str = "oauth"):
         self._count = count or (lambda event, outcome: None)
+        self._family = family  # what the debug line names: oauth (sign-ins) or connection
         self.audit: Callable[[str, str, dict[str, Any]], None] | None = None
 
     def __call__(self, event: str, outcome: str = "ok", **details: Any) -> None:
         self._count(event, outcome)
-        logger.debug("oauth %s: %s", event, outcome)
+        logger.debug("%s %s: %s", self._family, event, outcome)
         if self.audit is not None:
             self.audit(event, outcome, details)
 
