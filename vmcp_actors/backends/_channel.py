@@ -658,22 +658,19 @@ class BackendChannel:
 
     def _refusal(self, identity: Identity | None, error: BackendHTTPError) -> BackendError:
         """A 401 or 403 to a person's own token: they are asked to connect (again)."""
-        refused = getattr(self._auth, "refused", None)
-        if refused is None or error.status not in (401, 403):
+        if not isinstance(self._auth, PersonalOAuth) or error.status not in (401, 403):
             return error
         try:
             sent = self._auth.headers(identity)
         except BackendError as needed:
             return needed  # it lapsed meanwhile: that says it
-        return refused(identity, error.status, error.challenge, sent) or error
+        return self._auth.refused(identity, error.status, error.challenge, sent) or error
 
     def exchange_with(self, identity: Identity | None, handshake: Handshake, method: str,
                       params: dict[str, Any] | None, deadline: Deadline | None = None,
                       extra_headers: Mapping[str, str] | None = None) -> Exchange:
         """One exchange on the backend session ``handshake`` names (no renewal here).
         ``extra_headers``: a 2026-07-28 call's ``Mcp-Param-*`` headers."""
-        if not hasattr(self._auth, "refused"):
-            return (yield from self._exchange_with(identity, handshake, method, params, deadline, extra_headers))
         try:
             return (yield from self._exchange_with(identity, handshake, method, params, deadline, extra_headers))
         except BackendHTTPError as error:

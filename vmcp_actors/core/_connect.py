@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from vmcp_actors.backends import InputRequired
 from vmcp_actors.concurrency import Deadline
+from vmcp_actors.core._exchange import answered
 from vmcp_actors.exceptions import ConnectionNeeded
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import INVALID_PARAMS, JsonRpcError
@@ -126,9 +127,6 @@ def after_answer(links: ConnectLinks, identity: Identity, backend: str, answer: 
 def connected_answer(backend: str) -> Callable[[], RawExchange]:
     """The connect tool's own answer once the backend is connected."""
 
-    def answer() -> RawExchange:
-        return connect_result(f"Connected to {backend}: its tools are in your tool list now.", error=False)
-        yield  # makes this a generator  # noqa: unreachable
-
-    return answer
+    return lambda: answered(connect_result(f"Connected to {backend}: its tools are in your tool list now.",
+                                           error=False))
 
