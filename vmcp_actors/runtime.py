@@ -31,6 +31,7 @@ from vmcp_actors.edge._service import McpService
 from vmcp_actors.exceptions import ConfigError
 from vmcp_actors.metrics import METRICS_DIR_ENV, GatewayCollector, ProcessTotals, record_connection, record_oauth
 from vmcp_actors.oauth import ConnectService, OAuthService, build_connections, build_oauth, oauth_secrets
+from vmcp_actors.oauth._connections import same_person
 from vmcp_actors.shared_cache import SharedCache
 from vmcp_actors.signing import MIN_KEY_BYTES, Signer
 from vmcp_actors.users._actor import SessionServices
@@ -254,7 +255,7 @@ def _connection_changed(directory: Directory, person: Any, backend: str, fanout:
     if fanout is not None:
         fanout.publish(UserKey(person[0], person[1]), backend, {"method": CONNECTION_CHANGED})
     for user in directory.live_users():
-        if (user.key.issuer.rstrip("/"), user.key.subject) == (person[0].rstrip("/"), person[1]):
+        if same_person((user.key.issuer, user.key.subject), person):
             try:
                 user.proxy.backend_changed(backend)
             except pykka.ActorDeadError:

@@ -82,8 +82,7 @@ def build_oauth(config: VmcpConfig, secrets: OAuthSecrets, redis_client: Any, si
     """``redis_client`` is the records' Redis when they are shared, else None."""
     oauth = config.incoming_auth.oauth
     assert oauth is not None
-    records: OAuthRecords = RedisOAuthRecords(redis_client, signer, config.session_storage.key_prefix) \
-        if redis_client is not None else MemoryOAuthRecords()
+    records = _records(config, redis_client, signer)
     upstream = UpstreamIdp(oauth.upstream, secrets.upstream_client_secret, f"{oauth.issuer}/oauth/callback",
                            records)
     server = GatewayAuthorizationServer(oauth, records, secrets.keys, upstream, Events(count))
@@ -105,8 +104,7 @@ def build_connections(config: VmcpConfig, backend_secrets: dict[str, str | None]
                       redis_client: Any, signer: Any, count: Callable[[str, str], None] | None = None) -> ConnectService:
     """``login_secret``: the secret of the gateway's client at the identity provider
     (incomingAuth.oauth.upstream's, or incomingAuth.oidc's)."""
-    records: OAuthRecords = RedisOAuthRecords(redis_client, signer, config.session_storage.key_prefix) \
-        if redis_client is not None else MemoryOAuthRecords()
+    records = _records(config, redis_client, signer)
     public_url = config.public_url
     assert public_url is not None
     incoming = config.incoming_auth
@@ -118,6 +116,12 @@ def build_connections(config: VmcpConfig, backend_secrets: dict[str, str | None]
                                 ("openid",))
     login = UpstreamIdp(idp, login_secret, f"{public_url}/connect/login", records)
     return ConnectService(Connections(config, records, backend_secrets, Events(count, "connection")), login)
+
+
+def _records(config: VmcpConfig, redis_client: Any, signer: Any) -> OAuthRecords:
+    """The records in the Redis the session records use (shared by every worker), else in memory."""
+    return RedisOAuthRecords(redis_client, signer, config.session_storage.key_prefix) \
+        if redis_client is not None else MemoryOAuthRecords()
 
 
 def _client_row(client: Any, grants: list[dict[str, Any]]) -> dict[str, Any]:

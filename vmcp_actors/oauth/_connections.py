@@ -64,6 +64,10 @@ def connection_key(person: tuple[str, str] | list[str], backend: str) -> str:
     return f"{person_digest(person)}|{backend}"
 
 
+def same_person(one: tuple[str, str] | list[str], other: tuple[str, str] | list[str]) -> bool:
+    return person_digest(one) == person_digest(other)
+
+
 def secret_key(secret: str) -> str:
     """A record's key for a random secret (a ticket, a state): its digest, so keys reveal none."""
     return hashlib.sha256(secret.encode()).hexdigest()

@@ -29,7 +29,7 @@ from flask import Blueprint, Response, redirect, render_template, request
 from vmcp_actors.identity import Identity
 from vmcp_actors.oauth import ConnectService
 from vmcp_actors.oauth._backend_servers import ConnectRefused, ConnectUnavailable
-from vmcp_actors.oauth._connections import secret_key
+from vmcp_actors.oauth._connections import same_person, secret_key
 from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web._installed import current_runtime
@@ -117,7 +117,7 @@ def connect(ticket: str) -> Response:
         known = _known_person(service, browser)
         if known is None:
             return _sign_in(service, browser, new, f"/connect/{ticket}")
-        if not _same_person(known["person"], found["person"]):
+        if not same_person(known["person"], found["person"]):
             service.connections.events("connect", "other_person", backend=found["backend"])
             return _page("This connect link was made for someone else. Open the link your own app gave you "
                          "(or sign out of the identity provider and open it again).", 403)
@@ -127,10 +127,6 @@ def connect(ticket: str) -> Response:
     except (UpstreamUnavailable, StoreUnavailable):
         return _page("The sign-in service cannot be reached right now. Try again in a moment.", 503)
     return _with_cookie(_redirect(location), browser, new)
-
-
-def _same_person(signed_in: list[str], asked: list[str]) -> bool:
-    return signed_in[0].rstrip("/") == asked[0].rstrip("/") and signed_in[1] == asked[1]
 
 
 @bp.get("/connect/login")
