@@ -1,9 +1,12 @@
-"""DNS-rebinding protection (the Host and Origin of a request must be ours), and the
-operator tokens' check."""
+"""DNS-rebinding protection (the Host and Origin of a request must be ours), the
+operator tokens' check, and the browser cookies that bind a sign-in or a connect to the
+browser that started it."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
 from urllib.parse import urlsplit
 
 from flask import request
@@ -41,3 +44,22 @@ def bearer_matches(expected: str) -> bool:
     """The request's ``Authorization: Bearer`` token is ``expected`` (constant-time)."""
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), expected.encode())
+
+
+def browser_secret(cookie: str) -> tuple[str, bool]:
+    """This browser's secret in ``cookie`` (a new one when it has none) and whether it is new."""
+    current = request.cookies.get(cookie, "")
+    if 20 <= len(current) <= 100:
+        return current, False
+    return secrets.token_urlsafe(32), True
+
+
+def browser_digest(secret: str) -> str:
+    """What the records keep of a browser's secret."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def same_browser(cookie: str, digest: str) -> bool:
+    """Whether this request comes from the browser whose secret's digest is ``digest``."""
+    presented = request.cookies.get(cookie, "")
+    return bool(presented) and hmac.compare_digest(browser_digest(presented), digest)

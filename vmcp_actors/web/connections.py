@@ -15,7 +15,6 @@ Pages never show a token, and links carry nothing but a random ticket.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -33,6 +32,7 @@ from vmcp_actors.oauth._connections import same_person, secret_key
 from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web._installed import current_runtime
+from vmcp_actors.web._security import browser_digest, browser_secret, same_browser
 
 logger = logging.getLogger(__name__)
 
@@ -72,18 +72,6 @@ def _redirect(location: str) -> Response:
     return response
 
 
-def _browser() -> tuple[str, bool]:
-    """This browser's secret (a new one when it has none) and whether it is new."""
-    current = request.cookies.get(BROWSER_COOKIE, "")
-    if 20 <= len(current) <= 100:
-        return current, False
-    return secrets.token_urlsafe(32), True
-
-
-def _digest(browser: str) -> str:
-    return hashlib.sha256(browser.encode()).hexdigest()
-
-
 def _with_cookie(response: Response, browser: str, new: bool) -> Response:
     if new:
         public = current_runtime().config.public_url or ""
@@ -94,14 +82,14 @@ def _with_cookie(response: Response, browser: str, new: bool) -> Response:
 
 def _known_person(service: ConnectService, browser: str) -> dict[str, Any] | None:
     """Who signed in from this browser lately: ``{person, csrf}``."""
-    return service.connections.records.get("connect-browser", _digest(browser))
+    return service.connections.records.get("connect-browser", browser_digest(browser))
 
 
 def _sign_in(service: ConnectService, browser: str, new: bool, then: str) -> Response:
     """To the identity provider, to learn who this browser's person is; back to ``then``."""
     state, nonce, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
     service.connections.records.put("connect-login", secret_key(state), {
-        "browser": _digest(browser), "nonce": nonce, "verifier": verifier, "then": then}, LOGIN_TTL)
+        "browser": browser_digest(browser), "nonce": nonce, "verifier": verifier, "then": then}, LOGIN_TTL)
     return _with_cookie(_redirect(service.login.authorization_url(state, nonce, verifier)), browser, new)
 
 
@@ -109,7 +97,7 @@ def _sign_in(service: ConnectService, browser: str, new: bool, then: str) -> Res
 def connect(ticket: str) -> Response:
     service = _service()
     assert service is not None
-    browser, new = _browser()
+    browser, new = browser_secret(BROWSER_COOKIE)
     try:
         found = service.connections.ticket(ticket)
         if found is None:
@@ -121,7 +109,7 @@ def connect(ticket: str) -> Response:
             service.connections.events("connect", "other_person", backend=found["backend"])
             return _page("This connect link was made for someone else. Open the link your own app gave you "
                          "(or sign out of the identity provider and open it again).", 403)
-        location = service.connections.authorization_url(found, ticket, _digest(browser))
+        location = service.connections.authorization_url(found, ticket, browser_digest(browser))
     except ConnectUnavailable as problem:
         return _page(f"Connecting is not possible right now: {problem}. Try again in a moment.", 503)
     except (UpstreamUnavailable, StoreUnavailable):
@@ -140,8 +128,7 @@ def login() -> Response:
             if 10 <= len(state) <= 100 else None
         if flow is None:
             return _page("This sign-in has expired or was already finished. Open the link again.", 400)
-        presented = request.cookies.get(BROWSER_COOKIE, "")
-        if not presented or not hmac.compare_digest(_digest(presented), flow["browser"]):
+        if not same_browser(BROWSER_COOKIE, flow["browser"]):
             return _page("This sign-in was started in another browser. Open the link again.", 400)
         if not service.login.check_issuer(request.args.get("iss")):
             return _page("The sign-in answer came from another identity provider.", 400)
@@ -173,7 +160,7 @@ def callback() -> Response:
                 service.connections.events("callback", "denied", backend=flow["backend"])
             return _page("Not connected: the authorization was not given.", 400)
         done = service.connections.finish(state, request.args["code"], request.args.get("iss"),
-                                          _digest(browser) if browser else "")
+                                          browser_digest(browser) if browser else "")
     except ConnectRefused as refused:
         return _page(f"Not connected: {refused}. Open the link from your app again.", 400)
     except ConnectUnavailable as problem:
@@ -198,7 +185,7 @@ def client_document() -> Response:
 def connections() -> Response:
     service = _service()
     assert service is not None
-    browser, new = _browser()
+    browser, new = browser_secret(BROWSER_COOKIE)
     try:
         known = _known_person(service, browser)
         if known is None:

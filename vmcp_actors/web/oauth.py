@@ -12,7 +12,6 @@ never an OAuth error that would make a client start over.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -42,6 +41,7 @@ from vmcp_actors.oauth._server import (
 from vmcp_actors.oauth._upstream import ID_TOKEN_CLAIMS, UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web._installed import current_runtime
+from vmcp_actors.web._security import browser_digest, browser_secret, same_browser
 
 logger = logging.getLogger(__name__)
 
@@ -168,21 +168,8 @@ def jwks() -> Response:
 # --- sign-in -------------------------------------------------------------------------
 
 
-def _browser_secret() -> tuple[str, bool]:
-    """This browser's sign-in cookie (a new one when it has none) and whether it is new."""
-    current = request.cookies.get(BROWSER_COOKIE, "")
-    if 20 <= len(current) <= 100:
-        return current, False
-    return secrets.token_urlsafe(32), True
-
-
-def _browser_digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 def _same_browser(flow: dict[str, Any]) -> bool:
-    presented = request.cookies.get(BROWSER_COOKIE, "")
-    return bool(presented) and hmac.compare_digest(_browser_digest(presented), flow["browser"])
+    return same_browser(BROWSER_COOKIE, flow["browser"])
 
 
 @bp.get("/oauth/authorize")
@@ -199,12 +186,12 @@ def authorize() -> Response:
             raise InvalidTargetError(f"this server issues tokens for {server.config.resource} only",
                                      redirect_uri=grant.redirect_uri, state=request.args.get("state"))
         flow_id = new_flow_id()
-        browser, new_browser = _browser_secret()
+        browser, new_browser = browser_secret(BROWSER_COOKIE)
         flow = {"params": flow_params(request.args), "client_id": grant.client.client_id,
-                "resource": server.config.resource, "browser": _browser_digest(browser),
+                "resource": server.config.resource, "browser": browser_digest(browser),
                 "verifier": secrets.token_urlsafe(48), "nonce": secrets.token_urlsafe(24), "created": time.time(),
                 "csrf": secrets.token_urlsafe(32)}
-        known = server.records.get("browser", _browser_digest(browser))
+        known = server.records.get("browser", browser_digest(browser))
         if known is not None and _remembered(server, known["person"], grant.client, grant.redirect_uri):
             flow["consent"] = "remembered"  # checked again once the IdP says who signed in
         server.records.put("flow", flow_id, flow, FLOW_TTL)
