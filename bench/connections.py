@@ -348,9 +348,9 @@ def connection(issuer: str, subject: str, generation: Generation) -> dict[str, A
 
 
 def record_key(issuer: str, subject: str) -> str:
-    from vmcp_actors.oauth._connections import person_digest
+    from vmcp_actors.oauth._connections import connection_key
 
-    return f"{person_digest((issuer, subject))}|{BACKEND}"
+    return connection_key((issuer, subject), BACKEND)
 
 
 def gateway_config(idp: Any, backend_url: str, outgoing: dict[str, Any], redis_address: str | None = None,
