@@ -101,9 +101,10 @@ class Catalog:
         """Usable: a backend answered, or one waits for the person to connect it."""
         return bool(self.backends) or bool(self.unconnected)
 
-    @property
+    @functools.cached_property
     def missing(self) -> tuple[str, ...]:
-        """The backends a later round may add: failed ones and unconnected ones."""
+        """The backends a later round may add: failed ones and unconnected ones (derived once:
+        every request asks)."""
         return tuple(sorted({*self.failures, *self.unconnected}))
 
     @functools.cached_property
