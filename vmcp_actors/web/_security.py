@@ -63,3 +63,11 @@ def same_browser(cookie: str, digest: str) -> bool:
     """Whether this request comes from the browser whose secret's digest is ``digest``."""
     presented = request.cookies.get(cookie, "")
     return bool(presented) and hmac.compare_digest(browser_digest(presented), digest)
+
+
+def from_own_page(public_url: str) -> bool:
+    """Whether a form post comes from the gateway's own pages: no Origin (an older browser),
+    or the public URL's origin."""
+    origin = request.headers.get("Origin")
+    parts = urlsplit(public_url)
+    return origin is None or origin == f"{parts.scheme}://{parts.netloc}"

@@ -32,7 +32,7 @@ from vmcp_actors.oauth._connections import same_person, secret_key
 from vmcp_actors.oauth._upstream import UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web._installed import current_runtime
-from vmcp_actors.web._security import browser_digest, browser_secret, same_browser
+from vmcp_actors.web._security import browser_digest, browser_secret, from_own_page, same_browser
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +50,15 @@ PAGE_HEADERS = {"Cache-Control": "no-store", "Pragma": "no-cache", "X-Frame-Opti
                 "X-Content-Type-Options": "nosniff"}
 
 
-def _service() -> ConnectService | None:
-    return current_runtime().connect
+def _service() -> ConnectService:
+    service = current_runtime().connect
+    assert service is not None, "only_when_configured answers first"
+    return service
 
 
 @bp.before_request
 def only_when_configured() -> Response | None:
-    if _service() is None:
+    if current_runtime().connect is None:
         return _page("The gateway has no backends to connect.", 404)
     return None
 
@@ -96,7 +98,6 @@ def _sign_in(service: ConnectService, browser: str, new: bool, then: str) -> Res
 @bp.get("/connect/<ticket>")
 def connect(ticket: str) -> Response:
     service = _service()
-    assert service is not None
     browser, new = browser_secret(BROWSER_COOKIE)
     try:
         found = service.connections.ticket(ticket)
@@ -121,7 +122,6 @@ def connect(ticket: str) -> Response:
 def login() -> Response:
     """The identity provider's answer: who the browser's person is."""
     service = _service()
-    assert service is not None
     state = request.args.get("state", "")
     try:
         flow = service.connections.records.take("connect-login", secret_key(state)) \
@@ -150,7 +150,6 @@ def login() -> Response:
 def callback() -> Response:
     """The backend's authorization server sends the person back here."""
     service = _service()
-    assert service is not None
     state = request.args.get("state", "")
     browser = request.cookies.get(BROWSER_COOKIE, "")
     try:
@@ -174,7 +173,6 @@ def callback() -> Response:
 @bp.get("/connect/client.json")
 def client_document() -> Response:
     service = _service()
-    assert service is not None
     first = next(iter(service.connections.backends.values()))
     response = Response(json.dumps(first.client_document()), mimetype="application/json")
     response.headers["Cache-Control"] = "public, max-age=3600"
@@ -184,7 +182,6 @@ def client_document() -> Response:
 @bp.route("/connections", methods=["GET"])
 def connections() -> Response:
     service = _service()
-    assert service is not None
     browser, new = browser_secret(BROWSER_COOKIE)
     try:
         known = _known_person(service, browser)
@@ -202,14 +199,11 @@ def connections() -> Response:
 def change(action: str) -> Response:
     """Disconnect a backend, or start connecting it (a form of the connections page)."""
     service = _service()
-    assert service is not None
     browser = request.cookies.get(BROWSER_COOKIE, "")
     known = _known_person(service, browser) if browser else None
     if known is None:
         return _page("Your sign-in here has expired. Open the connections page again.", 403)
-    public = urlsplit(current_runtime().config.public_url or "")
-    origin = request.headers.get("Origin")
-    if origin is not None and origin != f"{public.scheme}://{public.netloc}":
+    if not from_own_page(current_runtime().config.public_url or ""):
         return _page("This form was sent from another site.", 403)
     if not hmac.compare_digest(request.form.get("csrf", ""), known["csrf"]):
         return _page("This form has expired. Open the connections page again.", 403)

@@ -41,7 +41,7 @@ from vmcp_actors.oauth._server import (
 from vmcp_actors.oauth._upstream import ID_TOKEN_CLAIMS, UpstreamRefused, UpstreamUnavailable
 from vmcp_actors.users._store import StoreUnavailable
 from vmcp_actors.web._installed import current_runtime
-from vmcp_actors.web._security import browser_digest, browser_secret, same_browser
+from vmcp_actors.web._security import browser_digest, browser_secret, from_own_page, same_browser
 
 logger = logging.getLogger(__name__)
 
@@ -375,8 +375,7 @@ def consent() -> Response:
                                  or person.subject) if person else None,
                          idp_host=urlsplit(server.upstream.issuer).netloc, scope=flow["params"].get("scope") or "",
                          server_name=current_runtime().config.name, remember=server.config.consent_ttl > 0)
-        origin = request.headers.get("Origin")
-        if origin is not None and origin != _origin(server.config.issuer):
+        if not from_own_page(server.config.issuer):
             return _problem_page("This form was sent from another site.", 403)
         if not hmac.compare_digest(request.form.get("csrf", ""), flow["csrf"]):
             return _problem_page("This form has expired. Start again from your app.", 403)
@@ -399,11 +398,6 @@ def consent() -> Response:
         return _problem_page("The identity provider cannot be reached right now. Try again in a moment.", 503)
     except StoreUnavailable:
         return _problem_page("The sign-in service is unavailable right now. Try again in a moment.", 503)
-
-
-def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 # --- client endpoints ---------------------------------------------------------------------
