@@ -37,6 +37,7 @@ from vmcp_actors.core._connect import (
 from vmcp_actors.core._exchange import Exchange, drained, from_backend
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
 from vmcp_actors.core._interface import Continuation, UnknownTool
+from vmcp_actors.core._shared_names import OwnName
 from vmcp_actors.core._task_relay import AskedStore, TaskRelay
 from vmcp_actors.core._tasks import TaskHandles, requested_task
 from vmcp_actors.identity import Identity
@@ -270,6 +271,10 @@ class AggregatedBackends:
     def list_prompts(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
         return self.catalog(identity, deadline).prompts
 
+    def own_names(self, identity: Identity | None, name: str, deadline: Deadline) -> tuple[OwnName, ...]:
+        """The advertised tools ``name`` may mean when it is a backend's own name, not advertised."""
+        return self.catalog(identity, deadline).own_names.get(name, ())
+
     def lookup_tool(self, identity: Identity | None, name: str, deadline: Deadline) -> Route | None:
         route = self.catalog(identity, deadline).tool_routes.get(name)
         if route is None and name in self._connectable:  # listed only while unconnected, callable always
@@ -380,11 +385,14 @@ class AggregatedBackends:
         return self._channels[route.backend].submit(identity, "tools/call", params, deadline, headers)
 
     def read_resource(self, identity, uri, meta, deadline) -> Exchange:
-        backend = self.lookup_resource(identity, uri, deadline)
-        if backend is None:
+        catalog = self.catalog(identity, deadline)
+        target = catalog.resource_target(uri)
+        if target is None:
             raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
         refuse_unless_admitted(uri, self._required.reads)
-        return self._request(identity, backend, "resources/read", _with_meta({"uri": uri}, meta), deadline)
+        backend, own_uri = target
+        read = self._request(identity, backend, "resources/read", _with_meta({"uri": own_uri}, meta), deadline)
+        return read if own_uri == uri else _contents_shown(read, backend, catalog)
 
     def get_prompt(self, identity, name, arguments, meta, deadline) -> Exchange:
         route = self.lookup_prompt(identity, name, deadline)
@@ -403,9 +411,12 @@ class AggregatedBackends:
                 raise JsonRpcError(INVALID_PARAMS, f"Unknown prompt: {ref['name']}")
             backend, ref = route.backend, {**ref, "name": route.original_name}
         else:
-            backend = catalog.route_template(ref["uri"]) or catalog.resource_owners.get(ref["uri"])
-            if backend is None:
+            template = catalog.route_template(ref["uri"])
+            target = (template.backend, template.own_template or template.uri_template) if template is not None \
+                else catalog.resource_target(ref["uri"])
+            if target is None:
                 raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": ref["uri"]})
+            backend, ref = target[0], {**ref, "uri": target[1]}
         if not catalog.backends[backend].supports("completions"):
             return {"completion": {"values": [], "hasMore": False}}
         return self._request(identity, backend, "completion/complete", {**params, "ref": ref}, deadline)
@@ -420,7 +431,7 @@ class AggregatedBackends:
     def subscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
         """Subscribe at the backend that owns ``uri`` and note ``subscriber`` (a client
         session) as one to tell of its updates."""
-        backend = self._subscribable(identity, uri, deadline)
+        backend, own_uri = self._subscribable(identity, uri, deadline)
         # Noted first, the backend streams open, then the backend told: an update it sends
         # the moment it is subscribed reaches the subscriber, as on a direct connection.
         with self._user_answering():
@@ -428,7 +439,7 @@ class AggregatedBackends:
         streams.wait(deadline.cap(ASK_TIMEOUT))
         if not self._channels[backend].speaks_modern():  # a 2026-07-28 backend hears it in subscriptions/listen
             try:
-                self._call(identity, backend, "resources/subscribe", {"uri": uri}, deadline)
+                self._call(identity, backend, "resources/subscribe", {"uri": own_uri}, deadline)
             except Exception:
                 try:  # not subscribed after all
                     self._user.unsubscribed(subscriber, uri).get(timeout=ASK_TIMEOUT)
@@ -441,13 +452,13 @@ class AggregatedBackends:
 
     def unsubscribe_resource(self, identity, subscriber, uri, deadline) -> dict[str, Any]:
         """The backend is told only when no other session of the user still listens."""
-        backend = self._subscribable(identity, uri, deadline)
+        backend, own_uri = self._subscribable(identity, uri, deadline)
         if self._record_subscription is not None:
             self._record_subscription(subscriber, uri, False)
         with self._user_answering():
             last = self._user.unsubscribed(subscriber, uri).get(timeout=deadline.cap(ASK_TIMEOUT))
         if last and not self._channels[backend].speaks_modern():
-            self._call(identity, backend, "resources/unsubscribe", {"uri": uri}, deadline)
+            self._call(identity, backend, "resources/unsubscribe", {"uri": own_uri}, deadline)
         return {}
 
     def speaks_modern(self, backend: str) -> bool:
@@ -465,11 +476,11 @@ class AggregatedBackends:
             return self._connect_resumed(identity, continuation, since, deadline)
         route = None
         if method == "resources/read":
-            owner = self.lookup_resource(identity, name, deadline)
-            if owner is None:
+            found = self.catalog(identity, deadline).resource_target(name)
+            if found is None:
                 raise continuation.unknown()
             refuse_unless_admitted(name, self._required.reads)
-            backend, target = owner, name
+            backend, target = found
         else:
             route = (self.lookup_tool if method == "tools/call" else self.lookup_prompt)(identity, name, deadline)
             if route is None:
@@ -500,7 +511,10 @@ class AggregatedBackends:
             if method == "tools/call" and route is not None and route.backend == backend else None
         task = requested_task.get() if method == "tools/call" else None
         if task is None:
-            return self._request(identity, backend, method, params, deadline, headers)
+            exchange = self._request(identity, backend, method, params, deadline, headers)
+            if method == "resources/read" and target != name:  # a rewritten ui:// URI
+                return _contents_shown(exchange, backend, self.catalog(identity, deadline))
+            return exchange
         params = self._tasks.call_params(backend, None, params, task)
         return self._tasks.call(backend, self._request(identity, backend, method, params, deadline, headers), task)
 
@@ -552,15 +566,16 @@ class AggregatedBackends:
         found = self.catalog(identity, deadline).backends.get(route.backend)
         return next((t for t in found.tools if t.get("name") == route.original_name), None) if found else None
 
-    def _subscribable(self, identity: Identity | None, uri: str, deadline: Deadline) -> str:
+    def _subscribable(self, identity: Identity | None, uri: str, deadline: Deadline) -> tuple[str, str]:
+        """The backend that serves ``uri`` and the URI as it knows it."""
         catalog = self.catalog(identity, deadline)
-        backend = catalog.route_resource(uri)
-        if backend is None:
+        target = catalog.resource_target(uri)
+        if target is None:
             raise JsonRpcError(RESOURCE_NOT_FOUND, "Resource not found", {"uri": uri})
-        resources = catalog.backends[backend].capabilities.get("resources")
+        resources = catalog.backends[target[0]].capabilities.get("resources")
         if not isinstance(resources, Mapping) or not resources.get("subscribe"):
             raise JsonRpcError(METHOD_NOT_FOUND, "Subscriptions are not supported for this resource", {"uri": uri})
-        return backend
+        return target
 
     @contextlib.contextmanager
     def _user_answering(self) -> Iterator[None]:
@@ -594,6 +609,17 @@ def _offered(found: InternalTool, name: str, catalog: Catalog) -> Finding:
     details = (("backend", route.backend), ("originalName", route.original_name),
                ("resolvedName", route.resolved_name), ("advertisedAs", found.advertised_as))
     return Finding("backends", OFFERS, "; ".join(said), details)
+
+
+def _contents_shown(read: Exchange, backend: str, catalog: Catalog) -> Exchange:
+    """A read of a rewritten URI: its contents' URIs as the client asked for them."""
+    result = yield from read
+    contents = result.get("contents")
+    if not isinstance(contents, list):
+        return result
+    shown = [{**item, "uri": catalog.shown_uri(backend, item["uri"])}
+             if isinstance(item, dict) and isinstance(item.get("uri"), str) else item for item in contents]
+    return {**result, "contents": shown}
 
 
 def _with_meta(params: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:

@@ -7,6 +7,8 @@ map-order nondeterminism is a known flaw we do not copy).
 Tools go through: overrides (per backend, keyed by the backend's own name) -> conflict
 resolution (prefix | priority | manual) -> name validation. Every tool, advertised or
 not, stays in the internal index so composite steps can reach it as ``workload.tool``.
+What two backends both claim (own tool names an app calls by, ``ui://`` URIs) is worked
+out by ``_shared_names`` and reported as ``clashes``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,18 @@ from typing import Any
 
 from vmcp_actors.backends import DiscoveredBackend
 from vmcp_actors.config import AggregationConfig
+from vmcp_actors.core._shared_names import (
+    RESOURCE_URI,
+    UI_SCHEME,
+    Clash,
+    OwnName,
+    UiRewrites,
+    own_name_index,
+    own_ui_uri,
+    rewritten_ui_uri,
+    ui_resource_uris,
+    ui_rewrites,
+)
 from vmcp_actors.core._uri_template import InvalidUriTemplate, compile_uri_template
 from vmcp_actors.protocol import is_valid_tool_name
 
@@ -57,7 +71,12 @@ class Route:
 @dataclass(frozen=True)
 class TemplateRoute:
     backend: str
-    uri_template: str
+    uri_template: str  # as clients see it
+    own_template: str = ""  # the backend's own, when the gateway shows it rewritten (a shared ui:// one)
+
+    def own_uri(self, uri: str) -> str:
+        """A URI this template matched, as its backend knows it."""
+        return (own_ui_uri(self.backend, uri) or uri) if self.own_template else uri
 
 
 @dataclass(frozen=True)
@@ -82,7 +101,11 @@ class Catalog:
     tool_routes: Mapping[str, Route] = field(default_factory=lambda: MappingProxyType({}))
     internal_tools: Mapping[tuple[str, str], InternalTool] = field(default_factory=lambda: MappingProxyType({}))
     resources: tuple[dict[str, Any], ...] = ()
+    # Every URI a client may read by name, as shown (listed, or a tool's UI), and its backend.
     resource_owners: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # A shown URI that is not its backend's own (a shared ui:// URI), and the backend's own.
+    own_uris: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    ui_rewrites: UiRewrites = UiRewrites()
     resource_templates: tuple[dict[str, Any], ...] = ()
     template_routes: tuple[TemplateRoute, ...] = ()
     prompts: tuple[dict[str, Any], ...] = ()
@@ -95,6 +118,10 @@ class Catalog:
     problems: tuple[str, ...] = ()
     # Backends the person has not connected (outgoingAuth type oauth): each has a connect tool.
     unconnected: tuple[str, ...] = ()
+    # Own tool names that are not advertised, and the advertised tools each may mean.
+    own_names: Mapping[str, tuple[OwnName, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # What two or more backends claim, and what the gateway does about it (reported, not errors).
+    clashes: tuple[Clash, ...] = ()
 
     @property
     def has_backends(self) -> bool:
@@ -114,18 +141,35 @@ class Catalog:
 
     def route_resource(self, uri: str) -> str | None:
         """The backend that serves ``uri``: the one that listed it, else the first template that matches."""
+        target = self.resource_target(uri)
+        return target[0] if target is not None else None
+
+    def resource_target(self, uri: str) -> tuple[str, str] | None:
+        """The backend that serves ``uri`` (as shown) and the URI as that backend knows it."""
         owner = self.resource_owners.get(uri)
         if owner is not None:
-            return owner
+            return owner, self.own_uris.get(uri, uri)
         for route in self.template_routes:
             if compile_uri_template(route.uri_template).match(uri) is not None:
-                return route.backend
+                return route.backend, route.own_uri(uri)
         return None
 
-    def route_template(self, uri_template: str) -> str | None:
+    def shown_uri(self, backend: str, uri: str) -> str:
+        """A URI of ``backend``'s (in a read's contents, an update) as clients see it."""
+        if not uri.startswith(UI_SCHEME) or not self.ui_rewrites.uris:
+            return uri
+        if (backend, uri) in self.ui_rewrites.uris:
+            return rewritten_ui_uri(backend, uri)
+        for route in self.template_routes:
+            if route.backend == backend and route.own_template \
+                    and compile_uri_template(route.own_template).match(uri) is not None:
+                return rewritten_ui_uri(backend, uri)
+        return uri
+
+    def route_template(self, uri_template: str) -> TemplateRoute | None:
         for route in self.template_routes:
             if route.uri_template == uri_template:
-                return route.backend
+                return route
         return None
 
     def resolve_internal(self, name: str) -> InternalTool | None:
@@ -181,8 +225,10 @@ def build_catalog(
     """``unconnected``: backends the person must connect first (a connect tool each is listed)."""
     backends = sorted(discovered)
     problems: list[str] = []
+    rewrites, clashes = ui_rewrites({backend: _ui_uris_used(discovered[backend]) for backend in backends})
 
-    candidates = [c for b in backends for c in _tool_candidates(b, discovered[b].tools, aggregation, problems)]
+    candidates = [c for b in backends
+                  for c in _tool_candidates(b, discovered[b].tools, aggregation, problems, rewrites)]
     names, errors = _resolve_tool_names(candidates, aggregation, problems)
     tools: list[dict[str, Any]] = []
     tool_routes: dict[str, Route] = {}
@@ -203,15 +249,21 @@ def build_catalog(
         tool_routes[name] = Route(backend, name, name, connect=True)
         tools.append(connect_tool(backend))
 
+    own_names, name_clashes = own_name_index(
+        ((found.route.backend, found.route.original_name, found.advertised_as) for found in internal.values()),
+        tool_routes, aggregation.priority_order)
     prompts, prompt_routes = _prompts(backends, discovered, aggregation, problems)
-    resources, owners = _resources(backends, discovered)
-    templates, template_routes = _templates(backends, discovered)
+    resources, owners, own_uris = _resources(backends, discovered, rewrites, clashes)
+    templates, template_routes = _templates(backends, discovered, rewrites, clashes)
+    clashes.extend(name_clashes)
     return Catalog(
         tools=tuple(tools),
         tool_routes=MappingProxyType(tool_routes),
         internal_tools=MappingProxyType(internal),
         resources=tuple(resources),
         resource_owners=MappingProxyType(owners),
+        own_uris=MappingProxyType(own_uris),
+        ui_rewrites=rewrites,
         resource_templates=tuple(templates),
         template_routes=tuple(template_routes),
         prompts=tuple(prompts),
@@ -221,6 +273,8 @@ def build_catalog(
         errors=tuple(errors),
         problems=tuple(problems),
         unconnected=tuple(sorted(unconnected)),
+        own_names=MappingProxyType(own_names),
+        clashes=tuple(sorted(clashes, key=lambda clash: (clash.kind, clash.name))),
     )
 
 
@@ -228,9 +282,11 @@ def build_catalog(
 
 
 def _tool_candidates(
-    backend: str, listed: tuple[dict[str, Any], ...], aggregation: AggregationConfig, problems: list[str]
+    backend: str, listed: tuple[dict[str, Any], ...], aggregation: AggregationConfig, problems: list[str],
+    rewrites: UiRewrites,
 ) -> list[_Candidate]:
-    """The backend's tools with its overrides applied (renames, descriptions, annotations)."""
+    """The backend's tools with its overrides applied (renames, descriptions, annotations)
+    and their UI URIs as shown."""
     workload = aggregation.tools_for(backend)
     overrides = workload.overrides if workload is not None else {}
     candidates = []
@@ -239,7 +295,7 @@ def _tool_candidates(
         if not isinstance(original, str) or not original:
             _problem(problems, logging.WARNING, f"backend {backend!r} lists a tool without a name; skipped")
             continue
-        definition = dict(tool)
+        definition = rewrites.tool(backend, dict(tool))
         resolved = original
         override = overrides.get(original)
         if override is not None:
@@ -352,34 +408,76 @@ def _prompts(
     return prompts, routes
 
 
-def _resources(backends: list[str], discovered: Mapping[str, DiscoveredBackend]) -> tuple[list, dict[str, str]]:
+def _ui_uris_used(found: DiscoveredBackend) -> set[str]:
+    """The ``ui://`` URIs and URI templates a backend lists or names in a tool."""
+    used = {uri for resource in found.resources if isinstance(uri := resource.get("uri"), str)
+            and uri.startswith(UI_SCHEME)}
+    used.update(template for listed in found.resource_templates
+                if isinstance(template := listed.get("uriTemplate"), str) and template.startswith(UI_SCHEME))
+    for tool in found.tools:
+        used.update(ui_resource_uris(tool))
+    return used
+
+
+def _resources(backends: list[str], discovered: Mapping[str, DiscoveredBackend], rewrites: UiRewrites,
+               clashes: list[Clash]) -> tuple[list, dict[str, str], dict[str, str]]:
+    """The resources as listed (shared ui:// URIs rewritten), every URI a client may read by
+    name with its backend (a tool's UI too, listed or not), and the rewritten ones' own URIs."""
     resources: list[dict[str, Any]] = []
     owners: dict[str, str] = {}
+    own_uris: dict[str, str] = {}
+    also: dict[str, list[str]] = {}
     for backend in backends:
         for resource in discovered[backend].resources:
             uri = resource.get("uri")
-            if not isinstance(uri, str) or uri in owners:
-                continue  # URIs are never rewritten; the first backend in sorted order serves it
-            owners[uri] = backend
+            if not isinstance(uri, str):
+                continue
+            shown = rewrites.shown(backend, uri)
+            if shown in owners:
+                also.setdefault(shown, [owners[shown]]).append(backend)
+                continue  # the first backend in sorted order serves it
+            owners[shown] = backend
+            if shown != uri:
+                own_uris[shown] = uri
+                resource = {**resource, "uri": shown}
             resources.append(resource)
-    return resources, owners
+    for backend in backends:  # a tool's UI that its backend does not list is read all the same
+        for tool in discovered[backend].tools:
+            for uri in ui_resource_uris(tool):
+                shown = rewrites.shown(backend, uri)
+                if shown not in owners:
+                    owners[shown] = backend
+                    if shown != uri:
+                        own_uris[shown] = uri
+    for uri, claimants in sorted(also.items()):
+        clashes.append(Clash(RESOURCE_URI, uri, tuple(claimants),
+                             f"{claimants[0]} serves it (the first in name order); the others' is not reachable"))
+    return resources, owners, own_uris
 
 
-def _templates(backends: list[str], discovered: Mapping[str, DiscoveredBackend]) -> tuple[list, list[TemplateRoute]]:
+def _templates(backends: list[str], discovered: Mapping[str, DiscoveredBackend], rewrites: UiRewrites,
+               clashes: list[Clash]) -> tuple[list, list[TemplateRoute]]:
     templates: list[dict[str, Any]] = []
     routes: list[TemplateRoute] = []
     for backend in backends:
         for template in discovered[backend].resource_templates:
-            uri_template = template.get("uriTemplate")
-            if not isinstance(uri_template, str) or any(r.uri_template == uri_template for r in routes):
+            own_template = template.get("uriTemplate")
+            if not isinstance(own_template, str):
+                continue
+            uri_template = rewrites.shown(backend, own_template)
+            taken = next((r for r in routes if r.uri_template == uri_template), None)
+            if taken is not None:
+                clashes.append(Clash(RESOURCE_URI, uri_template, (taken.backend, backend),
+                                     f"a resource template: {taken.backend} serves it (the first in name order)"))
                 continue
             try:
                 compile_uri_template(uri_template)
             except InvalidUriTemplate:
-                logger.warning("backend %r lists an invalid resource template %r; skipping it", backend, uri_template)
+                logger.warning("backend %r lists an invalid resource template %r; skipping it", backend, own_template)
                 continue
-            routes.append(TemplateRoute(backend, uri_template))
-            templates.append(template)
+            rewritten = uri_template != own_template
+            routes.append(TemplateRoute(backend, uri_template, own_template if rewritten else ""))
+            templates.append({**template, "uriTemplate": uri_template} if rewritten else template)
     return templates, routes
 
 

@@ -15,6 +15,7 @@ from vmcp_actors.concurrency import Deadline
 from vmcp_actors.core._exchange import Exchange
 from vmcp_actors.core._interface import Continuation, UnknownTool, UserCore
 from vmcp_actors.core._pagination import paginate
+from vmcp_actors.core._shared_names import OwnName, chosen_meaning
 from vmcp_actors.core._tasks import (
     TaskRequest,
     task_requested,
@@ -27,14 +28,26 @@ from vmcp_actors.protocol.mcp import LOGGING_LEVELS
 logger = logging.getLogger(__name__)
 
 
+class AmbiguousToolName(JsonRpcError):
+    """A call by an own name several of the caller's tools share, with no rule to pick one."""
+
+    def __init__(self, name: str, advertised: tuple[str, ...]):
+        super().__init__(INVALID_PARAMS, f"Tool name {name!r} is ambiguous: it is the own name of several tools "
+                                         f"({', '.join(advertised)}), and a call by it does not say which; call one "
+                                         f"of those names", {"tools": list(advertised)})
+
+
 class McpDispatcher:
     def __init__(self, capabilities: UserCore, *, page_size: int,
                  unavailable: Callable[[], Mapping[str, str]] | None = None,
-                 discovered: Callable[[Deadline], bool] | None = None):
+                 discovered: Callable[[Deadline], bool] | None = None,
+                 own_names: Callable[[Identity | None, str, Deadline], tuple[OwnName, ...]] | None = None):
         """``unavailable``: the backends the caller's catalog misses now, and why (an
         unknown tool's error names them: the tool may be theirs). ``discovered``: waits,
-        within the deadline, for a discovery still under way (True once it has ended)."""
+        within the deadline, for a discovery still under way (True once it has ended).
+        ``own_names``: the advertised tools a backend's own tool name may mean."""
         self._capabilities = capabilities
+        self._own_names = own_names
         self._unavailable = unavailable
         self._discovered = discovered
         self._page_size = page_size
@@ -75,6 +88,25 @@ class McpDispatcher:
         with task_requested(task):
             return handler(identity, {key: value for key, value in params.items() if key != "task"}, deadline)
 
+    def tool_called(self, identity: Identity | None, name: str, deadline: Deadline) -> str:
+        """The name a tools/call of ``name`` is decided and made under: ``name`` itself,
+        unless it is not advertised and is a backend's own name for a tool the caller can
+        call (an MCP App calls its server's tools by the names its server gave them). An
+        own name several such tools share goes to the one ranked first by priorityOrder;
+        with none ranked first, the call is refused (``AmbiguousToolName``). Only tools
+        the caller can call are considered, so the answer reveals no other."""
+        meanings = self._own_names(identity, name, deadline) if self._own_names is not None else ()
+        if not meanings or self._capabilities.lookup_tool(identity, name, deadline) is not None:
+            return name
+        reachable = tuple(meaning for meaning in meanings
+                          if self._capabilities.lookup_tool(identity, meaning.advertised, deadline) is not None)
+        if not reachable:
+            return name  # an unknown tool, as any name the caller cannot reach
+        chosen = chosen_meaning(reachable)
+        if chosen is None:
+            raise AmbiguousToolName(name, tuple(meaning.advertised for meaning in reachable))
+        return chosen.advertised
+
     # -- handlers: return a result dict, or an exchange that yields notifications ------
 
     def _list(self, key: str, lister: Callable[[Identity | None, Deadline], tuple[dict[str, Any], ...]]):
@@ -112,6 +144,7 @@ class McpDispatcher:
                 logger.debug("tools/call of %r waits for the discovery under way", name)
                 if not self._discovered(deadline):
                     raise
+                name = self.tool_called(identity, name, deadline)  # a late backend's own name, maybe
                 return self._capabilities.call_tool(identity, name, arguments, meta, deadline)
         except UnknownTool as unknown:
             missing = self._unavailable() if self._unavailable is not None else {}

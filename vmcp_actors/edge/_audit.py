@@ -52,7 +52,9 @@ class AuditLog:
 
     def write(self, event_type: str, *, identity: Identity | None, session_id: str | None, method: str,
               params: Any, backend: str | None, answer: dict[str, Any] | None, http_status: int,
-              seconds: float) -> None:
+              seconds: float, called_as: str | None = None) -> None:
+        """``called_as``: the backend's own tool name the client called by (an MCP App's),
+        when ``params`` names the advertised tool it meant."""
         params = params if isinstance(params, dict) else {}
         target = params.get(TARGETS[method]) if method in TARGETS else None
         line: dict[str, Any] = {
@@ -64,6 +66,7 @@ class AuditLog:
             "session": session_id[:8] if session_id else None,
             "method": method,
             "name": target if isinstance(target, str) else None,
+            **({"calledAs": called_as} if called_as is not None else {}),
             "backend": backend,
             "outcome": _outcome(answer, http_status),
             "durationMs": round(seconds * 1000, 1),

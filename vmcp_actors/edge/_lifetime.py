@@ -43,6 +43,8 @@ class RequestLifetime:
         self._ending: Callable[[], None] | None = None  # what the request opened, ended first
         self._audit: Callable[[RequestLifetime], None] | None = None
         self.run: CallRun | None = None  # its call, once started (which backend it reached)
+        # A tools/call by a backend's own name (an app's): (that name, the advertised one it meant).
+        self.own_name: tuple[str, str] | None = None
         self.outcome: tuple[int, dict[str, Any] | None] | None = None  # status and body, once answered
         self._closed = False
         self._lock = threading.Lock()  # guards _closed: the view and a call's own thread may both close

@@ -68,6 +68,7 @@ from vmcp_actors.protocol.mcp import (
     MODERN_PROTOCOL_VERSIONS,
     NAME_HEADER_PARAMS,
     SUPPORTED_PROTOCOL_VERSIONS,
+    UI_EXTENSION,
     UNSUPPORTED_PROTOCOL_VERSION,
     check_answer,
     decode_header_value,
@@ -106,7 +107,8 @@ MODERN_SERVER_CAPABILITIES = {
     "prompts": {"listChanged": True},
     "completions": {},
     "logging": {},  # deprecated in 2026-07-28, still served: log messages at the level a request asks for
-    "extensions": {"io.modelcontextprotocol/tasks": {}},  # backends' tasks relayed (core._task_relay)
+    # backends' tasks relayed (core._task_relay); MCP Apps passed through (core._shared_names)
+    "extensions": {"io.modelcontextprotocol/tasks": {}, UI_EXTENSION: {}},
 }
 
 

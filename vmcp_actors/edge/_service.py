@@ -300,7 +300,7 @@ class McpService:
             user.backends.notify_backends(identity, message.method, None)
             return settled(lifetime, 202, None)
         deadline = self._deadlines.for_request(message)
-        message = self._with_session_level(message, lease)
+        message = self._own_name_resolved(self._with_session_level(message, lease), identity, user, deadline, lifetime)
         call = self._live.begin_call(session_id, message.id)
         side = SessionSide(self._live, lease.session, call, deadline, user)
         run = CallRun(started(lambda: user.dispatcher.handle(identity, message, deadline, session_id)), deadline)
@@ -446,10 +446,11 @@ class McpService:
         if message.method == "subscriptions/listen":
             return self._listen(message, identity, user, lifetime, request)
         method = message.method or ""
+        deadline = self._deadlines.for_request(message)
+        message = self._own_name_resolved(message, identity, user, deadline, lifetime)
         params = message.params if isinstance(message.params, dict) else {}
         named = NAMED_METHODS.get(method)
         name = params.get(named) if named else None
-        deadline = self._deadlines.for_request(message)
         side = StatelessSide(method, name, request, principal_of(key), self._seal, self._parked,
                              self._shaper(user, method), self._heard(user), watch_hangup)
         if method == "tools/call" and isinstance(name, str):  # every round of a call, continued or not
@@ -638,13 +639,33 @@ class McpService:
 
     # -- internals -----------------------------------------------------------------------
 
+    @staticmethod
+    def _own_name_resolved(message: Message, identity: Identity | None, user: UserHandle, deadline: Deadline,
+                           lifetime: RequestLifetime) -> Message:
+        """A tools/call by a backend's own tool name (an MCP App's) as the call of the
+        advertised tool it means (``McpDispatcher.tool_called``), before anything decides
+        on it: every layer, the audit line and a 2026-07-28 call's sealed state see that
+        name."""
+        params = message.params
+        if message.method != "tools/call" or not isinstance(params, dict) or not isinstance(params.get("name"), str):
+            return message
+        advertised = user.dispatcher.tool_called(identity, params["name"], deadline)
+        if advertised == params["name"]:
+            return message
+        lifetime.own_name = (params["name"], advertised)
+        return replace(message, params={**params, "name": advertised})
+
     def _auditor(self, event_type: str, message: Message, identity: Identity | None, session_id: str | None,
                  elapsed: Callable[[], float]) -> Callable[[RequestLifetime], None]:
         def write(lifetime: RequestLifetime) -> None:
             status, body = lifetime.outcome if lifetime.outcome is not None else (500, None)
+            params, called_as = message.params, None
+            if lifetime.own_name is not None and isinstance(params, dict):  # decided under the advertised name
+                called_as, advertised = lifetime.own_name
+                params = {**params, "name": advertised}
             self._audit.write(event_type, identity=identity, session_id=session_id, method=message.method or "",
-                              params=message.params, backend=lifetime.run.backend if lifetime.run else None,
-                              answer=body, http_status=status, seconds=elapsed())
+                              params=params, backend=lifetime.run.backend if lifetime.run else None,
+                              answer=body, http_status=status, seconds=elapsed(), called_as=called_as)
 
         return write
 

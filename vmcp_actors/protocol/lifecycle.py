@@ -10,7 +10,7 @@ from typing import Any
 
 from vmcp_actors import __version__
 from vmcp_actors.protocol.jsonrpc import INVALID_PARAMS, JsonRpcError
-from vmcp_actors.protocol.mcp import negotiate_protocol_version
+from vmcp_actors.protocol.mcp import UI_EXTENSION, negotiate_protocol_version
 
 # What the gateway implements towards clients, whatever the backends turn out to have.
 SERVER_CAPABILITIES = MappingProxyType({
@@ -19,6 +19,9 @@ SERVER_CAPABILITIES = MappingProxyType({
     "prompts": {"listChanged": True},
     "logging": {},
     "completions": {},
+    # MCP Apps: a client's declaration reaches the backends, and their apps work through the
+    # gateway (their own tool names resolved, shared ui:// URIs kept apart: core._shared_names).
+    "extensions": {UI_EXTENSION: {}},
 })
 
 # The first revision with (experimental) tasks: its sessions are told the gateway relays them.

@@ -21,6 +21,9 @@ SESSION_HEADER = "Mcp-Session-Id"
 LOGGING_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 
+# MCP Apps (interactive UIs a tool names in ``_meta.ui``): the extension's identifier.
+UI_EXTENSION = "io.modelcontextprotocol/ui"
+
 
 def negotiate_protocol_version(requested: object) -> str:
     """The revision to answer an initialize with: the client's if we speak it, else our latest."""

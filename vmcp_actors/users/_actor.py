@@ -213,7 +213,7 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
                       lambda: services.hold_user(record.key)) if services.composite_tasks is not None else None
     outermost, composites = decorators.build(aggregated, record.client_capabilities, tasks)
     dispatcher = McpDispatcher(outermost, page_size=config.operational.page_size, unavailable=aggregated.unavailable,
-                               discovered=aggregated.discovered)
+                               discovered=aggregated.discovered, own_names=aggregated.own_names)
     return UserHandle(record.key, ref, proxy, outermost, dispatcher, composites, aggregated)
 
 
@@ -623,6 +623,7 @@ class UserActor(LoopActor):
             "backends": backends,
             "catalogErrors": list(usable.errors) if usable else [],
             "catalogProblems": list(usable.problems) if usable else [],
+            "catalogClashes": [clash.to_json() for clash in usable.clashes] if usable else [],
             "discovering": self._round is not None,
             "standaloneStreams": len(self._streams),
             "subscriptions": {uri: len(sessions) for uri, sessions in sorted(self._subscribers.items())},
@@ -699,6 +700,16 @@ class UserActor(LoopActor):
             return
         self._from_backend_stream(backend, message)
 
+    def _uri_shown(self, backend: str, update: dict[str, Any]) -> dict[str, Any]:
+        """A backend's resource update with its URI as the clients see it (a shared ui://
+        URI is shown rewritten)."""
+        params = update.get("params")
+        catalog = result_or_none(self._catalog)
+        if catalog is None or not isinstance(params, dict) or not isinstance(params.get("uri"), str):
+            return update
+        shown = catalog.shown_uri(backend, params["uri"])
+        return update if shown == params["uri"] else {**update, "params": {**params, "uri": shown}}
+
     def _from_backend_stream(self, backend: str, message: Any) -> None:
         if isinstance(message, BackendRequest):
             self._request_for_client(backend, message)
@@ -707,7 +718,7 @@ class UserActor(LoopActor):
         if method in LIST_CHANGED:
             self.backend_changed(backend)
         elif method == RESOURCE_UPDATED:
-            self.resource_updated(message)
+            self.resource_updated(self._uri_shown(backend, message))
         elif method == "notifications/progress":
             logger.debug("backend %r sent progress outside a call; not relayed", backend)
         elif not self._key.client:

@@ -50,6 +50,51 @@ logger = logging.getLogger("vmcp_actors.requests")
 bp = Blueprint("mcp", __name__)
 
 
+# CORS for browser-based hosts at an origin in operational.allowedOrigins (an MCP Apps host
+# page, say): what they may send and read. Only listed origins: a browser page anywhere else
+# gets no CORS answer, so it cannot read what the gateway says.
+CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+CORS_HEADERS = ("authorization", "content-type", "accept", "last-event-id", SESSION_HEADER.lower(),
+                PROTOCOL_VERSION_HEADER.lower(), METHOD_HEADER.lower(), NAME_HEADER.lower())
+CORS_EXPOSED = f"{SESSION_HEADER}, {PROTOCOL_VERSION_HEADER}, WWW-Authenticate, Retry-After"
+CORS_MAX_AGE = "600"
+
+
+def _cors_origin() -> str | None:
+    """The request's Origin when it is one the operator listed for browser hosts."""
+    origin = request.headers.get("Origin")
+    return origin if origin is not None and origin in current_runtime().config.operational.allowed_origins else None
+
+
+@bp.before_request
+def answer_preflight() -> Response | None:
+    """A browser's CORS preflight, before anything asks for credentials (it carries none)."""
+    if request.method != "OPTIONS":
+        return None
+    origin = _cors_origin()
+    response = Response(status=204)
+    response.headers["Vary"] = "Origin"
+    if origin is None:
+        return response  # no CORS headers: the browser refuses the request it asked about
+    asked = [name.strip().lower() for name in request.headers.get("Access-Control-Request-Headers", "").split(",")
+             if name.strip()]
+    allowed = [name for name in asked if name in CORS_HEADERS or name.startswith(PARAM_HEADER_PREFIX.lower())]
+    response.headers.update({"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Methods": CORS_METHODS,
+                             "Access-Control-Allow-Headers": ", ".join(allowed or CORS_HEADERS),
+                             "Access-Control-Max-Age": CORS_MAX_AGE})
+    return response
+
+
+@bp.after_request
+def allow_listed_origin(response: Response) -> Response:
+    origin = _cors_origin()
+    if origin is not None and "Access-Control-Allow-Origin" not in response.headers:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
+        response.vary.add("Origin")
+    return response
+
+
 @bp.before_request
 def protect_from_dns_rebinding() -> Response | None:
     runtime = current_runtime()
