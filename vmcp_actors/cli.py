@@ -41,12 +41,15 @@ def main(argv: list[str] | None = None) -> int:
 
     validate = commands.add_parser("validate", help="check a config file; exit 0, or 2 with every error")
     _add_config_source(validate)
+    validate.add_argument("--discover", action="store_true",
+                          help="also discover the backends (as --user) and report the tool names and ui:// URIs "
+                               "two of them claim, and the backends that do not answer")
+    _add_caller(validate)
 
     explain = commands.add_parser("explain", help="say why a caller does or does not see a tool, layer by layer")
     explain.add_argument("--config", required=True, help="YAML config file")
     explain.add_argument("--tool", required=True, help="the tool's name as a client would see it (or a backend's)")
-    explain.add_argument("--user", help="the caller's subject (sub claim); default: anonymous")
-    explain.add_argument("--claims", help="the caller's other token claims as a JSON object (groups, roles, ...)")
+    _add_caller(explain)
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
     demo = commands.add_parser("demo", help="run the gateway on the bundled demo backends")
@@ -56,13 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging()
     if args.command == "validate":
-        return _validate(args.mcp_servers or args.config, mcp_servers=args.mcp_servers is not None)
+        return _validate(args.mcp_servers or args.config, mcp_servers=args.mcp_servers is not None,
+                         discover=(args.user, args.claims) if args.discover else None)
     if args.command == "serve":
         return _serve(args.mcp_servers or args.config, args.host, args.port, args.workers,
                       mcp_servers=args.mcp_servers is not None)
     if args.command == "explain":
         return _explain(args.config, args.tool, args.user, args.claims, args.json)
     return _demo(args.host, args.port)
+
+
+def _add_caller(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--user", help="the caller's subject (sub claim); default: anonymous")
+    command.add_argument("--claims", help="the caller's other token claims as a JSON object (groups, roles, ...)")
 
 
 def _add_config_source(command: argparse.ArgumentParser) -> None:
@@ -95,12 +104,25 @@ def _load(path: str, mcp_servers: bool = False) -> VmcpConfig | None:
         return None
 
 
-def _validate(path: str, mcp_servers: bool = False) -> int:
+def _validate(path: str, mcp_servers: bool = False, discover: tuple[str | None, str | None] | None = None) -> int:
+    """``discover``: (user, claims) to discover the backends as, and report what two of them claim."""
     config = _load(path, mcp_servers)
     if config is None:
         return EXIT_CONFIG_ERROR
     for warning in config_warnings(config):
         print(f"warning: {warning}", file=sys.stderr)
+    if discover is not None:
+        identity = _caller(config, *discover)
+        if identity is False:
+            return EXIT_CONFIG_ERROR
+        from vmcp_actors.core import build
+        from vmcp_actors.core import discover as discover_backends
+
+        found = discover_backends(build(config), identity or None)
+        for backend, why in sorted(found.failures.items()):
+            print(f"warning: backend {backend!r} was not discovered: {why}", file=sys.stderr)
+        for clash in found.clashes:
+            print(f"clash: {clash}")
     if mcp_servers:
         for backend in config.backends:
             print(f"backend {_describe(config, backend)}")
@@ -140,29 +162,38 @@ def _serve(path: str, host: str, port: int, workers: int = 1, mcp_servers: bool 
         return EXIT_CONFIG_ERROR
 
 
-def _explain(path: str, tool: str, user: str | None, claims_json: str | None, as_json: bool) -> int:
-    config = _load(path)
-    if config is None:
-        return EXIT_CONFIG_ERROR
+def _caller(config: VmcpConfig, user: str | None, claims_json: str | None) -> Any:
+    """The caller --user and --claims describe: an Identity, None (anonymous), or False
+    when --claims is not a JSON object (said on stderr)."""
     claims: dict[str, Any] = {}
     if claims_json:
         try:
             claims = json.loads(claims_json)
         except json.JSONDecodeError as error:
             print(f"--claims: not JSON: {error.msg}", file=sys.stderr)
-            return EXIT_CONFIG_ERROR
+            return False
         if not isinstance(claims, dict):
             print("--claims: must be a JSON object of claims", file=sys.stderr)
-            return EXIT_CONFIG_ERROR
-    from vmcp_actors.core import build, explain
+            return False
+    if user is None and not claims:
+        return None
     from vmcp_actors.identity import Identity
+
+    subject = user or str(claims.get("sub", "cli-user"))
+    issuer = config.incoming_auth.oidc.issuer if config.incoming_auth.oidc is not None else "vmcp-actors explain"
+    return Identity(issuer, subject, claims={**claims, "sub": subject})
+
+
+def _explain(path: str, tool: str, user: str | None, claims_json: str | None, as_json: bool) -> int:
+    config = _load(path)
+    if config is None:
+        return EXIT_CONFIG_ERROR
+    identity = _caller(config, user, claims_json)
+    if identity is False:
+        return EXIT_CONFIG_ERROR
+    from vmcp_actors.core import build, explain
     from vmcp_actors.protocol import JsonRpcError
 
-    identity = None
-    if user is not None or claims:
-        subject = user or str(claims.get("sub", "cli-user"))
-        issuer = config.incoming_auth.oidc.issuer if config.incoming_auth.oidc is not None else "vmcp-actors explain"
-        identity = Identity(issuer, subject, claims={**claims, "sub": subject})
     try:
         explanation = explain(build(config), tool, identity)
     except JsonRpcError as error:

@@ -1343,8 +1343,8 @@ def test_priority_order_with_another_strategy_loads_with_a_warning_not_silently(
         settings["conflictResolution"] = strategy
     config = config_from_mapping(aggregation(**settings))
     expected = [] if not order else [
-        "aggregation.conflictResolutionConfig.priorityOrder: only used with conflictResolution priority; "
-        f"ignored under {strategy or 'prefix'}"
+        f"aggregation.conflictResolutionConfig.priorityOrder: under {strategy or 'prefix'} it names no tool; it "
+        "only ranks the backends whose tools share an own name an app calls by (the first listed gets such a call)"
     ]
     assert config_warnings(config) == expected
 

@@ -14,8 +14,9 @@ def config_warnings(config: VmcpConfig) -> list[str]:
     aggregation = config.aggregation
     if aggregation.priority_order and aggregation.conflict_resolution != "priority":
         warnings.append(
-            "aggregation.conflictResolutionConfig.priorityOrder: only used with conflictResolution priority; "
-            f"ignored under {aggregation.conflict_resolution}"
+            f"aggregation.conflictResolutionConfig.priorityOrder: under {aggregation.conflict_resolution} it names no "
+            "tool; it only ranks the backends whose tools share an own name an app calls by (the first listed "
+            "gets such a call)"
         )
     warnings.extend(_unknown_step_workloads(config))
     warnings.extend(_elicitation_settings(config))

@@ -53,6 +53,7 @@ from typing import Any
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import VmcpConfig, config_from_mapping, load_config
 from vmcp_actors.core._catalog import Route
+from vmcp_actors.core._shared_names import Clash
 from vmcp_actors.core._exchange import Exchange, Notification, ServerRequest, answered
 from vmcp_actors.core._explain import (
     ABSENT,
@@ -200,6 +201,29 @@ def explain(core: Core, tool: str, identity: Identity | None = None, *,
             timeout: float = EXPLAIN_TIMEOUT) -> Explanation:
     """Why ``identity`` does or does not see ``tool``: the user's stack is started (its
     backends discovered with that caller's credentials), asked, and stopped again."""
+    with _user_served(core, identity, timeout) as (user, deadline):
+        return user.core.explain_tool(identity, tool, deadline)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What discovering a caller's backends found: the names and URIs two or more of them
+    claim (and what the gateway does about each), and the backends that did not answer."""
+
+    clashes: tuple[Clash, ...]
+    failures: Mapping[str, str]
+
+
+def discover(core: Core, identity: Identity | None = None, *, timeout: float = EXPLAIN_TIMEOUT) -> Discovery:
+    """Discover ``identity``'s backends as a request would (``vmcp-actors validate --discover``)."""
+    with _user_served(core, identity, timeout) as (user, deadline):
+        catalog = user.backends.catalog(identity, deadline)
+        return Discovery(catalog.clashes, dict(catalog.failures))
+
+
+@contextlib.contextmanager
+def _user_served(core: Core, identity: Identity | None, timeout: float) -> Iterator[tuple[Any, Deadline]]:
+    """A runtime of its own serving ``identity``'s stack, stopped on leaving."""
     from vmcp_actors.runtime import start_runtime
     from vmcp_actors.users._records import UserKey
 
@@ -207,8 +231,8 @@ def explain(core: Core, tool: str, identity: Identity | None = None, *,
     try:
         deadline = Deadline.after(timeout)
         key = UserKey.of(identity, {})
-        user = runtime.gateway.serve_user(key, identity, {}, runtime.service.store.user(key)).get(timeout=timeout)
-        return user.core.explain_tool(identity, tool, deadline)
+        yield runtime.gateway.serve_user(key, identity, {}, runtime.service.store.user(key)).get(timeout=timeout), \
+            deadline
     finally:
         runtime.stop()
 
@@ -234,6 +258,7 @@ __all__ = [
     "ABSENT",
     "ADDS",
     "Capabilities",
+    "Clash",
     "Continuation",
     "Core",
     "Deadline",
@@ -262,6 +287,8 @@ __all__ = [
     "answered",
     "build",
     "demo",
+    "discover",
+    "Discovery",
     "explain",
     "serve",
     "start",

@@ -37,7 +37,7 @@ from vmcp_actors.core._connect import (
 from vmcp_actors.core._exchange import Exchange, drained, from_backend
 from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
 from vmcp_actors.core._interface import Continuation, UnknownTool
-from vmcp_actors.core._shared_names import OwnName
+from vmcp_actors.core._shared_names import OwnName, chosen_meaning
 from vmcp_actors.core._task_relay import AskedStore, TaskRelay
 from vmcp_actors.core._tasks import TaskHandles, requested_task
 from vmcp_actors.identity import Identity
@@ -297,6 +297,9 @@ class AggregatedBackends:
         listed = name in catalog.tool_routes
         findings = [_offered(found, name, catalog) for found in catalog.internal_tools.values()
                      if name in (found.advertised_as, found.route.original_name, found.route.resolved_name)]
+        meanings = catalog.own_names.get(name)
+        if meanings:
+            findings.append(_own_name_finding(name, meanings))
         if not findings:
             reason = "no backend of this caller offers a tool by that name"
             if catalog.failures:
@@ -609,6 +612,22 @@ def _offered(found: InternalTool, name: str, catalog: Catalog) -> Finding:
     details = (("backend", route.backend), ("originalName", route.original_name),
                ("resolvedName", route.resolved_name), ("advertisedAs", found.advertised_as))
     return Finding("backends", OFFERS, "; ".join(said), details)
+
+
+def _own_name_finding(name: str, meanings: tuple[OwnName, ...]) -> Finding:
+    """What a call by ``name``, a backend's own name that is not advertised, does."""
+    chosen = chosen_meaning(meanings)
+    tools = ", ".join(meaning.advertised for meaning in meanings)
+    if chosen is not None:
+        reason = (f"not advertised by this name, but it is {chosen.backend}'s own name for {chosen.advertised}: "
+                  f"a call by it (an app's) is a call of {chosen.advertised}, decided under that name")
+        if len(meanings) > 1:
+            reason += f" ({chosen.backend} comes first in priorityOrder of {tools})"
+    else:
+        reason = (f"not advertised by this name; it is the own name of {tools}: a call by it is refused as "
+                  f"ambiguous unless priorityOrder lists one of their backends first")
+    return Finding("backends", OFFERS, reason, (("ownName", name), ("means", chosen.advertised if chosen else None),
+                                                ("tools", tools)))
 
 
 def _contents_shown(read: Exchange, backend: str, catalog: Catalog) -> Exchange:

@@ -54,6 +54,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
             "catalogFromCache": bool(user and user["sessionCatalogFromCache"].get(record.session_id)),
             "catalogErrors": user["catalogErrors"] if user else [],
             "catalogProblems": user["catalogProblems"] if user else [],
+            "catalogClashes": user["catalogClashes"] if user else [],
             "compositeProblems": user["compositeProblems"] if user else [],
             "workflowRuns": user["workflowRuns"] if user else [],
             "backends": user["backends"] if user else [],
