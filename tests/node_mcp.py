@@ -70,22 +70,19 @@ def need_node_mcp() -> None:
         pytest.skip(why)
 
 
-class EverythingServer:
-    """server-everything in streamable HTTP mode (or ``transport="sse"``: the 2024-11-05
-    HTTP+SSE transport, its stream at ``.sse_url``), as a child process on a loopback port
-    (``.url``, ``.mcp_url``, ``.name``, ``.stop()``: like the Python test backends, so
-    ``backend_entry`` takes it)."""
+class NodeHttpServer:
+    """A Node MCP server on a loopback port (PORT), as a child process: ``.url``,
+    ``.mcp_url``, ``.name``, ``.stop()``, like the Python test backends, so ``backend_entry``
+    takes it. ``what`` names it in errors."""
 
-    def __init__(self, name: str = "everything", transport: str = "streamableHttp") -> None:
+    def __init__(self, name: str, argv: list[str], cwd: Path, what: str) -> None:
         self.name = name
+        self.what = what
         self.port = free_port()
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, kept until stop()
-        home = node_mcp_home()
-        # The server listens on every interface of PORT; it is only ever reached on loopback.
-        self._process = subprocess.Popen(
-            [str(home / NODE), str(home / EVERYTHING_ENTRY), transport],
-            env={**os.environ, "PORT": str(self.port)}, cwd=home,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log)
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's output, kept until stop()
+        # It listens on every interface of PORT; it is only ever reached on loopback.
+        self._process = subprocess.Popen(argv, env={**os.environ, "PORT": str(self.port)}, cwd=cwd,
+                                         stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         try:
             self._wait_listening()
         except BaseException:
@@ -96,13 +93,13 @@ class EverythingServer:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise RuntimeError(f"server-everything exited with {self._process.returncode}: {self.log()}")
+                raise RuntimeError(f"{self.what} exited with {self._process.returncode}: {self.log()}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"server-everything did not listen on {self.port} within {STARTUP_TIMEOUT} s: {self.log()}")
+        raise RuntimeError(f"{self.what} did not listen on {self.port} within {STARTUP_TIMEOUT} s: {self.log()}")
 
     def log(self) -> str:
         self._log.seek(0)
@@ -116,11 +113,6 @@ class EverythingServer:
     def mcp_url(self) -> str:
         return self.url + "/mcp"
 
-    @property
-    def sse_url(self) -> str:
-        """Where the ``sse`` mode's event stream is (its messages go to ``/message``)."""
-        return self.url + "/sse"
-
     def stop(self) -> None:
         if self._process.poll() is None:
             self._process.terminate()
@@ -130,6 +122,20 @@ class EverythingServer:
                 self._process.kill()
                 self._process.wait(5)
         self._log.close()
+
+
+class EverythingServer(NodeHttpServer):
+    """server-everything in streamable HTTP mode (or ``transport="sse"``: the 2024-11-05
+    HTTP+SSE transport, its stream at ``.sse_url``)."""
+
+    def __init__(self, name: str = "everything", transport: str = "streamableHttp") -> None:
+        home = node_mcp_home()
+        super().__init__(name, [str(home / NODE), str(home / EVERYTHING_ENTRY), transport], home, "server-everything")
+
+    @property
+    def sse_url(self) -> str:
+        """Where the ``sse`` mode's event stream is (its messages go to ``/message``)."""
+        return self.url + "/sse"
 
 
 def run_ts_client(url: str, scenario: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:

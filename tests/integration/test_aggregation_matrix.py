@@ -353,6 +353,28 @@ def test_the_oracle_reads_the_requirement_as_intended():
     assert not oracle(Case("manual", "none", "excludeAllTools")).advertised
 
 
+AMBIGUOUS = "ambiguous"
+
+
+def own_name_meaning(case: Case, expected: Expected, name: str) -> tuple[str, str] | str | None:
+    """What a call by ``name``, not advertised, reaches (issue 38): the tool whose backend
+    named it so, when exactly one the client can call (advertised, not hidden) has that own
+    name, or the one whose backend comes strictly first in priorityOrder; AMBIGUOUS when
+    several and none first; None when none (an unknown tool)."""
+    meanings = [(backend, original) for advertised, (backend, original) in expected.advertised.items()
+                if original == name]
+    if not meanings:
+        return None
+    if len(meanings) == 1:
+        return meanings[0]
+    order = STRATEGIES[case.strategy].get("conflictResolutionConfig", {}).get("priorityOrder", [])
+    ranked = sorted(meanings, key=lambda meaning: order.index(meaning[0]) if meaning[0] in order else len(order))
+    first, second = ranked[0], ranked[1]
+    if first[0] in order and (second[0] not in order or order.index(first[0]) < order.index(second[0])):
+        return first
+    return AMBIGUOUS
+
+
 # -- raw protocol helpers -------------------------------------------------------------
 
 
@@ -475,7 +497,9 @@ def test_aggregation_matrix(case: Case, backends, start_gateway):
         assert CALLS[(backend, original)] == before + 1, name
 
     # every hidden name, and every name that is not advertised, answers as an unknown tool
-    # (and no backend runs anything for them)
+    # (and no backend runs anything for them), but a backend's own name for a tool the client
+    # can call (an MCP App calls by those): it reaches the one tool it means, or is refused
+    # as ambiguous
     calls_before = CALLS.copy()
     unknown = UnknownTool(gateway, sid)
     for name in expected.hidden:
@@ -486,8 +510,16 @@ def test_aggregation_matrix(case: Case, backends, start_gateway):
             renamed = overrides.get(backend, {}).get(tool, {}).get("name", tool)
             for base in {tool, renamed}:
                 for name in (base, f"{backend}.{base}", f"{backend}_{base}"):
-                    if name not in expected.advertised and name not in expected.hidden:
+                    if name in expected.advertised or name in expected.hidden:
+                        continue
+                    meant = own_name_meaning(case, expected, name)
+                    if meant is None:
                         unknown.assert_same_answer(name, "not an advertised name")
+                    elif meant == AMBIGUOUS:
+                        assert "is ambiguous" in call_tool(gateway, sid, name, "hi")["error"]["message"], name
+                    else:
+                        assert result_text(call_tool(gateway, sid, name, "hi")) == f"{meant[0]}|{meant[1]}|hi", name
+                        calls_before[meant] += 1
     assert CALLS == calls_before, "a hidden or unknown name reached a backend"
 
     # prompts: named per strategy, each reaching its backend under its own name
@@ -571,8 +603,10 @@ def test_clients_call_advertised_names_only_not_the_dot_convention(backends, sta
     sid = gateway.initialize()
     assert result_text(call_tool(gateway, sid, "alpha_echo", "a")) == "alpha|echo|a"
     unknown = UnknownTool(gateway, sid)
-    for name in ("alpha.echo", "beta.whoami", ".echo", "alpha.", "echo"):
+    for name in ("alpha.echo", "beta.whoami", ".echo", "alpha."):
         unknown.assert_same_answer(name, "the dot convention is for internal callers only")
+    # a bare own name two backends share is refused as ambiguous, never guessed (issue 38)
+    assert "is ambiguous" in call_tool(gateway, sid, "echo", "a")["error"]["message"]
 
 
 def test_under_a_dot_prefix_the_advertised_dotted_name_is_the_one_clients_call(backends, start_gateway):
