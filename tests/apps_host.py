@@ -96,13 +96,7 @@ def missing() -> str | None:
 
 def need_mcp_apps() -> None:
     """Skip the calling test without the MCP Apps install; fail it under CI."""
-    from tests.conformance.test_conformance import in_ci
-
-    why = missing()
-    if why is not None:
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
+    node_mcp.unless_installed(missing())
 
 
 def stdio_command(package: str) -> list[str]:

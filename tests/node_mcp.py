@@ -58,16 +58,20 @@ def missing() -> str | None:
     return None
 
 
-def need_node_mcp() -> None:
-    """Skip the calling test without the Node side; fail it under CI (the README's set-up
-    installs it there)."""
+def unless_installed(why: str | None) -> None:
+    """Skip the calling test for ``why`` (what is not installed); fail it under CI, whose
+    set-up (the README's) installs everything a test needs. Nothing when ``why`` is None."""
     from tests.conformance.test_conformance import in_ci
 
-    why = missing()
     if why is not None:
         if in_ci():
             pytest.fail(why)
         pytest.skip(why)
+
+
+def need_node_mcp() -> None:
+    """Skip the calling test without the Node side; fail it under CI."""
+    unless_installed(missing())
 
 
 class NodeHttpServer:

@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-import pytest
-
 from tests.ports import free_port
 from vmcp_actors.demo._serve import serve_asgi_in_thread
 
@@ -67,13 +65,9 @@ def missing() -> str | None:
 
 def need_browser() -> None:
     """Skip the calling test without the browser; fail it under CI."""
-    from tests.conformance.test_conformance import in_ci
+    from tests.node_mcp import unless_installed
 
-    why = missing()
-    if why is not None:
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
+    unless_installed(missing())
 
 
 @contextmanager

@@ -13,10 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from tests import node_mcp
-from tests.conformance.test_conformance import in_ci
 
 INSTALL_SCRIPT = "scripts/install-stdio-servers"
 TIME_SERVER = "venv/bin/mcp-server-time"
@@ -72,8 +69,4 @@ def missing() -> str | None:
 
 def need_stdio_servers() -> None:
     """Skip the calling test without the servers; fail it under CI."""
-    why = missing()
-    if why is not None:
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
+    node_mcp.unless_installed(missing())
