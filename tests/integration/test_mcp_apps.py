@@ -19,6 +19,7 @@ from typing import Any
 import mcp
 import pytest
 import requests
+from markupsafe import escape
 from mcp.shared.exceptions import MCPError
 
 from tests.apps_host import REACT, SYSTEM_MONITOR, VANILLA, AppServer, need_mcp_apps, stdio_command
@@ -202,12 +203,19 @@ def test_a_shared_app_tool_name_is_resolved_by_the_documented_rule_or_refused(se
     gateway = start_gateway(apps_config(servers, monitor=False, aggregation=aggregation,
                                         admin={"tokenEnv": ADMIN_ENV}))
 
-    async def calls_and_clashes(client: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def calls_and_clashes(client: Any) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
         answers = await app_calls(client)
-        sessions = admin_get(gateway, token=ADMIN_TOKEN).json()["sessions"]  # while this client's session is live
-        return answers, [clash for session in sessions for clash in session["catalogClashes"]]
+        # while this client's session (and so its user) is live
+        sessions = admin_get(gateway, token=ADMIN_TOKEN).json()["sessions"]
+        page = admin_get(gateway, "/admin", token=ADMIN_TOKEN).text
+        return answers, [clash for session in sessions for clash in session["catalogClashes"]], page
 
-    answers, clashes = seen(gateway.url, "legacy", calls_and_clashes)
+    answers, clashes, page = seen(gateway.url, "legacy", calls_and_clashes)
+    table = page[page.index('<table id="clashes">'):]
+    table = table[:table.index("</table>")]
+    for clash in clashes:  # the admin page's Name clashes table shows each
+        assert f"<td>{escape(clash['name'])}</td><td>{escape(', '.join(clash['backends']))}</td>" \
+            f"<td>{escape(clash['outcome'])}</td>" in table, (clash, table)
     if goes_to is None:
         assert "ambiguous" in answers["get-time"]["error"]
     else:
