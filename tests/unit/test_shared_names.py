@@ -212,3 +212,20 @@ def test_a_name_the_outermost_layer_offers_itself_is_never_resolved():
     # a composite tool named like a backend tool's own name: the composite is what the name means
     resolve = dispatcher(two_apps(), {"poll-system-stats", "monitor_poll-system-stats"}).tool_called
     assert resolve(None, "poll-system-stats", Deadline.after(5)) == "poll-system-stats"
+
+
+def test_an_update_of_a_shared_ui_uri_reaches_clients_under_the_uri_they_read():
+    from vmcp_actors.core._exchange import Notification, from_backend
+
+    catalog = two_apps()
+    update = {"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": SHARED_UI}}
+    assert catalog.shown_update("react", update)["params"]["uri"] == "ui://react/get-time/mcp-app.html"
+    assert catalog.shown_update("monitor", update) is update  # not one of monitor's shared URIs
+    assert catalog.rewrites_uris_of("vanilla") and not catalog.rewrites_uris_of("monitor")
+
+    def call():  # a backend's call that streams an update before its answer
+        yield update
+        return {"contents": []}
+
+    events = list(from_backend(call(), "vanilla", lambda message: catalog.shown_update("vanilla", message)))
+    assert events == [Notification({**update, "params": {"uri": "ui://vanilla/get-time/mcp-app.html"}}, "vanilla")]

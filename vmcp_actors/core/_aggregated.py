@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -338,7 +339,7 @@ class AggregatedBackends:
 
         raw = self._connected_first(identity, route, params, start, deadline) \
             if channel.personal is not None else start()
-        exchange = from_backend(raw, route.backend)
+        exchange = from_backend(raw, route.backend, self._shown_updates(identity, route.backend, deadline))
         if task is None or task.awaited:
             return self._tasks.unasked(identity, route.backend, exchange, deadline)
         return self._tasks.call(route.backend, exchange, task)
@@ -592,7 +593,15 @@ class AggregatedBackends:
         return drained(self._channels[backend].request(identity, method, params, deadline))
 
     def _request(self, identity, backend, method, params, deadline, headers=None) -> Exchange:
-        return from_backend(self._channels[backend].request(identity, method, params, deadline, headers), backend)
+        return from_backend(self._channels[backend].request(identity, method, params, deadline, headers), backend,
+                            self._shown_updates(identity, backend, deadline))
+
+    def _shown_updates(self, identity: Identity | None, backend: str,
+                       deadline: Deadline) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        """How ``backend``'s notifications in a call reach its client: with a shared ui://
+        URI rewritten, when it has one (None: as they come)."""
+        catalog = self.catalog(identity, deadline)
+        return functools.partial(catalog.shown_update, backend) if catalog.rewrites_uris_of(backend) else None
 
 
 def _offered(found: InternalTool, name: str, catalog: Catalog) -> Finding:

@@ -40,6 +40,7 @@ from vmcp_actors.protocol import is_valid_tool_name
 
 logger = logging.getLogger(__name__)
 
+RESOURCE_UPDATED = "notifications/resources/updated"
 # Under priority, clashing tools of unlisted backends get this fixed prefix (as ToolHive).
 PRIORITY_FALLBACK_PREFIX = "{workload}_"
 
@@ -165,6 +166,19 @@ class Catalog:
                     and compile_uri_template(route.own_template).match(uri) is not None:
                 return rewritten_ui_uri(backend, uri)
         return uri
+
+    def shown_update(self, backend: str, message: dict[str, Any]) -> dict[str, Any]:
+        """A notification of ``backend``'s with a resource URI it names as clients see it."""
+        params = message.get("params")
+        if message.get("method") != RESOURCE_UPDATED or not isinstance(params, dict) \
+                or not isinstance(params.get("uri"), str):
+            return message
+        shown = self.shown_uri(backend, params["uri"])
+        return message if shown == params["uri"] else {**message, "params": {**params, "uri": shown}}
+
+    def rewrites_uris_of(self, backend: str) -> bool:
+        """Whether any URI of ``backend``'s is shown rewritten (a ui:// URI it shares)."""
+        return any(owner == backend for owner, _ in self.ui_rewrites.uris)
 
     def route_template(self, uri_template: str) -> TemplateRoute | None:
         for route in self.template_routes:

@@ -94,15 +94,19 @@ def as_event(streamed: Any, origin: str) -> Notification | ServerRequest | CallO
     return Notification(streamed, origin)
 
 
-def from_backend(exchange: Generator[Any, None, dict[str, Any]], origin: str = "") -> Exchange:
-    """A backend exchange as the client sees it: its messages as events, its failures
-    as JsonRpcErrors."""
+def from_backend(exchange: Generator[Any, None, dict[str, Any]], origin: str = "",
+                 shown: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Exchange:
+    """A backend exchange as the client sees it: its messages as events (``shown``: a
+    notification as clients see it, a shared ui:// URI rewritten), its failures as
+    JsonRpcErrors."""
     try:
         while True:
             try:
                 streamed = next(exchange)
             except StopIteration as answered:
                 return answered.value
+            if shown is not None and isinstance(streamed, dict):
+                streamed = shown(streamed)
             yield as_event(streamed, origin)
     except JsonRpcError:
         raise

@@ -75,7 +75,7 @@ from vmcp_actors.concurrency import (
 )
 from vmcp_actors.config import BackendConfig, VmcpConfig
 from vmcp_actors.core._aggregated import AggregatedBackends, CatalogBoard
-from vmcp_actors.core._catalog import Catalog, build_catalog
+from vmcp_actors.core._catalog import RESOURCE_UPDATED, Catalog, build_catalog
 from vmcp_actors.core._dispatch import McpDispatcher
 from vmcp_actors.core._exchange import ServerRequest
 from vmcp_actors.core._interface import UserCore
@@ -108,7 +108,6 @@ LIST_CHANGED = {
     "notifications/prompts/list_changed": "prompts",
     "notifications/resources/list_changed": "resources",
 }
-RESOURCE_UPDATED = "notifications/resources/updated"
 # How long a backend's request outside a call waits for its client session's stream.
 STREAM_WAIT = 10.0
 
@@ -703,12 +702,8 @@ class UserActor(LoopActor):
     def _uri_shown(self, backend: str, update: dict[str, Any]) -> dict[str, Any]:
         """A backend's resource update with its URI as the clients see it (a shared ui://
         URI is shown rewritten)."""
-        params = update.get("params")
         catalog = result_or_none(self._catalog)
-        if catalog is None or not isinstance(params, dict) or not isinstance(params.get("uri"), str):
-            return update
-        shown = catalog.shown_uri(backend, params["uri"])
-        return update if shown == params["uri"] else {**update, "params": {**params, "uri": shown}}
+        return update if catalog is None else catalog.shown_update(backend, update)
 
     def _from_backend_stream(self, backend: str, message: Any) -> None:
         if isinstance(message, BackendRequest):
