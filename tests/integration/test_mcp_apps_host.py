@@ -3,8 +3,7 @@ the MCP client) renders each example server's app in headless Chromium, and the 
 tool calls go back through the bridge: straight to each server (which proves the test host
 itself), then through the gateway's one URL, with the same expectations
 (``tests/apps_host.expect_*``) and the same text in the DOM. Screenshots of every card go to
-``$VMCP_TEST_ARTIFACTS/mcp-apps-direct`` and ``.../mcp-apps-gateway`` (else a pytest
-temporary directory; printed).
+``$VMCP_TEST_ARTIFACTS/mcp-apps`` (else a pytest temporary directory; printed).
 """
 
 from __future__ import annotations
@@ -51,49 +50,12 @@ def host():
 
 @pytest.fixture(scope="module")
 def screenshots(tmp_path_factory) -> Path:
-    return apps_host.artifacts_dir(tmp_path_factory, "mcp-apps-direct")
+    return apps_host.artifacts_dir(tmp_path_factory, "mcp-apps")
 
 
 def shot(card: Card, directory: Path, name: str) -> None:
     path = card.screenshot(directory / f"{name}.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_vanilla_app_over_http(servers, host, screenshots):
-    [card] = host.render(servers[VANILLA].mcp_url, ["get-time"])
-    assert (card.tool, card.uri) == ("get-time", GET_TIME_URI)
-    expect_get_time_app(card, VANILLA)
-    shot(card, screenshots, "vanilla")
-
-
-def test_react_app_over_http(servers, host, screenshots):
-    [card] = host.render(servers[REACT].mcp_url, ["get-time"])
-    assert (card.tool, card.uri) == ("get-time", GET_TIME_URI)
-    expect_get_time_app(card, REACT)
-    shot(card, screenshots, "react")
-
-
-def test_system_monitor_app_over_http(servers, host, screenshots):
-    [card] = host.render(servers[SYSTEM_MONITOR].mcp_url, ["get-system-info"])
-    assert (card.tool, card.uri) == ("get-system-info", SYSTEM_MONITOR_URI)
-    expect_system_monitor_app(card, polls=1)
-    shot(card, screenshots, "system-monitor")
-
-
-def test_three_servers_apps_side_by_side_each_their_own(servers, host, screenshots):
-    vanilla, react, monitor = host.render_servers([(servers[VANILLA].mcp_url, ["get-time"]),
-                                                   (servers[REACT].mcp_url, ["get-time"]),
-                                                   (servers[SYSTEM_MONITOR].mcp_url, ["get-system-info"])])
-    # One URI, two different apps: each card got its own server's HTML.
-    assert vanilla.uri == react.uri == GET_TIME_URI and vanilla.html_sha256 != react.html_sha256
-    expect_get_time_app(vanilla, VANILLA)
-    expect_get_time_app(react, REACT)
-    # Checked last: the monitor polls every 2 s, and a second poll shows it keeps polling.
-    expect_system_monitor_app(monitor, polls=2)
-    for card, name in ((vanilla, "side-by-side-vanilla"), (react, "side-by-side-react"),
-                       (monitor, "side-by-side-system-monitor")):
-        shot(card, screenshots, name)
-    host.screenshot(screenshots / "side-by-side.png")
 
 
 def test_an_example_server_answers_over_stdio():
@@ -148,10 +110,19 @@ def apps_gateway(servers, host, start_gateway):
     return start
 
 
-def test_a_host_renders_the_three_apps_from_one_gateway_as_directly(servers, host, apps_gateway, tmp_path_factory):
+def test_a_host_renders_the_three_apps_directly_and_from_one_gateway_alike(servers, host, apps_gateway, screenshots):
     direct = host.render_servers([(servers[VANILLA].mcp_url, ["get-time"]), (servers[REACT].mcp_url, ["get-time"]),
                                   (servers[SYSTEM_MONITOR].mcp_url, ["get-system-info"])])
+    # One URI, two different apps: each card got its own server's HTML.
+    assert [card.uri for card in direct] == [GET_TIME_URI, GET_TIME_URI, SYSTEM_MONITOR_URI]
+    assert direct[0].html_sha256 != direct[1].html_sha256
+    for card, package in zip(direct, (VANILLA, REACT)):
+        expect_get_time_app(card, package)
+    expect_system_monitor_app(direct[2], polls=1)
     direct_texts = [same_text(card.text()) for card in direct]
+    for card, name in zip(direct, ("vanilla", "react", "system-monitor")):
+        shot(card, screenshots, f"direct-{name}")
+
     # Both template apps call get-time: the rule documented for a shared own name decides (vanilla first).
     gateway = apps_gateway(conflictResolutionConfig={"priorityOrder": ["vanilla"]})
     vanilla, react, monitor = host.render(gateway.url, ["vanilla_get-time", "react_get-time", "monitor_get-system-info"])
@@ -160,12 +131,11 @@ def test_a_host_renders_the_three_apps_from_one_gateway_as_directly(servers, hos
         "ui://vanilla/get-time/mcp-app.html", "ui://react/get-time/mcp-app.html", SYSTEM_MONITOR_URI)
     expect_get_time_app(vanilla, VANILLA)
     expect_get_time_app(react, REACT)
-    expect_system_monitor_app(monitor, polls=2)  # app-only poll-system-stats, by its own name
+    expect_system_monitor_app(monitor, polls=2)  # app-only poll-system-stats, by its own name, again and again
     assert [same_text(card.text()) for card in (vanilla, react, monitor)] == direct_texts
-    directory = apps_host.artifacts_dir(tmp_path_factory, "mcp-apps-gateway")
-    for card, name in ((vanilla, "gateway-vanilla"), (react, "gateway-react"), (monitor, "gateway-system-monitor")):
-        shot(card, directory, name)
-    host.screenshot(directory / "gateway-side-by-side.png")
+    for card, name in ((vanilla, "vanilla"), (react, "react"), (monitor, "system-monitor")):
+        shot(card, screenshots, f"gateway-{name}")
+    host.screenshot(screenshots / "gateway-side-by-side.png")
 
 
 def test_in_the_default_config_an_app_call_no_rule_decides_is_refused_clearly(host, apps_gateway):

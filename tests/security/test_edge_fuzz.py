@@ -23,6 +23,7 @@ import os
 import pytest
 
 from bench.fuzz_edge import (
+    CATEGORIES,
     KNOWN_BAD,
     LEGACY,
     MODERN,
@@ -51,7 +52,8 @@ from tests.task_backends import modern_post
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SEED = int(os.environ.get("VMCP_EDGE_FUZZ_SEED", "35"))
-PER_REVISION = 500  # ~1,050 requests per revision; the bench sends 10,000 cases
+# ~630 requests per revision, every category of case among them (asserted); the bench sends 10,000 cases
+PER_REVISION = 300
 
 
 @pytest.fixture
@@ -72,6 +74,9 @@ def test_fuzzed_messages_in_both_revisions_get_no_bad_answer_and_leave_no_thread
     before, names_before = settled_thread_counts(), thread_names()
     tally = run_fuzz(edge, SEED, PER_REVISION, workers=2, skip=frozenset(KNOWN_BAD))
     assert tally.cases_of(LEGACY) == tally.cases_of(MODERN) == PER_REVISION
+    for revision in (LEGACY, MODERN):  # the seed draws every kind of message at this size
+        assert {category for (drawn, category) in tally.cases if drawn == revision} == \
+            {category for category, _, _ in CATEGORIES[revision]}
     assert tally.requests >= 2 * PER_REVISION - sum(tally.skipped.values())
     assert not tally.bad, f"{len(tally.bad)} bad answers (seed {SEED}; replay with `.venv/bin/python -m " \
                           "bench.fuzz_edge --replay SEED`):\n" + "\n".join(bad.describe() for bad in tally.bad[:10])
