@@ -610,3 +610,80 @@ def test_a_stream_ended_without_event_ids_is_not_resumed(rsps, client):
     rsps.post(URL, body=sse(note(1)), content_type="text/event-stream")
     with pytest.raises(BackendProtocolError, match="without answering"):
         post(client)
+
+
+
+class _ClosingServer:
+    """A raw HTTP/1.1 server on a loopback port that closes some connections without
+    answering a request they carried: the ``close_at``-th request of a connection (1: its
+    first; 2: the next one on a kept-alive connection, as a server does whose keep-alive
+    timeout ends as the request arrives), ``closes`` times in all; it answers the others."""
+
+    RESULT = {"echoed": True}
+
+    def __init__(self, close_at: int, closes: int = 1) -> None:
+        import socket
+
+        self.connections = 0
+        self.requests = 0
+        self._close_at, self._closes = close_at, closes
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/mcp"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn) -> None:
+        with conn, conn.makefile("rb") as reader:
+            for number in range(1, 100):
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    line = reader.readline()
+                    if not line:
+                        return
+                    head += line
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                request = json.loads(reader.read(length))
+                self.requests += 1
+                body = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": self.RESULT}).encode()
+                if number == self._close_at and self._closes > 0:
+                    self._closes -= 1
+                    return  # closed without a byte of answer
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    def stop(self) -> None:
+        self._sock.close()
+
+
+def test_a_kept_alive_connection_the_backend_closed_as_a_request_went_out_is_sent_again_once():
+    server = _ClosingServer(close_at=2)
+    c = McpHttpClient(NAME, server.url)
+    try:
+        assert post(c).message["result"] == _ClosingServer.RESULT  # a new connection, kept alive
+        assert post(c).message["result"] == _ClosingServer.RESULT  # reused: closed unanswered, sent again
+        assert (server.connections, server.requests) == (2, 3)
+    finally:
+        c.close()
+        server.stop()
+
+
+def test_a_new_connection_closed_unanswered_is_not_sent_again():
+    server = _ClosingServer(close_at=1)
+    c = McpHttpClient(NAME, server.url)
+    try:
+        with pytest.raises(BackendUnavailable):
+            post(c)  # the backend may have read it: never twice
+        assert (server.connections, server.requests) == (1, 1)
+    finally:
+        c.close()
+        server.stop()
+

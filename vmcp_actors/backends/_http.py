@@ -11,6 +11,7 @@ are logged by exception class name only, because requests' messages embed the UR
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -158,18 +159,34 @@ class _Sending(threading.local):
 _SENDING = _Sending()
 
 
+class StaleConnection(ConnectionResetError):
+    """A kept-alive connection that the backend closed as a request went out on it: no
+    answer began. Servers close idle connections after their keep-alive timeout (Node's
+    and uvicorn's: 5 s), and one that does so as the gateway reuses the connection never
+    read the request, so it is sent again, once, on a new connection."""
+
+
 class _Watched:
-    """A connection whose socket the sending thread's Abort watches while the response is awaited."""
+    """A connection whose socket the sending thread's Abort watches while the response is
+    awaited, and which knows whether it was reused (``answered``: responses it has had)."""
+
+    answered = 0
 
     def getresponse(self, *args: Any, **kwargs: Any) -> Any:
         abort = _SENDING.abort
-        if abort is None:
-            return super().getresponse(*args, **kwargs)  # type: ignore[misc]
-        abort.watch(self.sock)  # type: ignore[attr-defined]
+        if abort is not None:
+            abort.watch(self.sock)  # type: ignore[attr-defined]
         try:
-            return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+            response = super().getresponse(*args, **kwargs)  # type: ignore[misc]
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as error:
+            if self.answered:
+                raise StaleConnection("the backend closed a kept-alive connection without answering") from error
+            raise
         finally:
-            abort.watch(None)
+            if abort is not None:
+                abort.watch(None)
+        self.answered += 1
+        return response
 
 
 class _WatchedHTTPConnection(_Watched, urllib3.connection.HTTPConnection):
@@ -204,6 +221,19 @@ class PostResult:
     """The ``Mcp-Session-Id`` response header, if any."""
     message: dict | None
     """The JSON-RPC response (``result`` or ``error``) to a request; None for a 202."""
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is in ``exc``'s chain of causes (requests wraps urllib3's errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__ or next(
+            (arg for arg in current.args if isinstance(arg, BaseException)), None)
+    return False
 
 
 def _exc_chain(exc: BaseException) -> str:
@@ -564,16 +594,14 @@ class McpHttpClient:
         started = time.monotonic()
         _SENDING.abort = abort
         try:
-            resp = self._http.request(
-                method,
-                self._url if url is None else url,
-                data=body,
-                headers=headers,
-                timeout=(remaining, remaining),
-                stream=True,
-                # A redirect would replay our headers (tokens) to wherever it points.
-                allow_redirects=False,
-            )
+            try:
+                resp = self._request(method, headers, body, remaining, url)
+            except requests.exceptions.ConnectionError as exc:
+                if not _caused_by(exc, StaleConnection) or (abort is not None and abort.aborted):
+                    raise
+                logger.debug("backend %r closed a kept-alive connection as a request went out; sent again",
+                             self._name)
+                resp = self._request(method, headers, body, self._remaining(deadline, timeout), url)
         except Exception as exc:
             if abort is not None and abort.aborted:
                 raise self._cancelled() from None  # we ended it: nothing against the backend
@@ -590,6 +618,19 @@ class McpHttpClient:
         if breaker is not None:
             (breaker.failed if resp.status_code >= 500 else breaker.succeeded)()
         return resp
+
+    def _request(self, method: str, headers: Mapping[str, str], body: bytes | None, remaining: float,
+                 url: str | None) -> requests.Response:
+        return self._http.request(
+            method,
+            self._url if url is None else url,
+            data=body,
+            headers=headers,
+            timeout=(remaining, remaining),
+            stream=True,
+            # A redirect would replay our headers (tokens) to wherever it points.
+            allow_redirects=False,
+        )
 
     def _map_exception(self, exc: Exception, timeout: float) -> Exception:
         """Translate a requests/urllib3 failure; other exceptions pass through unchanged."""
