@@ -301,7 +301,8 @@ def test_no_child_outlives_its_gateway(server_script, tmp_path, how):
 def test_failure_handling_leaves_a_stdio_backend_usable(gateway_with, server_script, monkeypatch):
     monkeypatch.setenv("VMCP_PROCESS_ADMIN_TOKEN", "process-admin-token-4d1b")
     gateway = gateway_with(stdio_backend(server_script), admin={"tokenEnv": "VMCP_PROCESS_ADMIN_TOKEN"},
-                           operational={"failureHandling": {"healthCheckInterval": "200ms", "circuitBreaker": {
+                           # a ping's timeout is the interval: 600 ms holds for a child on a loaded machine
+                           operational={"failureHandling": {"healthCheckInterval": "600ms", "circuitBreaker": {
                                "enabled": True, "failureThreshold": 1, "timeout": "30s"}}})
     checks_run(gateway, 2)  # a check or two, before any child runs: one failing would open the circuit
     assert session(gateway.url, "legacy", call("echo_echo", {"text": "x"}))["content"][0]["text"] == "echo:x"
