@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,7 +22,7 @@ from vmcp_actors.backends import BackendChannel
 from vmcp_actors.concurrency import ASK_TIMEOUT, Deadline
 from vmcp_actors.exceptions import ConnectionNeeded
 from vmcp_actors.core._admitted import Requirements, refuse_unless_admitted
-from vmcp_actors.core._catalog import Catalog, InternalTool, Route, connect_tool_name
+from vmcp_actors.core._catalog import RESOURCE_UPDATED, Catalog, InternalTool, Route, connect_tool_name
 from vmcp_actors.core._connect import (
     CONNECT_INPUT,
     ConnectLinks,
@@ -597,11 +596,16 @@ class AggregatedBackends:
                             self._shown_updates(identity, backend, deadline))
 
     def _shown_updates(self, identity: Identity | None, backend: str,
-                       deadline: Deadline) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
-        """How ``backend``'s notifications in a call reach its client: with a shared ui://
-        URI rewritten, when it has one (None: as they come)."""
-        catalog = self.catalog(identity, deadline)
-        return functools.partial(catalog.shown_update, backend) if catalog.rewrites_uris_of(backend) else None
+                       deadline: Deadline) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """How ``backend``'s notifications in a call reach its client: a resource update with
+        a shared ui:// URI rewritten. The catalog is read only when an update comes, not on
+        every call."""
+        def shown(message: dict[str, Any]) -> dict[str, Any]:
+            if message.get("method") != RESOURCE_UPDATED:
+                return message
+            return self.catalog(identity, deadline).shown_update(backend, message)
+
+        return shown
 
 
 def _offered(found: InternalTool, name: str, catalog: Catalog) -> Finding:

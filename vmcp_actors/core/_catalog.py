@@ -176,10 +176,6 @@ class Catalog:
         shown = self.shown_uri(backend, params["uri"])
         return message if shown == params["uri"] else {**message, "params": {**params, "uri": shown}}
 
-    def rewrites_uris_of(self, backend: str) -> bool:
-        """Whether any URI of ``backend``'s is shown rewritten (a ui:// URI it shares)."""
-        return any(owner == backend for owner, _ in self.ui_rewrites.uris)
-
     def route_template(self, uri_template: str) -> TemplateRoute | None:
         for route in self.template_routes:
             if route.uri_template == uri_template:
@@ -441,6 +437,12 @@ def _resources(backends: list[str], discovered: Mapping[str, DiscoveredBackend],
     owners: dict[str, str] = {}
     own_uris: dict[str, str] = {}
     also: dict[str, list[str]] = {}
+
+    def claim(backend: str, uri: str, shown: str) -> None:
+        owners[shown] = backend
+        if shown != uri:
+            own_uris[shown] = uri
+
     for backend in backends:
         for resource in discovered[backend].resources:
             uri = resource.get("uri")
@@ -450,19 +452,14 @@ def _resources(backends: list[str], discovered: Mapping[str, DiscoveredBackend],
             if shown in owners:
                 also.setdefault(shown, [owners[shown]]).append(backend)
                 continue  # the first backend in sorted order serves it
-            owners[shown] = backend
-            if shown != uri:
-                own_uris[shown] = uri
-                resource = {**resource, "uri": shown}
-            resources.append(resource)
+            claim(backend, uri, shown)
+            resources.append(resource if shown == uri else {**resource, "uri": shown})
     for backend in backends:  # a tool's UI that its backend does not list is read all the same
         for tool in discovered[backend].tools:
             for uri in ui_resource_uris(tool):
                 shown = rewrites.shown(backend, uri)
                 if shown not in owners:
-                    owners[shown] = backend
-                    if shown != uri:
-                        own_uris[shown] = uri
+                    claim(backend, uri, shown)
     for uri, claimants in sorted(also.items()):
         clashes.append(Clash(RESOURCE_URI, uri, tuple(claimants),
                              f"{claimants[0]} serves it (the first in name order); the others' is not reachable"))
