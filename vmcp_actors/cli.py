@@ -118,7 +118,7 @@ def _validate(path: str, mcp_servers: bool = False, discover: tuple[str | None, 
         from vmcp_actors.core import build
         from vmcp_actors.core import discover as discover_backends
 
-        found = discover_backends(build(config), identity or None)
+        found = discover_backends(build(config), identity)
         for backend, why in sorted(found.failures.items()):
             print(f"warning: backend {backend!r} was not discovered: {why}", file=sys.stderr)
         for clash in found.clashes:

@@ -223,32 +223,27 @@ class PostResult:
     """The JSON-RPC response (``result`` or ``error``) to a request; None for a 202."""
 
 
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    """Whether ``kind`` is in ``exc``'s chain of causes (requests wraps urllib3's errors)."""
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps, outermost first: urllib3's ``reason``, an exception among
+    the args (requests and urllib3 wrap that way), else ``__cause__`` or ``__context__``."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, kind):
-            return True
         seen.add(id(current))
-        current = current.__cause__ or current.__context__ or next(
-            (arg for arg in current.args if isinstance(arg, BaseException)), None)
-    return False
+        yield current
+        wrapped = getattr(current, "reason", None)  # urllib3 MaxRetryError
+        if not isinstance(wrapped, BaseException):
+            wrapped = next((arg for arg in current.args if isinstance(arg, BaseException)), None)
+        current = wrapped or current.__cause__ or current.__context__
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    return any(isinstance(cause, kind) for cause in _causes(exc))
 
 
 def _exc_chain(exc: BaseException) -> str:
     """Class names of an exception and its causes: safe to log (no URL, no header value)."""
-    names: list[str] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(names) < 6:
-        seen.add(id(current))
-        names.append(type(current).__name__)
-        nxt = getattr(current, "reason", None)  # urllib3 MaxRetryError
-        if not isinstance(nxt, BaseException):
-            nxt = current.args[0] if current.args and isinstance(current.args[0], BaseException) else None
-        current = nxt or current.__cause__ or current.__context__
-    return "/".join(names)
+    return "/".join(type(cause).__name__ for cause, _ in zip(_causes(exc), range(6)))
 
 
 def _media_type(resp: requests.Response) -> str:

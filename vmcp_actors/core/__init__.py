@@ -53,7 +53,6 @@ from typing import Any
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import VmcpConfig, config_from_mapping, load_config
 from vmcp_actors.core._catalog import Route
-from vmcp_actors.core._shared_names import Clash
 from vmcp_actors.core._exchange import Exchange, Notification, ServerRequest, answered
 from vmcp_actors.core._explain import (
     ABSENT,
@@ -67,6 +66,7 @@ from vmcp_actors.core._explain import (
     Finding,
 )
 from vmcp_actors.core._interface import Continuation, CoreLayer, LayerFactory, UserCore
+from vmcp_actors.core._shared_names import Clash
 from vmcp_actors.identity import Identity
 from vmcp_actors.metrics import METRICS_DIR_ENV
 from vmcp_actors.protocol import (
@@ -262,6 +262,7 @@ __all__ = [
     "Continuation",
     "Core",
     "Deadline",
+    "Discovery",
     "Exchange",
     "Explanation",
     "Finding",
@@ -288,7 +289,6 @@ __all__ = [
     "build",
     "demo",
     "discover",
-    "Discovery",
     "explain",
     "serve",
     "start",

@@ -62,15 +62,6 @@ class Clash:
         return f"{self.kind} {self.name!r} is claimed by backends {', '.join(self.backends)}: {self.outcome}"
 
 
-class AmbiguousOwnName(Exception):
-    """An own name several tools the caller can call share, and no rule picks one."""
-
-    def __init__(self, name: str, advertised: tuple[str, ...]):
-        super().__init__(name)
-        self.name = name
-        self.advertised = advertised
-
-
 def own_name_index(tools: Iterable[tuple[str, str, str | None]], advertised: Mapping[str, Any],
                    priority_order: tuple[str, ...]) -> tuple[Mapping[str, tuple[OwnName, ...]], list[Clash]]:
     """``tools``: (backend, own name, advertised name or None) of every backend tool.
