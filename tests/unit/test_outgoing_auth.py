@@ -31,11 +31,18 @@ def exchange(cache=None, secret="s3cret", **config):
     return TokenExchange("jira", TokenExchangeConfig(**settings), secret, cache or ExchangedTokenCache(), timeout=5)
 
 
+def token_request():
+    """The request the exchange sent to the token endpoint (responses records any other
+    request this process's threads make meanwhile, too)."""
+    (sent,) = [call.request for call in responses.calls if call.request.url == TOKEN_URL]
+    return sent
+
+
 @responses.activate
 def test_exchange_posts_rfc8693_form_with_client_basic_auth():
     responses.post(TOKEN_URL, json={"access_token": "jira-token", "expires_in": 300, "token_type": "Bearer"})
     assert exchange().headers(ALICE) == {"Authorization": "Bearer jira-token"}
-    sent = responses.calls[0].request
+    sent = token_request()
     form = dict(pair.split("=", 1) for pair in sent.body.split("&"))
     assert form["grant_type"] == "urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Atoken-exchange"
     assert form["subject_token"] == "alice-token-1"
@@ -48,8 +55,8 @@ def test_exchange_posts_rfc8693_form_with_client_basic_auth():
 def test_a_public_client_sends_its_id_in_the_form():
     responses.post(TOKEN_URL, json={"access_token": "t", "expires_in": 300})
     exchange(secret=None).headers(ALICE)
-    assert "client_id=vmcp" in responses.calls[0].request.body
-    assert "Authorization" not in responses.calls[0].request.headers
+    assert "client_id=vmcp" in token_request().body
+    assert "Authorization" not in token_request().headers
 
 
 @responses.activate
