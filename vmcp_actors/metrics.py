@@ -43,6 +43,11 @@ FAMILIES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                   "Backend discoveries (handshake and lists) by outcome.", ("backend", "outcome")),
     "workflow": ("vmcp_workflow_runs", "vmcp_workflow_duration_seconds",
                  "Composite tool runs by final state.", ("composite", "state")),
+    "script": ("vmcp_scripts", "vmcp_script_duration_seconds",
+               "Code mode scripts (execute_tool_script) by outcome: ok, tool_error (the script failed or hit a "
+               "limit), cancelled, error.", ("outcome",)),
+    "script_call": ("vmcp_script_tool_calls", "vmcp_script_tool_call_duration_seconds",
+                    "Tool calls made by code mode scripts, by outcome (ok, tool_error, error).", ("outcome",)),
     "oauth": ("vmcp_oauth_events", "vmcp_oauth_event_duration_seconds",
               "Authorization server events (sign-ins, consents, tokens, registrations, refusals) by outcome.",
               ("event", "outcome")),

@@ -25,7 +25,8 @@ from vmcp_actors.backends._sandbox import problems as sandbox_problems
 from vmcp_actors.backends._stdio import ChildProcesses
 from vmcp_actors.config import VmcpConfig, config_warnings
 from vmcp_actors.core._interface import LayerFactory
-from vmcp_actors.decorators import CompositeTasks, WorkflowMetrics, stack
+from vmcp_actors.decorators import CodeModeServices, CompositeTasks, WorkflowMetrics, stack
+from vmcp_actors.edge._audit import AuditLog
 from vmcp_actors.edge._auth import Authenticator, build_authenticator
 from vmcp_actors.edge._service import McpService
 from vmcp_actors.exceptions import ConfigError
@@ -101,6 +102,12 @@ class Runtime:
     bulkheads: Bulkheads | None = None  # backends' maxConcurrentCalls (None: none configured)
     oauth: OAuthService | None = None  # incomingAuth.type oauth: the gateway's authorization server
     connect: ConnectService | None = None  # backends of type oauth: people's connections
+    code_mode: CodeModeServices | None = None  # codeMode: the sandbox and the scripts running
+
+    def scripts(self) -> list[dict[str, Any]]:
+        """The admin state's code mode scripts running in this worker."""
+        running = self.code_mode.running if self.code_mode is not None else None
+        return running.snapshot() if running is not None else []
 
     def limits_state(self) -> dict[str, Any]:
         """The admin state's rate limits and bulkheads (this worker's counts; bucket levels
@@ -131,6 +138,10 @@ class Runtime:
             pass
         if self.processes is not None:
             self.processes.stop_all()  # what the users' release left: shared children, stragglers
+        if self.code_mode is not None:
+            if self.code_mode.running is not None:
+                self.code_mode.running.cancel_all()
+            self.code_mode.sandbox.close()  # its worker processes end
 
 
 PR_SET_DUMPABLE = 4  # prctl(2)
@@ -197,6 +208,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     tasks = CompositeTasks(store, signals, config.operational.tasks)
     limiter = _rate_limiter(config, store)
     bulkheads = _bulkheads(config, store)
+    audit = AuditLog(config.audit)  # the edge's lines and a script's inner calls'
 
     def hold_user(key: UserKey) -> Callable[[], None]:
         held = directory.hold_user(key) is not None
@@ -206,7 +218,8 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
                                           composite_tasks=tasks, hold_user=hold_user,
                                           bulkheads=bulkheads,
                                           store=store, workflow_metrics=workflow_metrics,
-                                          decorators=stack(config, layers, workflow_metrics, limiter),
+                                          decorators=stack(config, layers, workflow_metrics, limiter,
+                                                           script_audit=audit.write_script_call),
                                           fanout=StreamFanout(store.client, signer, config.session_storage.key_prefix)
                                           if isinstance(store, RedisRecordStore) else None,
                                           # Below 2**52 (exact in JSON), apart from other processes'.
@@ -219,7 +232,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     authenticator = oauth.authenticator if oauth is not None else build_authenticator(oidc, client_secret)
     names = [backend.name for backend in config.backends]
     service = McpService(config, gateway, directory, signer, services.live,
-                         remembered_instructions=lambda: services.eras.instructions(names))
+                         remembered_instructions=lambda: services.eras.instructions(names), audit=audit)
     if oauth is not None:
         oauth.server.events.audit = service.audit_oauth
     if connect is not None:
@@ -235,7 +248,7 @@ def start_runtime(config: VmcpConfig, bind_host: str = "127.0.0.1", layers: Sequ
     return Runtime(config, gateway, service, authenticator, admin_token,
                    frozenset(allowed - {"*"}), "*" in extra_hosts, services.fanout,
                    GatewayCollector(totals, lambda: process_gauges(config, directory, services)), metrics_token, totals,
-                   processes, tasks, limiter, bulkheads, oauth, connect)
+                   processes, tasks, limiter, bulkheads, oauth, connect, services.decorators.code_mode)
 
 
 # Told to the other processes through the stream fanout: a person's connection changed.

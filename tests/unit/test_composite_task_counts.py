@@ -15,22 +15,11 @@ from vmcp_actors.users._store import MemoryRecordStore
 from vmcp_actors.users._task_signals import LocalTaskSignals
 
 
-class FakeRun(pykka.ThreadingActor):
-    """Stands in for a WorkflowRun: its outcome is whatever the test sets."""
-
-    def __init__(self, outcome: cf.Future[dict[str, Any]]):
-        super().__init__()
-        self.outcome = outcome
-
-    def result(self) -> cf.Future[dict[str, Any]]:
-        return self.outcome
-
-
 def started_run(tasks: CompositeTasks) -> tuple[Any, cf.Future[dict[str, Any]]]:
     """(the run, the outcome that ends it)."""
     run = tasks.begin("owner-digest", "alice", "careful_echo", 30.0, None, lambda: lambda: None)
     outcome: cf.Future[dict[str, Any]] = cf.Future()
-    tasks.start(run, FakeRun.start(outcome))
+    tasks.start(run, outcome, lambda: None)  # a run whose outcome the test sets
     return run, outcome
 
 

@@ -21,6 +21,7 @@ RANKS = {
     "protocol": 0, "exceptions": 0, "identity": 0, "signing": 0, "concurrency": 0, "pooled": 0,
     "metrics": 0, "shared_cache": 0, "__init__": 0,
     "config": 1, "workflows": 1,
+    "codemode": 2,  # the script sandbox: config, metrics and protocol only
     "workflows.engine": 2, "tracing": 2, "backends": 2, "limits": 2,
     "core": 3,
     "decorators": 4,

@@ -184,7 +184,7 @@ def test_a_composite_task_records_its_progress_and_its_end_off_the_runs_loop():
         Step("deploy", "deploy", {"approved": "{{ steps.confirm.output.action }}"}, depends_on=("confirm",))))
     ref = WorkflowRun.start(tool, {}, TaskCaller(tasks, run), run_id="r", deadline=Deadline.after(30),
                             on_steps=lambda steps: tasks.progressed(run, steps))
-    tasks.start(run, ref)
+    tasks.start(run, ref.proxy().result().get(timeout=WAIT), lambda: ref.stop(block=False))
     task_id = run.record.task_id
 
     # The question reaches the record (so any worker's tasks/get shows it), then the answer the run.
@@ -211,19 +211,11 @@ def test_a_task_end_the_store_refused_is_logged_and_written_again(caplog):
                 raise StoreUnavailable("session storage (Redis) cannot be reached: ConnectionError")
             return super().update_task(task_id, change)
 
-    class Run(pykka.ThreadingActor):  # stands in for a WorkflowRun: settled by the test
-        def __init__(self, outcome: cf.Future[Any]):
-            super().__init__()
-            self.outcome = outcome
-
-        def result(self) -> cf.Future[Any]:
-            return self.outcome
-
     store = Flaky()
     tasks = CompositeTasks(store, LocalTaskSignals(), TasksConfig())
     run = tasks.begin("owner", "alice", "c", 30.0, None, lambda: lambda: None)
     outcome: cf.Future[Any] = cf.Future()
-    tasks.start(run, Run.start(outcome))
+    tasks.start(run, outcome, lambda: None)  # settled by the test
 
     outcome.set_result(structured({"done": True}))
 

@@ -490,6 +490,42 @@ class OptimizerConfig:
     ignored: tuple[str, ...] = ()
 
 
+CODE_MODE_LISTINGS = ("scripts", "all")
+# The script tool and its two search helpers: the names code mode lists.
+SCRIPT_TOOL, SEARCH_TOOLS, TOOL_SCHEMAS = "execute_tool_script", "search_tools", "get_tool_schema"
+CODE_MODE_TOOL_NAMES = (SCRIPT_TOOL, SEARCH_TOOLS, TOOL_SCHEMAS)
+
+
+@dataclass(frozen=True)
+class CodeModeConfig:
+    """``execute_tool_script``: one tool that runs a model's script over the tools a
+    person may call, in pydantic-monty's sandbox (``vmcp_actors.codemode``).
+
+    ``listing``: ``scripts`` lists only the script tool and its two search helpers (with
+    the optimizer: find_tool, call_tool and the script tool); ``all`` lists them beside
+    every tool. ``tools``: the tool names (``fnmatch`` patterns) scripts may call and
+    search. Limits: ``timeout`` the script's wall time, ``executionTime`` the time its
+    own code runs (not waiting on tools), ``toolCallTimeout`` each inner call,
+    ``maxToolCalls`` calls per script, ``parallelMaxConcurrency`` calls at once,
+    ``maxMemory`` its heap in bytes, ``maxRecursionDepth``, ``maxScriptSize`` characters
+    of script, ``maxConcurrentScripts`` sandbox workers of this process, ``taskAfter``
+    how long a call of a client that accepts tasks runs before it becomes a task."""
+
+    enabled: bool = False
+    listing: str = "scripts"
+    tools: tuple[str, ...] = ("*",)
+    timeout: float = 60.0
+    execution_time: float = 5.0
+    tool_call_timeout: float = 30.0
+    max_tool_calls: int = 100
+    parallel_max_concurrency: int = 8
+    max_memory: int = 64 * 1024 * 1024
+    max_recursion_depth: int = 200
+    max_script_size: int = 64 * 1024
+    max_concurrent_scripts: int = 4
+    task_after: float = 2.0
+
+
 @dataclass(frozen=True)
 class HeaderInjectionConfig:
     """A static header added to every request to a backend; one of value / env var NAME is set."""
@@ -617,6 +653,7 @@ class VmcpConfig:
     # Left out of the hash: a composite's parameters and arguments are plain JSON mappings.
     composite_tools: tuple[CompositeTool, ...] = field(default=(), hash=False)
     optimizer: OptimizerConfig | None = None
+    code_mode: CodeModeConfig = field(default_factory=CodeModeConfig)
     session_storage: SessionStorageConfig = field(default_factory=SessionStorageConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)

@@ -22,6 +22,8 @@ from marshmallow import (
     validates_schema,
 )
 
+from marshmallow.utils import missing
+
 from ._composite import CompositeToolSchema, composite_reference_problems
 from ._rate_limits import unadvertisable_limits
 from ._durations import parse_duration
@@ -60,6 +62,9 @@ from ._model import (
     BackendOAuthConfig,
     BackendConfig,
     CircuitBreakerConfig,
+    CODE_MODE_LISTINGS,
+    CODE_MODE_TOOL_NAMES,
+    CodeModeConfig,
     SandboxConfig,
     FailureHandlingConfig,
     HeaderInjectionConfig,
@@ -1192,6 +1197,79 @@ class OptimizerSchema(_StrictSchema):
         return OptimizerConfig(max_tools_to_return=data["max_tools_to_return"], ignored=ignored)
 
 
+class _ByteSize(fields.Field):
+    """Bytes: an integer, or a string with a binary unit (``64Mi``, ``512Ki``, ``1Gi``)."""
+
+    UNITS = {"": 1, "Ki": 1024, "Mi": 1024 ** 2, "Gi": 1024 ** 3}
+
+    def __init__(self, *, least: int, most: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.least, self.most = least, most
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        size = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            size = value
+        elif isinstance(value, str):
+            found = re.fullmatch(r"\s*(\d+)\s*(Ki|Mi|Gi)?B?\s*", value)
+            if found:
+                size = int(found.group(1)) * self.UNITS[found.group(2) or ""]
+        if size is None:
+            raise ValidationError("must be a size in bytes: an integer, or a number with Ki, Mi or Gi (64Mi)")
+        if not self.least <= size <= self.most:
+            raise ValidationError(f"must be between {self.least} and {self.most} bytes")
+        return size
+
+
+class _Refused(fields.Field):
+    """A field some configs carry that means nothing here: any value is an error saying why."""
+
+    def __init__(self, why: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.why = why
+
+    def deserialize(self, value: Any, attr: str | None = None, data: Any = None, **kwargs: Any) -> Any:
+        if value is missing:
+            return missing
+        raise ValidationError(self.why)
+
+
+def _tool_pattern(value: str) -> None:
+    if not value.strip() or any(ch.isspace() for ch in value):
+        raise ValidationError("must be a tool name or an fnmatch pattern (github_*), without spaces")
+
+
+class CodeModeSchema(_StrictSchema):
+    """ToolHive's field names where they fit (``parallelMaxConcurrency``,
+    ``toolCallTimeout``); the sandbox's own limits beside them."""
+
+    enabled = _Boolean(load_default=False)
+    listing = _String(load_default="scripts", validate=_Choice(CODE_MODE_LISTINGS))
+    tools = _List(_String(validate=_tool_pattern), load_default=lambda: ["*"],
+                  validate=validate.Length(min=1, error="must name at least one tool or pattern"))
+    timeout = _Duration(load_default=60.0, at_most="1h")
+    execution_time = _Duration(data_key="executionTime", load_default=5.0, at_most="10m")
+    tool_call_timeout = _Duration(data_key="toolCallTimeout", load_default=30.0, at_most="1h")
+    max_tool_calls = _Integer(data_key="maxToolCalls", load_default=100,
+                              validate=validate.Range(1, 10_000, error="must be between 1 and 10000"))
+    parallel_max_concurrency = _Integer(data_key="parallelMaxConcurrency", load_default=8,
+                                        validate=validate.Range(1, 64, error="must be between 1 and 64"))
+    max_memory = _ByteSize(data_key="maxMemory", load_default=64 * 1024 ** 2, least=1024 ** 2, most=4 * 1024 ** 3)
+    max_recursion_depth = _Integer(data_key="maxRecursionDepth", load_default=200,
+                                   validate=validate.Range(10, 10_000, error="must be between 10 and 10000"))
+    max_script_size = _ByteSize(data_key="maxScriptSize", load_default=64 * 1024, least=64, most=1024 ** 2)
+    max_concurrent_scripts = _Integer(data_key="maxConcurrentScripts", load_default=4,
+                                      validate=validate.Range(1, 256, error="must be between 1 and 256"))
+    task_after = _Duration(data_key="taskAfter", load_default=2.0, allow_zero=True, at_most="1h")
+    step_limit = _Refused("the sandbox counts no steps: its code's running time is limited by "
+                          "codeMode.executionTime (and memory by maxMemory)", data_key="stepLimit")
+
+    @post_load
+    def _build(self, data: dict[str, Any], **kwargs: Any) -> CodeModeConfig:
+        data.pop("step_limit", None)
+        return CodeModeConfig(**{**data, "tools": tuple(data["tools"])})
+
+
 class VmcpSchema(_StrictSchema):
     name = _String(required=True, validate=_not_blank)
     backends = _List(
@@ -1212,6 +1290,7 @@ class VmcpSchema(_StrictSchema):
                                                            "group's servers under backends (name and url each)")
     telemetry = _Nested(TelemetrySchema, load_default=TelemetryConfig)
     optimizer = _Nested(OptimizerSchema, load_default=None, allow_none=True)
+    code_mode = _Nested(CodeModeSchema, data_key="codeMode", load_default=CodeModeConfig)
     session_storage = _Nested(SessionStorageSchema, data_key="sessionStorage", load_default=SessionStorageConfig)
     audit = _Nested(AuditSchema, load_default=AuditConfig)
     rate_limiting = _Nested(RateLimitingSchema, data_key="rateLimiting", load_default=None, allow_none=True)
@@ -1332,6 +1411,25 @@ class VmcpSchema(_StrictSchema):
             raise ValidationError(errors)
 
     @validates_schema(skip_on_field_errors=False)
+    def _check_code_mode_combinations(self, data: dict[str, Any], **kwargs: Any) -> None:
+        """The combinations that cannot mean what they say (docs/configuration.md lists all)."""
+        code_mode = data.get("code_mode")
+        if not isinstance(code_mode, CodeModeConfig) or not code_mode.enabled:
+            return
+        errors: dict[str, Any] = {}
+        if code_mode.listing == "all" and data.get("optimizer") is not None:
+            errors["codeMode"] = {"listing": ["'all' lists every tool, which the optimizer replaces with find_tool "
+                                              "and call_tool: use listing: scripts (scripts then call the tools "
+                                              "find_tool names), or drop the optimizer"]}
+        taken = {index: {"name": [f"{name!r} is code mode's own tool (codeMode.enabled): rename the composite"]}
+                 for index, composite in enumerate(data.get("composite_tools") or ())
+                 if (name := _loaded(composite, "name")) in CODE_MODE_TOOL_NAMES}
+        if taken:
+            errors["compositeTools"] = taken
+        if errors:
+            raise ValidationError(errors)
+
+    @validates_schema(skip_on_field_errors=False)
     def _check_per_user_limits_have_users(self, data: dict[str, Any], **kwargs: Any) -> None:
         """A perUser bucket needs callers told apart: incoming auth that names them."""
         limits = data.get("rate_limiting")
@@ -1358,6 +1456,9 @@ class VmcpSchema(_StrictSchema):
         if None in composites:
             return  # a composite whose name did not load may be the one a limit means
         outgoing = data.get("outgoing_auth")
+        code_mode = data.get("code_mode")
+        if isinstance(code_mode, CodeModeConfig) and code_mode.enabled:  # its script tool is a client's call
+            composites += list(CODE_MODE_TOOL_NAMES)
         if isinstance(outgoing, OutgoingAuthConfig):  # the gateway's own connect tools are named too
             composites += [f"connect_{name}" for name in backends if outgoing.for_backend(name).type == "oauth"]
         problems = unadvertisable_limits(limits.tools, aggregation, backends, composites)
@@ -1377,6 +1478,7 @@ class VmcpSchema(_StrictSchema):
             outgoing_auth=data["outgoing_auth"],
             composite_tools=tuple(data["composite_tools"]),
             optimizer=data.get("optimizer"),
+            code_mode=data["code_mode"],
             session_storage=data["session_storage"],
             audit=data["audit"],
             telemetry=data["telemetry"],

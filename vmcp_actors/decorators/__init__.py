@@ -1,10 +1,11 @@
 """Decorators over each user's core, and ``stack``, the one place that orders them.
 
-Outermost first: optimizer -> an embedder's layers -> Cedar authz -> advertising filter ->
+Outermost first: code mode -> optimizer -> an embedder's layers -> Cedar authz -> advertising filter ->
 rate limits -> composite tools -> aggregated backends (``vmcp_actors.core``). Every layer only subtracts
-but composite tools and the optimizer's two meta-tools; an embedder's layer sits behind
-``SubtractOnly``, which holds it to that. The filter sits above composite tools so steps
-see every backend tool's schema.
+but composite tools, the optimizer's two meta-tools and code mode's script tool and helpers;
+an embedder's layer sits behind ``SubtractOnly``, which holds it to that. The filter sits
+above composite tools so steps see every backend tool's schema. A script's calls enter
+under the optimizer, as a client's call would without it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vmcp_actors.codemode import Sandbox
 from vmcp_actors.config import VmcpConfig
 from vmcp_actors.core._interface import LayerFactory, UserCore
 from vmcp_actors.decorators._admission import StepAdmission
 from vmcp_actors.decorators._cedar import CedarAuthz, CedarPolicies
+from vmcp_actors.decorators._code_mode import CodeMode, CodeModeServices, InnerAudit, ScriptsRunning
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.decorators._composite_tasks import CompositeTasks, UserTasks
 from vmcp_actors.decorators._filter import AdvertisingFilter, is_advertised
@@ -41,12 +44,13 @@ class DecoratorStack:
     workflow_metrics: WorkflowMetrics
     limiter: RateLimiter | None = None  # under the filter; composite steps pass their tools' buckets too
     policies: CedarPolicies | None = None  # Cedar authz over the filter; composite steps are decided too
+    code_mode: CodeModeServices | None = None  # the script tool over everything (None: codeMode off)
 
     def build(self, backends: Any, client_capabilities: Mapping[str, Any],
-              tasks: UserTasks | None = None) -> tuple[UserCore, CompositeTools]:
+              tasks: UserTasks | None = None, user: str = "") -> tuple[UserCore, CompositeTools]:
         """One user's stack over its ``AggregatedBackends``: the outermost layer, and the
         composite tools layer (its runs are the user's to cancel; ``tasks``: where the
-        runs clients accept tasks of go)."""
+        runs clients accept tasks of go; ``user``: its label, for operators)."""
         admission = StepAdmission(self.policies, self.limiter)
         backends.require(admission.requirements())  # no backend call without these layers' decisions
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
@@ -54,14 +58,25 @@ class DecoratorStack:
                                     admission=admission)
         limited: UserCore = composites if self.limiter is None else RateLimits(composites, self.limiter)
         outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation)
-        for wrap in self.above_filter:
+        optimizer = self.config.optimizer is not None
+        callee = outermost
+        for depth, wrap in enumerate(self.above_filter):
+            if depth == len(self.above_filter) - 1 and optimizer:
+                callee = outermost  # what a script's calls enter: under the optimizer
             outermost = wrap(outermost)
+        if not optimizer:
+            callee = outermost
+        if self.code_mode is not None:
+            outermost = CodeMode(outermost, callee, self.code_mode, optimizer=optimizer, tasks=tasks,
+                                 user=user)
         return outermost, composites
 
 
 def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
-          workflow_metrics: WorkflowMetrics | None = None, limiter: RateLimiter | None = None) -> DecoratorStack:
-    """Every decorator the config and the embedder ask for, in their one order."""
+          workflow_metrics: WorkflowMetrics | None = None, limiter: RateLimiter | None = None,
+          script_audit: InnerAudit | None = None) -> DecoratorStack:
+    """Every decorator the config and the embedder ask for, in their one order
+    (``script_audit``: writes the audit line of a script's tool call)."""
     above: list[LayerFactory] = []
     policies = None
     if config.incoming_auth.authz is not None:
@@ -72,7 +87,11 @@ def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
     if config.optimizer is not None:
         limit = config.optimizer.max_tools_to_return
         above.append(lambda inner: ToolOptimizer(inner, limit))
-    return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics(), limiter, policies)
+    code_mode = None
+    if config.code_mode.enabled:
+        code_mode = CodeModeServices(config.code_mode, Sandbox(config.code_mode), policies, limiter, script_audit,
+                                     ScriptsRunning())
+    return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics(), limiter, policies, code_mode)
 
 
 __all__ = [
@@ -80,12 +99,15 @@ __all__ = [
     "CALL_TOOL",
     "CedarAuthz",
     "CedarPolicies",
+    "CodeMode",
+    "CodeModeServices",
     "CompositeTasks",
     "CompositeTools",
     "DecoratorStack",
     "FIND_TOOL",
     "META_TOOLS",
     "RateLimits",
+    "ScriptsRunning",
     "SubtractOnly",
     "UserTasks",
     "ToolIndex",

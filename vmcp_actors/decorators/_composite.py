@@ -374,7 +374,11 @@ class CompositeTools(CoreLayer):
         ref = WorkflowRun.start(composite, arguments, caller, run_id=run.record.task_id[:16],
                                 deadline=Deadline.after(composite.timeout), on_finish=self._metrics.finished,
                                 on_steps=lambda steps: tasks.progressed(run, steps))
-        tasks.start(run, ref)
+        try:
+            outcome = ref.proxy().result().get(timeout=ASK_TIMEOUT)
+        except (pykka.ActorDeadError, pykka.Timeout):
+            outcome = failed(JsonRpcError(INTERNAL_ERROR, "the run ended unexpectedly"))
+        tasks.start(run, outcome, lambda: stop_quietly(ref))
         return user.created(run.record, task)
 
     def resume(self, identity, continuation, deadline):

@@ -31,9 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import pykka
-
-from vmcp_actors.concurrency import ASK_TIMEOUT, call_later, run_in_thread, stop_quietly
+from vmcp_actors.concurrency import call_later, run_in_thread
 from vmcp_actors.config import TasksConfig
 from vmcp_actors.core._exchange import Exchange, ServerRequest
 from vmcp_actors.core._task_records import (
@@ -88,7 +86,8 @@ class _LocalRun:
         self.record = record  # as created (the live state is in the store)
         self.release = release  # lets the user's actors go idle again
         self.lock = threading.Lock()  # guards the fields below
-        self.ref: pykka.ActorRef[Any] | None = None
+        self.stop_run: Callable[[], None] | None = None
+        self.message: str | None = None  # what the run says it does (else told by its steps)
         self.cancelled = False
         self.asks: dict[str, tuple[dict[str, Any], cf.Future[dict[str, Any]]]] = {}  # step -> (request, answer)
         self.steps: dict[str, str] = {}  # step id -> state, as the run last reported
@@ -102,9 +101,9 @@ class _LocalRun:
     def stop(self) -> None:
         with self.lock:
             self.cancelled = True
-            ref = self.ref
-        if ref is not None:
-            stop_quietly(ref)
+            stop_run = self.stop_run
+        if stop_run is not None:
+            stop_run()
 
 
 class CompositeTasks:
@@ -179,18 +178,14 @@ class CompositeTasks:
         raise JsonRpcError(INVALID_REQUEST, f"Too many tasks under way: at most {cap} per user. Wait for one to "
                                             "end, or cancel one.", {"maxLiveTasks": cap})
 
-    def start(self, run: _LocalRun, ref: pykka.ActorRef[Any]) -> None:
-        """The run's actor is started: its result settles the record."""
+    def start(self, run: _LocalRun, outcome: cf.Future[dict[str, Any]], stop: Callable[[], None]) -> None:
+        """The run is started (a composite's actor, a script's thread): ``outcome`` settles
+        its record, ``stop`` cancels it."""
         with run.lock:
-            run.ref = ref
+            run.stop_run = stop
             cancelled = run.cancelled
-        if cancelled:  # cancelled before it had an actor
-            stop_quietly(ref)
-        try:
-            outcome = ref.proxy().result().get(timeout=ASK_TIMEOUT)
-        except (pykka.ActorDeadError, pykka.Timeout):
-            outcome = cf.Future()
-            outcome.set_exception(JsonRpcError(INTERNAL_ERROR, "the run ended unexpectedly"))
+        if cancelled:  # cancelled before it was started
+            stop()
         outcome.add_done_callback(lambda done: self._settled(run, done))
 
     def ask(self, run: _LocalRun, step_id: str, request: dict[str, Any]) -> cf.Future[dict[str, Any]]:
@@ -202,10 +197,12 @@ class CompositeTasks:
         self._record(run)
         return answer
 
-    def progressed(self, run: _LocalRun, steps: Mapping[str, str]) -> None:
-        """The run's steps changed (called in the run's actor)."""
+    def progressed(self, run: _LocalRun, steps: Mapping[str, str], message: str | None = None) -> None:
+        """The run's steps changed (called in the run's actor), or what it says it does
+        (``message``: a script's calls under way)."""
         with run.lock:
             run.steps = dict(steps)
+            run.message = message
             moved_on = [run.asks.pop(step_id)[1] for step_id in list(run.asks) if steps.get(step_id) != "running"]
         for answer in moved_on:  # the step ended without its answer (timed out): a late one changes nothing
             if not answer.done():
@@ -235,7 +232,8 @@ class CompositeTasks:
                 run.changed = False
                 end = run.end
                 waiting = {step_id: request for step_id, (request, answer) in run.asks.items() if not answer.done()}
-                message = _status_message(run.steps, waiting)
+                message = run.message if run.message is not None and not waiting \
+                    else _status_message(run.steps, waiting)
             if end is not None:
                 self._write_end(run, end)
                 return
@@ -275,6 +273,7 @@ class CompositeTasks:
     def _settled(self, run: _LocalRun, outcome: cf.Future[dict[str, Any]]) -> None:
         """The run's result (on its loop, or the thread that started it): its end is to be
         recorded."""
+        from vmcp_actors.codemode import ScriptCancelled  # noqa: PLC0415 - as the engine below
         from vmcp_actors.workflows.engine import WorkflowCancelled  # noqa: PLC0415 - the engine imports the config
 
         now = self._wall()
@@ -282,7 +281,7 @@ class CompositeTasks:
         result = outcome.result() if error is None else None
         if result is not None:
             status, message = COMPLETED, "finished with an error" if result.get("isError") else "completed"
-        elif isinstance(error, WorkflowCancelled):
+        elif isinstance(error, (WorkflowCancelled, ScriptCancelled)):
             status, message, error = CANCELLED, "cancelled", JsonRpcError(INTERNAL_ERROR, "The task was cancelled")
         else:
             error = error if isinstance(error, JsonRpcError) else JsonRpcError(INTERNAL_ERROR, "Internal error")
@@ -387,9 +386,11 @@ class CompositeTasks:
             with run.lock:
                 waiting = sorted(step for step, (_, answer) in run.asks.items() if not answer.done())
                 steps = dict(run.steps)
+                message = run.message
             rows.append({"task": run.record.task_id[:12], "user": run.record.user, "tool": run.record.tool,
                          "status": "input_required" if waiting else WORKING,
-                         "step": _status_message(steps, dict.fromkeys(waiting)),
+                         "step": message if message is not None and not waiting
+                         else _status_message(steps, dict.fromkeys(waiting)),
                          "ageSeconds": round(now - run.record.created, 3)})
         return sorted(rows, key=lambda row: -row["ageSeconds"])
 

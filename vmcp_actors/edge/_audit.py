@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from vmcp_actors.config import AuditConfig
+from vmcp_actors.decorators._code_mode import SCRIPT_META
 from vmcp_actors.identity import Identity, subject_of
 from vmcp_actors.limits import RATE_LIMITED
 
@@ -52,9 +53,10 @@ class AuditLog:
 
     def write(self, event_type: str, *, identity: Identity | None, session_id: str | None, method: str,
               params: Any, backend: str | None, answer: dict[str, Any] | None, http_status: int,
-              seconds: float, called_as: str | None = None) -> None:
+              seconds: float, called_as: str | None = None, script: str | None = None) -> None:
         """``called_as``: the backend's own tool name the client called by (an MCP App's),
-        when ``params`` names the advertised tool it meant."""
+        when ``params`` names the advertised tool it meant; ``script``: the code mode
+        script that made the call (else the script tool's answer names its run)."""
         params = params if isinstance(params, dict) else {}
         target = params.get(TARGETS[method]) if method in TARGETS else None
         line: dict[str, Any] = {
@@ -71,6 +73,9 @@ class AuditLog:
             "outcome": _outcome(answer, http_status),
             "durationMs": round(seconds * 1000, 1),
         }
+        script = script or _script_of(answer)
+        if script is not None:
+            line["script"] = script
         task = _task_of(params, answer)
         if task is not None:
             line["task"] = task[:TASK_PREFIX]
@@ -81,6 +86,17 @@ class AuditLog:
             line["response"] = _cut(answer.get("result", answer.get("error")), self._config.max_data_size)
         self._logger.info("%s", json.dumps(line, separators=(",", ":"), ensure_ascii=False))
 
+    def write_script_call(self, identity: Identity | None, script: str, tool: str, arguments: Any,
+                          backend: str | None, result: dict[str, Any] | None, error: Any, seconds: float) -> None:
+        """A code mode script's tool call: a ``mcp_tool_call`` line as a client's, with
+        ``script`` (the run's id, which the script tool's own line carries too)."""
+        event_type = self.event_type("tools/call")
+        if event_type is None:
+            return
+        answer = {"result": result} if result is not None else {"error": error.to_dict() if error is not None else {}}
+        self.write(event_type, identity=identity, session_id=None, method="tools/call",
+                   params={"name": tool, "arguments": arguments}, backend=backend, answer=answer,
+                   http_status=200 if error is None else error.http_status, seconds=seconds, script=script)
 
     def write_oauth(self, event: str, outcome: str, details: dict[str, Any]) -> None:
         """One line per authorization-server event (``type: oauth``): what happened to
@@ -98,6 +114,15 @@ class AuditLog:
                 "component": self._config.component, "type": kind, "event": event, "outcome": outcome,
                 **{name: value for name, value in details.items() if value is not None}}
         self._logger.info("%s", json.dumps(line, separators=(",", ":"), ensure_ascii=False))
+
+
+def _script_of(answer: dict[str, Any] | None) -> str | None:
+    """The run id the script tool's result names (``_meta``), for its own audit line."""
+    result = answer.get("result") if isinstance(answer, dict) else None
+    meta = result.get("_meta") if isinstance(result, dict) else None
+    run = meta.get(SCRIPT_META) if isinstance(meta, dict) else None
+    found = run.get("id") if isinstance(run, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def _outcome(answer: dict[str, Any] | None, http_status: int) -> str:

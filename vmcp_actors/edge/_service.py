@@ -142,12 +142,13 @@ def _refusal(status: int, message: str) -> JsonRpcError:
 class McpService:
     def __init__(self, config: VmcpConfig, gateway: Any, directory: Directory, signer: Signer,
                  live: LiveSessions | None = None, parked: ParkedCalls | None = None,
-                 remembered_instructions: Callable[[], str | None] | None = None):
-        """``remembered_instructions``: what the backends said in their last handshakes."""
+                 remembered_instructions: Callable[[], str | None] | None = None, audit: AuditLog | None = None):
+        """``remembered_instructions``: what the backends said in their last handshakes;
+        ``audit``: the process's audit log (else one of its own)."""
         self._config = config
         self._remembered_instructions = remembered_instructions
         self._draining = threading.Event()  # set once, on SIGTERM
-        self._audit = AuditLog(config.audit)
+        self._audit = audit if audit is not None else AuditLog(config.audit)
         self.audit_oauth = self._audit.write_oauth
         self.audit_connection = self._audit.write_connection
         self._live = live if live is not None else LiveSessions()

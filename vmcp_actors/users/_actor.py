@@ -210,7 +210,7 @@ def start_user(record: UserRecord, identity: Identity | None, config: VmcpConfig
         stack(config, workflow_metrics=services.workflow_metrics)
     tasks = UserTasks(services.composite_tasks, handles, handles.owner, record.key.label,
                       lambda: services.hold_user(record.key)) if services.composite_tasks is not None else None
-    outermost, composites = decorators.build(aggregated, record.client_capabilities, tasks)
+    outermost, composites = decorators.build(aggregated, record.client_capabilities, tasks, record.key.label)
     dispatcher = McpDispatcher(outermost, page_size=config.operational.page_size, unavailable=aggregated.unavailable,
                                discovered=aggregated.discovered, own_names=aggregated.own_names)
     return UserHandle(record.key, ref, proxy, outermost, dispatcher, composites, aggregated)

@@ -13,13 +13,16 @@ EXPLAIN_TIMEOUT = 30.0  # discovery may run for a revived user
 
 
 def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = None,
-                        tasks: Any = None, limits: dict[str, Any] | None = None, *, store: Any) -> dict[str, Any]:
+                        tasks: Any = None, limits: dict[str, Any] | None = None, *, store: Any,
+                        scripts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """``store``: the record store, whose session records are read here (not in the
     gateway's loop); ``parked_calls``: the calls waiting here for a 2026-07-28 client's retry (the edge's);
     ``processes``: the stdio backends' children of this worker (None: none configured);
     ``tasks``: the composite tasks (``CompositeTasks``), of which this worker's runs are
     shown (rows with an id prefix, never a handle); ``limits``: the rate limits and
-    bulkheads (``Runtime.limits_state``)."""
+    bulkheads (``Runtime.limits_state``); ``scripts``: the code mode scripts this worker runs
+    (``ScriptsRunning.snapshot``: ids, users, calls under way; never a script's text)."""
+    script_rows = scripts or []
     overview = gateway.overview().get(timeout=ASK_TIMEOUT)
     task_rows = tasks.running() if tasks is not None else []
     asked = [(user, user.proxy.snapshot(), idle, in_flight) for user, idle, in_flight in overview["users"]]
@@ -36,6 +39,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
             "compositeProblems": list(user.composites.problems()),
             "workflowRuns": user.composites.running(),
             "tasks": [row for row in task_rows if row["user"] == user.key.label],
+            "scripts": [row for row in script_rows if row["user"] == user.key.label],
         }
     sessions = []
     for record, activity in session_records(store, overview["sessions"]):
@@ -78,6 +82,7 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
         "processes": [child.to_dict() for child in processes.snapshot()] if processes is not None else [],
         "processRestarts": processes.restarts() if processes is not None else {},
         "tasks": task_rows,
+        "scripts": script_rows,
         **(limits or {"rateLimits": None, "bulkheads": {}}),
     }
 

@@ -27,7 +27,8 @@ def require_admin_token() -> Response | None:
 def state() -> Response:
     runtime = current_runtime()
     return json_response(collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes,
-                                             runtime.tasks, runtime.limits_state(), store=runtime.service.store))
+                                             runtime.tasks, runtime.limits_state(), store=runtime.service.store,
+                                scripts=runtime.scripts()))
 
 
 @bp.get("/explain")

@@ -63,7 +63,8 @@ def page() -> Response:
     if not _signed_in(runtime.admin_token):
         return redirect("/admin/login", code=303)
     state = collect_admin_state(runtime.gateway, runtime.service.parked.count(), runtime.processes, runtime.tasks,
-                                runtime.limits_state(), store=runtime.service.store)
+                                runtime.limits_state(), store=runtime.service.store,
+                                scripts=runtime.scripts())
     return _page("admin.html", name=runtime.config.name, state=state, problems=recent_problems(),
                  now=time.time(), oauth=runtime.oauth.overview() if runtime.oauth is not None else None,
                  connections=runtime.connect.connections.overview() if runtime.connect is not None else None)
