@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -65,16 +66,22 @@ class SandboxUnavailable(Exception):
 
 def problems(config: VmcpConfig) -> list[str]:
     """One ``backends[i].sandbox.mode: why`` line per sandboxed stdio backend that cannot
-    run here (empty when every one can): the gateway refuses to start instead."""
+    run here, and one for code mode's workers (empty when every one can): the gateway
+    refuses to start instead."""
     sandboxed = [index for index, backend in enumerate(config.backends)
                  if backend.is_process and backend.sandbox.enabled]
-    if not sandboxed:
+    scripts = config.code_mode.enabled and config.code_mode.worker_isolation == "bubblewrap"
+    if not sandboxed and not scripts:
         return []
     try:
         bubblewrap_works()
     except SandboxUnavailable as why:
-        return [f"backends[{index}].sandbox.mode: {why}; install it (Debian: apt-get install bubblewrap), or "
-                f"set sandbox.mode: none to run {config.backends[index].name!r} unsandboxed" for index in sandboxed]
+        found = [f"backends[{index}].sandbox.mode: {why}; install it (Debian: apt-get install bubblewrap), or "
+                 f"set sandbox.mode: none to run {config.backends[index].name!r} unsandboxed" for index in sandboxed]
+        if scripts:
+            found.append(f"codeMode.workerIsolation: {why}; install it (Debian: apt-get install bubblewrap), or set "
+                         "codeMode.workerIsolation: none to run the script sandbox's workers as the gateway's user")
+        return found
     return []
 
 
@@ -157,6 +164,25 @@ def _gateways_own() -> tuple[str, ...]:
     Python running one of its modules (the demo's clock), and none of it is secret."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../vmcp_actors/..
     return tuple(dict.fromkeys((sys.prefix, os.path.dirname(package_root))))
+
+
+def script_worker_launcher(binary: str, directory: str) -> str:
+    """An executable in ``directory`` (private to the gateway) that starts ``binary``, a
+    script sandbox worker, in bubblewrap: namespaces of its own, no network, no
+    capabilities, nothing of the filesystem but its binary, the system libraries, the time
+    zones and a private ``/tmp`` (the worker pool runs it with the worker's arguments)."""
+    bwrap = bubblewrap_works()
+    mounts = ["--ro-bind", binary, "/monty"]
+    for system in ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/share/zoneinfo"):
+        mounts += ["--ro-bind-try", system, system]
+    command = [bwrap, *_isolation(network=False), "--unshare-all", "--die-with-parent", "--new-session",
+               "--clearenv", *mounts, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/",
+               "/monty"]
+    launcher = os.path.join(directory, "monty-worker")
+    with open(launcher, "w", encoding="utf-8") as script:
+        script.write("#!/bin/sh\nexec " + " ".join(shlex.quote(part) for part in command) + ' "$@"\n')
+    os.chmod(launcher, 0o700)
+    return launcher
 
 
 def _isolation(network: bool) -> list[str]:

@@ -1,5 +1,6 @@
 """Scripts in pydantic-monty's sandbox: a Rust interpreter of a Python subset, run in worker
-subprocesses the pool starts with an empty environment.
+subprocesses the pool starts with an empty environment (by default each in bubblewrap too:
+no network, no files; ``codeMode.workerIsolation``).
 
 A script sees ``data`` and one host function, ``call_tool(name, arguments)``; nothing
 else of the gateway. It has no files (an ``open`` is refused by the host), no environment,
@@ -21,21 +22,26 @@ import concurrent.futures as cf
 import json
 import logging
 import math
+import os
 import queue
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pydantic_monty as monty
-
+from vmcp_actors.backends._sandbox import script_worker_launcher
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import CodeModeConfig
 from vmcp_actors.metrics import METRICS
 from vmcp_actors.protocol import INTERNAL_ERROR, JsonRpcError
+
+if TYPE_CHECKING:
+    import pydantic_monty as monty
 
 logger = logging.getLogger(__name__)
 
@@ -81,18 +87,33 @@ class Sandbox:
         self._lock = threading.Lock()  # guards _pool and _closed
         self._pool: monty.Monty | None = None
         self._closed = False
+        self._launcher_dir: str | None = None  # the bubblewrap launcher's, once written
         self._slots = threading.BoundedSemaphore(settings.max_concurrent_scripts)
 
     def pool(self) -> monty.Monty:
+        import pydantic_monty as monty  # noqa: PLC0415 - 85 ms of imports: only where code mode runs
+
         with self._lock:
             if self._closed:
                 raise JsonRpcError(INTERNAL_ERROR, "the gateway is stopping", http_status=503)
             if self._pool is None:
-                pool = monty.Monty(min_processes=1, max_processes=self.settings.max_concurrent_scripts,
+                pool = monty.Monty(binary_path=self._worker_binary(), min_processes=1,
+                                   max_processes=self.settings.max_concurrent_scripts,
                                    request_timeout=self.settings.execution_time + WORKER_GRACE)
                 pool.__enter__()
                 self._pool = pool
             return self._pool
+
+    def _worker_binary(self) -> str:
+        """The worker binary pydantic-monty ships, or (``workerIsolation: bubblewrap``) a
+        launcher that runs it in bubblewrap, written to a directory only this process reads."""
+        from pydantic_monty._binary import find_monty_binary  # noqa: PLC0415 - as above
+
+        binary = os.path.realpath(find_monty_binary())
+        if self.settings.worker_isolation != "bubblewrap":
+            return binary
+        self._launcher_dir = tempfile.mkdtemp(prefix="vmcp-monty-")  # 0700
+        return script_worker_launcher(binary, self._launcher_dir)
 
     def take_slot(self) -> bool:
         """A place for one more script in this process, if one is free now."""
@@ -107,6 +128,8 @@ class Sandbox:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.__exit__(None, None, None)
+        if self._launcher_dir is not None:
+            shutil.rmtree(self._launcher_dir, ignore_errors=True)
 
 
 class ScriptRun:
@@ -197,6 +220,8 @@ class ScriptRun:
                 self._on_end(self)
 
     def _execute(self) -> dict[str, Any]:
+        import pydantic_monty as monty  # noqa: PLC0415 - imported by the pool already
+
         settings = self._settings
         limits: monty.ResourceLimits = {
             "max_feed_duration_secs": settings.execution_time, "max_memory": settings.max_memory,
@@ -234,7 +259,7 @@ class ScriptRun:
             raise _Stopped(f"The script was stopped: it ran longer than codeMode.timeout "
                            f"({self._settings.timeout:g}s, waiting on tools included).")
 
-    def _answer(self, snapshot: monty.FunctionSnapshot) -> Any:
+    def _answer(self, snapshot: Any) -> Any:  # a pydantic_monty.FunctionSnapshot
         if snapshot.is_os_function:  # files, environment, sleeps, clocks the host would serve: none here
             return snapshot.resume_not_handled()
         name = snapshot.function_name

@@ -491,6 +491,7 @@ class OptimizerConfig:
 
 
 CODE_MODE_LISTINGS = ("scripts", "all")
+WORKER_ISOLATIONS = ("bubblewrap", "none")
 # The script tool and its two search helpers: the names code mode lists.
 SCRIPT_TOOL, SEARCH_TOOLS, TOOL_SCHEMAS = "execute_tool_script", "search_tools", "get_tool_schema"
 CODE_MODE_TOOL_NAMES = (SCRIPT_TOOL, SEARCH_TOOLS, TOOL_SCHEMAS)
@@ -509,7 +510,9 @@ class CodeModeConfig:
     ``maxToolCalls`` calls per script, ``parallelMaxConcurrency`` calls at once,
     ``maxMemory`` its heap in bytes, ``maxRecursionDepth``, ``maxScriptSize`` characters
     of script, ``maxConcurrentScripts`` sandbox workers of this process, ``taskAfter``
-    how long a call of a client that accepts tasks runs before it becomes a task."""
+    how long a call of a client that accepts tasks runs before it becomes a task;
+    ``workerIsolation``: ``bubblewrap`` runs each sandbox worker process in its own
+    namespaces too (no network, no files but its binary's), ``none`` as the gateway's user."""
 
     enabled: bool = False
     listing: str = "scripts"
@@ -524,6 +527,7 @@ class CodeModeConfig:
     max_script_size: int = 64 * 1024
     max_concurrent_scripts: int = 4
     task_after: float = 2.0
+    worker_isolation: str = "bubblewrap"
 
 
 @dataclass(frozen=True)

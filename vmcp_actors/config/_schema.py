@@ -64,6 +64,7 @@ from ._model import (
     CircuitBreakerConfig,
     CODE_MODE_LISTINGS,
     CODE_MODE_TOOL_NAMES,
+    WORKER_ISOLATIONS,
     CodeModeConfig,
     SandboxConfig,
     FailureHandlingConfig,
@@ -1261,6 +1262,8 @@ class CodeModeSchema(_StrictSchema):
     max_concurrent_scripts = _Integer(data_key="maxConcurrentScripts", load_default=4,
                                       validate=validate.Range(1, 256, error="must be between 1 and 256"))
     task_after = _Duration(data_key="taskAfter", load_default=2.0, allow_zero=True, at_most="1h")
+    worker_isolation = _String(data_key="workerIsolation", load_default="bubblewrap",
+                               validate=_Choice(WORKER_ISOLATIONS))
     step_limit = _Refused("the sandbox counts no steps: its code's running time is limited by "
                           "codeMode.executionTime (and memory by maxMemory)", data_key="stepLimit")
 

@@ -17,6 +17,7 @@ import pykka
 from vmcp_actors.backends import InputRequired
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import VmcpConfig
+from vmcp_actors.config._model import SCRIPT_TOOL
 from vmcp_actors.core._catalog import connect_tool_name
 from vmcp_actors.core._exchange import Notification, ServerRequest, from_backend
 from vmcp_actors.edge._driver import Answered, CallRun, Failed, Outcome, Write
@@ -58,7 +59,8 @@ CONNECT_WAIT = 300.0
 class RequestDeadlines:
     """The one deadline of each client request: the longest backend timeout (the most any
     backend may take to answer), and for a composite tool's call its own timeout on top
-    (the run's timeout counts from its start, after discovery). Worked out once per config."""
+    (the run's timeout counts from its start, after discovery), as for a code mode script.
+    Worked out once per config."""
 
     def __init__(self, config: VmcpConfig):
         timeouts = config.operational.timeouts
@@ -67,6 +69,8 @@ class RequestDeadlines:
         # A connect tool waits for a person in a browser: a call asking URL elicitation waits that long.
         self._composites.update({connect_tool_name(name): self._longest + CONNECT_WAIT
                                  for name in config.connected_backends})
+        if config.code_mode.enabled:  # a script runs its own timeout, after discovery
+            self._composites[SCRIPT_TOOL] = self._longest + config.code_mode.timeout
 
     def for_request(self, message: Message) -> Deadline:
         if self._composites and message.method == "tools/call" and isinstance(message.params, dict):
