@@ -23,6 +23,7 @@ work as for a composite's.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import fnmatch
 import logging
 import queue
@@ -381,10 +382,15 @@ class CodeMode(CoreLayer):
             cancelled_by_client.set()
             run.cancel()
 
+        sent = [0]  # notifications relayed: MCP wants each one's progress above the last's
+        relaying = threading.Lock()  # guards sent and the order of the puts (the run's thread and this one tell)
+
         def relay(progress: Mapping[str, Any]) -> None:
-            events.put(Notification({"jsonrpc": "2.0", "method": "notifications/progress",
-                                     "params": {"progressToken": token, "progress": progress["done"],
-                                                "message": progress["message"]}}))
+            with relaying:
+                sent[0] += 1
+                events.put(Notification({"jsonrpc": "2.0", "method": "notifications/progress",
+                                         "params": {"progressToken": token, "progress": sent[0],
+                                                    "message": progress["message"]}}))
 
         handed_over = False
         try:
@@ -416,9 +422,7 @@ class CodeMode(CoreLayer):
                 raise CallCancelled()
             if error is not None:
                 raise error
-            result = dict(run.outcome.result())
-            result["_meta"] = {**(result.get("_meta") or {}), SCRIPT_META: {"id": run.id}}
-            return result
+            return named(run.outcome.result(), run)
         finally:
             if not handed_over:
                 run.listen(None)
@@ -438,7 +442,10 @@ class CodeMode(CoreLayer):
             run.cancel()
             raise
         run.listen(lambda progress: tasks.progressed(local, {}, progress["message"]))
-        tasks.start(local, run.outcome, run.cancel)
+        shown: cf.Future[dict[str, Any]] = cf.Future()  # the result as the call would have had it
+        run.outcome.add_done_callback(lambda done: shown.set_exception(done.exception()) if done.exception()
+                                      else shown.set_result(named(done.result(), run)))
+        tasks.start(local, shown, run.cancel)
         return user.created(local.record, task)
 
     def _inner_call(self, identity: Identity | None, script: str, tool: str, arguments: dict[str, Any],
@@ -502,6 +509,11 @@ class CodeMode(CoreLayer):
             future.cancel()
 
         return InnerCall(future, cancel)
+
+
+def named(result: Mapping[str, Any], run: ScriptRun) -> dict[str, Any]:
+    """A script's result naming its run (``_meta``): its audit line and its inner calls' share the id."""
+    return {**result, "_meta": {**(result.get("_meta") or {}), SCRIPT_META: {"id": run.id}}}
 
 
 def _first_line(text: Any) -> str:
