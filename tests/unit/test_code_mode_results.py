@@ -49,7 +49,8 @@ def test_text_stays_text_and_what_is_not_json_is_shown_as_written():
 def test_printed_output_and_unawaited_calls_are_told_after_the_value():
     result = script_result({"ok": True}, printed="step 1\n", unawaited=2)
     assert [block["text"] for block in result["content"][1:]] == [
-        "note: 2 call_tool(...) call(s) were never awaited and were cancelled: write `await call_tool(...)`",
+        "note: 2 call_tool(...) call(s) were never awaited (write `await call_tool(...)`); those still running were "
+        "cancelled",
         "printed:\nstep 1\n"]
     assert failure("boom", "p") == {"content": [{"type": "text", "text": "boom"}, {"type": "text", "text": "printed:\np"}],
                                     "isError": True}

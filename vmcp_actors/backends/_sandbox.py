@@ -175,7 +175,9 @@ def script_worker_launcher(binary: str, directory: str) -> str:
     mounts = ["--ro-bind", binary, "/monty"]
     for system in ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/share/zoneinfo"):
         mounts += ["--ro-bind-try", system, system]
-    command = [bwrap, *_isolation(network=False), "--unshare-all", "--die-with-parent", "--new-session",
+    # No --die-with-parent: its signal comes when the *thread* that started the worker ends
+    # (a script's, while the pool lives on); a worker ends when its pipes close instead.
+    command = [bwrap, *_isolation(network=False), "--unshare-all", "--new-session",
                "--clearenv", *mounts, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/",
                "/monty"]
     launcher = os.path.join(directory, "monty-worker")

@@ -60,6 +60,28 @@ class ScriptCancelled(JsonRpcError):
         super().__init__(INTERNAL_ERROR, "The script was cancelled")
 
 
+class _Printed:
+    """A script's print() output, its first ``PRINT_LIMIT`` characters kept (the rest
+    counted, not an error in the script). Written by the pool's reader, read at the end."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._kept = 0
+        self._dropped = 0
+
+    def take(self, stream: str, text: str) -> None:
+        room = PRINT_LIMIT - self._kept
+        if room > 0:
+            self._parts.append(text[:room])
+            self._kept += min(room, len(text))
+        self._dropped += max(0, len(text) - max(room, 0))
+
+    @property
+    def text(self) -> str:
+        cut = f"\n[{self._dropped} more characters of output not kept]" if self._dropped else ""
+        return "".join(self._parts) + cut
+
+
 class _Stopped(Exception):
     """The host stopped the script at one of its limits: the message says which."""
 
@@ -201,6 +223,8 @@ class ScriptRun:
         outcome = "error"
         try:
             result = self._execute()
+            if self._cancelled.is_set():
+                raise ScriptCancelled()  # cancelled while the sandbox ran a step: whatever it then hit
             outcome = "tool_error" if result.get("isError") else "ok"
             self.outcome.set_result(result)
         except ScriptCancelled as cancelled:
@@ -227,10 +251,10 @@ class ScriptRun:
             "max_feed_duration_secs": settings.execution_time, "max_memory": settings.max_memory,
             "max_recursion_depth": settings.max_recursion_depth,
             "max_suspensions": settings.max_tool_calls * SUSPENSIONS_PER_CALL + SUSPENSIONS_SPARE}
-        printed = monty.CollectString(max_bytes=PRINT_LIMIT)
+        printed = _Printed()
         try:
             with self._sandbox.pool().checkout(limits=limits, script_name="script.py") as session:
-                snapshot = session.feed_start(self._script, inputs={"data": self._data}, print_callback=printed)
+                snapshot = session.feed_start(self._script, inputs={"data": self._data}, print_callback=printed.take)
                 while not isinstance(snapshot, monty.MontyComplete):
                     self._check_going()
                     if isinstance(snapshot, monty.FunctionSnapshot):
@@ -240,17 +264,17 @@ class ScriptRun:
                     else:
                         snapshot = snapshot.resume(self._results_for(snapshot.pending_call_ids))
                 unawaited = self._unawaited()
-                return script_result(snapshot.output, printed.output, unawaited)
+                return script_result(snapshot.output, printed.text, unawaited)
         except monty.MontySyntaxError as error:
-            return failure(error.display("type-msg"), printed.output)
+            return failure(error.display("type-msg"), printed.text)
         except monty.MontyRuntimeError as error:
-            return failure(_explained(error.display("traceback"), settings), printed.output)
+            return failure(_explained(error.display("traceback"), settings), printed.text)
         except monty.MontyCrashedError as error:
             why = (f"its code ran past codeMode.executionTime ({settings.execution_time:g}s)" if error.timed_out
-                   else "the sandbox worker stopped")
-            return failure(f"The script was stopped: {why}.", printed.output)
+                   else "its sandbox worker crashed (a value nested thousands deep can do that) and was replaced")
+            return failure(f"The script was stopped: {why}.", printed.text)
         except _Stopped as stopped:
-            return failure(str(stopped), printed.output)
+            return failure(str(stopped), printed.text)
 
     def _check_going(self) -> None:
         if self._cancelled.is_set():
@@ -346,8 +370,18 @@ class ScriptRun:
                 logger.warning("script %s: progress not delivered", self.id, exc_info=True)
 
     def _unawaited(self) -> int:
+        """Calls the script made and never awaited (finished or not): those still under
+        way are cancelled when the run ends."""
+        while True:
+            try:
+                landed = self._completions.get_nowait()
+            except queue.Empty:
+                break
+            if landed is not None:
+                self._finished(*landed)
+                self._settled[landed[0]] = landed[1]
         with self._lock:
-            return len(self._calls) + len(self._waiting)
+            return len(self._calls) + len(self._waiting) + len(self._settled)
 
     def _end_calls(self) -> None:
         """The run is over: what it started and never awaited is cancelled at its backend."""
@@ -413,7 +447,8 @@ def _explained(display: str, settings: CodeModeConfig) -> str:
     for marker, field in (("memory limit exceeded", f"codeMode.maxMemory ({settings.max_memory} bytes)"),
                           ("time limit exceeded", f"codeMode.executionTime ({settings.execution_time:g}s)"),
                           ("maximum recursion depth", f"codeMode.maxRecursionDepth ({settings.max_recursion_depth})"),
-                          ("suspension limit", f"codeMode.maxToolCalls ({settings.max_tool_calls})")):
+                          ("suspension limit", "its round trips to the gateway (tool calls, their results and "
+                                               f"undefined names: 3 x codeMode.maxToolCalls + {SUSPENSIONS_SPARE})")):
         if marker in display:
             return f"{display}\nThe script hit a limit: {field}."
     return display
@@ -439,8 +474,8 @@ def script_result(value: Any, printed: str = "", unawaited: int = 0) -> dict[str
     else:
         content.append({"type": "text", "text": repr(value)})
     if unawaited:
-        content.append({"type": "text", "text": f"note: {unawaited} call_tool(...) call(s) were never awaited and "
-                                                "were cancelled: write `await call_tool(...)`"})
+        content.append({"type": "text", "text": f"note: {unawaited} call_tool(...) call(s) were never awaited (write "
+                                                "`await call_tool(...)`); those still running were cancelled"})
     if printed:
         content.append({"type": "text", "text": "printed:\n" + printed})
     return result

@@ -5,6 +5,10 @@ from ._env import required_env_vars
 from ._load import config_files_read, config_from_mapping, load_config
 from ._mcp_servers import McpServersImport, import_mcp_servers, read_mcp_servers
 from ._model import (
+    CODE_MODE_TOOL_NAMES,
+    SCRIPT_TOOL,
+    SEARCH_TOOLS,
+    TOOL_SCHEMAS,
     AdminConfig,
     AggregationConfig,
     AuditConfig,
@@ -40,6 +44,10 @@ from ._model import (
 from ._warnings import config_warnings
 
 __all__ = [
+    "CODE_MODE_TOOL_NAMES",
+    "SCRIPT_TOOL",
+    "SEARCH_TOOLS",
+    "TOOL_SCHEMAS",
     "TelemetryConfig",
     "AuditConfig",
     "CircuitBreakerConfig",

@@ -64,6 +64,7 @@ from ._model import (
     CircuitBreakerConfig,
     CODE_MODE_LISTINGS,
     CODE_MODE_TOOL_NAMES,
+    SCRIPT_TOOL,
     WORKER_ISOLATIONS,
     CodeModeConfig,
     SandboxConfig,
@@ -1461,7 +1462,7 @@ class VmcpSchema(_StrictSchema):
         outgoing = data.get("outgoing_auth")
         code_mode = data.get("code_mode")
         if isinstance(code_mode, CodeModeConfig) and code_mode.enabled:  # its script tool is a client's call
-            composites += list(CODE_MODE_TOOL_NAMES)
+            composites.append(SCRIPT_TOOL)  # (its two helpers ask no backend and spend nothing)
         if isinstance(outgoing, OutgoingAuthConfig):  # the gateway's own connect tools are named too
             composites += [f"connect_{name}" for name in backends if outgoing.for_backend(name).type == "oauth"]
         problems = unadvertisable_limits(limits.tools, aggregation, backends, composites)

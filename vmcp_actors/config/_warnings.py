@@ -33,8 +33,10 @@ def config_warnings(config: VmcpConfig) -> list[str]:
     if authz is not None and config.incoming_auth.type == "anonymous":
         warnings.append("incomingAuth.authz: every caller is anonymous (no claims, no subject), so every request "
                         "is evaluated as the principal Client::\"anonymous\"")
-    if authz is not None and config.code_mode.enabled and not any(SCRIPT_TOOL in policy for policy in authz.policies):
-        warnings.append(f"codeMode: no Cedar policy names {SCRIPT_TOOL}: unless one permits every tool, no caller "
+    if authz is not None and config.code_mode.enabled and not any(
+            policy.lstrip().startswith("permit") and (SCRIPT_TOOL in policy or "resource ==" not in policy)
+            for policy in authz.policies):
+        warnings.append(f"codeMode: no Cedar policy permits {SCRIPT_TOOL} (by name or every tool): no caller "
                         f"may run scripts (permit action == Action::\"call_tool\", resource == Tool::\"{SCRIPT_TOOL}\")")
     if config.incoming_auth.oauth is not None and config.session_storage.provider == "memory":
         warnings.append("incomingAuth.oauth: sign-ins, registered clients and grants live in this process's memory: "

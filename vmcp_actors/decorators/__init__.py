@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmcp_actors.codemode import Sandbox
-from vmcp_actors.config import VmcpConfig
+from vmcp_actors.config import SCRIPT_TOOL, VmcpConfig
 from vmcp_actors.core._interface import LayerFactory, UserCore
 from vmcp_actors.decorators._admission import StepAdmission
 from vmcp_actors.decorators._cedar import CedarAuthz, CedarPolicies
@@ -56,7 +56,8 @@ class DecoratorStack:
         composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
                                     self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks,
                                     admission=admission)
-        limited: UserCore = composites if self.limiter is None else RateLimits(composites, self.limiter)
+        limited: UserCore = composites if self.limiter is None else \
+            RateLimits(composites, self.limiter, also_named=(SCRIPT_TOOL,) if self.code_mode is not None else ())
         outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation)
         optimizer = self.config.optimizer is not None
         callee = outermost

@@ -37,7 +37,7 @@ from vmcp_actors.backends import CallOpened, InputRequired
 from vmcp_actors.codemode import InnerCall, Sandbox, ScriptCancelled, ScriptRun
 from vmcp_actors.concurrency import Deadline, run_call
 from vmcp_actors.config import CodeModeConfig
-from vmcp_actors.config._model import SCRIPT_TOOL, SEARCH_TOOLS, TOOL_SCHEMAS
+from vmcp_actors.config import SCRIPT_TOOL, SEARCH_TOOLS, TOOL_SCHEMAS
 from vmcp_actors.core._aggregated import ANSWER_MARGIN
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import CallCancelled, Exchange, Notification, ServerRequest, answered
@@ -221,11 +221,10 @@ class CodeMode(CoreLayer):
         return self._inner.lookup_tool(identity, name, deadline)
 
     def call_tool(self, identity, name, arguments, meta, deadline):
-        if name not in self._own:
-            return self._inner.call_tool(identity, name, arguments, meta, deadline)
         arguments = arguments or {}
-        if not self._may_script(identity, arguments, audited=True):
-            raise UnknownTool(name)  # as for a tool a policy hides: nothing revealed
+        if name not in self._own or not self._may_script(identity, arguments, audited=True):
+            # Not offered to this caller (Cedar): the name is what the layers below make of it.
+            return self._inner.call_tool(identity, name, arguments, meta, deadline)
         if name == SEARCH_TOOLS:
             return answered(self._search(identity, arguments, deadline))
         if name == TOOL_SCHEMAS:
@@ -329,9 +328,9 @@ class CodeMode(CoreLayer):
         script, data = arguments.get("script"), arguments.get("data")
         if not isinstance(script, str) or not script.strip():
             raise JsonRpcError(INVALID_PARAMS, f"{SCRIPT_TOOL}: script must be the script's text")
-        if len(script) > settings.max_script_size:
+        if len(script.encode("utf-8", "surrogatepass")) > settings.max_script_size:
             raise JsonRpcError(INVALID_PARAMS, f"{SCRIPT_TOOL}: the script is longer than codeMode.maxScriptSize "
-                                               f"({settings.max_script_size} characters)")
+                                               f"({settings.max_script_size} bytes)")
         if data is not None and not isinstance(data, dict):
             raise JsonRpcError(INVALID_PARAMS, f"{SCRIPT_TOOL}: data must be an object")
         if self._services.limiter is not None:
@@ -446,13 +445,11 @@ class CodeMode(CoreLayer):
         run.outcome.add_done_callback(lambda done: shown.set_exception(done.exception()) if done.exception()
                                       else shown.set_result(named(done.result(), run)))
         tasks.start(local, shown, run.cancel)
-        return user.created(local.record, task)
+        return named(user.created(local.record, task), run)  # its audit line names the run too
 
     def _inner_call(self, identity: Identity | None, script: str, tool: str, arguments: dict[str, Any],
                     deadline: Deadline) -> InnerCall:
         """A script's ``call_tool``: a client's call of ``tool`` (on the calls' pool)."""
-        if not self._covers(tool):
-            raise UnknownTool(tool)
         cancels: list[Callable[[str | None], None]] = []
         stopped = threading.Event()
         lock = threading.Lock()  # guards cancels and stopped together
@@ -461,6 +458,8 @@ class CodeMode(CoreLayer):
             began, backend = time.monotonic(), None
             result, error = None, None
             try:
+                if not self._covers(tool):
+                    raise UnknownTool(tool)  # as for a tool the caller cannot see: codeMode.tools leaves it out
                 exchange = self._callee.call_tool(identity, tool, arguments, None, deadline)
                 try:
                     while True:

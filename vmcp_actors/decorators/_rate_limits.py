@@ -22,15 +22,18 @@ from vmcp_actors.limits import RateLimiter
 class RateLimits(CoreLayer):
     layer_name = "rate limits"
 
-    def __init__(self, inner: UserCore, limiter: RateLimiter):
+    def __init__(self, inner: UserCore, limiter: RateLimiter, also_named: tuple[str, ...] = ()):
+        """``also_named``: tools a layer above adds whose calls spend here (code mode's script tool)."""
         super().__init__(inner)
         self._limiter = limiter
+        self._also_named = also_named
         self._checked: PerList[None] = PerList()
 
     def list_tools(self, identity, deadline):
         """As below; the configured tool names are checked against it once per catalog."""
         tools = self._inner.list_tools(identity, deadline)
-        self._checked.get(tools, lambda: self._limiter.check_names({tool["name"] for tool in tools}))
+        self._checked.get(tools, lambda: self._limiter.check_names({tool["name"] for tool in tools}
+                                                                   | set(self._also_named)))
         return tools
 
     def call_tool(self, identity, name, arguments, meta, deadline):
