@@ -38,6 +38,11 @@ call sites ``test_every_tool_call_site_is_an_entry_point_in_the_table`` lists):
   asked mid-call): ``McpService._resume_parked``. Cedar is proved by a revocation (the same
   person, now in the group a policy forbids), as a parked call lives only in the process
   that allowed it.
+* H: a code mode script's ``call_tool`` (``codeMode``, issue 39): a 2026-07-28 call of
+  ``execute_tool_script`` whose script calls the role's tool. A refused call raises inside
+  the script with the client's error ("<message> (error <code>)"); the script catches it
+  and returns it, and the cell reads that error (the script tool's own call answers 200, so
+  a refusal there has no HTTP status of its own: ``EntryPoint.in_script``).
 
 Found under G and covered by a row's decision rather than a row of their own:
 ``AggregatedBackends.resume`` calling ``call_tool`` (unasked input for a 2025 backend: under
@@ -59,6 +64,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,7 +135,7 @@ class World:
     started: dict[str, QuickStopGatewayServer] = field(default_factory=dict)
 
     def config(self, name: str) -> dict[str, Any]:
-        """``guarded``: Cedar, the filter, rate limits, composites. ``twin``: the same key,
+        """``guarded``: Cedar, the filter, rate limits, composites, code mode. ``twin``: the same key,
         IdP and backend with none of them. ``optimizer`` / ``optimizer_twin``: the same
         two with the optimizer on top. ``parked``: Cedar over ``old`` alone."""
         guarded = name in ("guarded", "optimizer")
@@ -151,6 +157,8 @@ class World:
             config["rateLimiting"] = {"tools": [{"name": "gate_limited", "perUser": ONE_AN_HOUR},
                                                 {"name": "jobs_delayed_echo", "perUser": ONE_AN_HOUR}]}
             config["compositeTools"] = COMPOSITES
+        if name == "guarded":  # H; listing all: every other row's tools are listed as before
+            config["codeMode"] = {"enabled": True, "listing": "all"}
         if name.startswith("optimizer"):
             config["optimizer"] = {"maxToolsToReturn": 8}
         return config
@@ -400,6 +408,33 @@ def continued_optimizer_call(cell: Cell, role: str, mismatch: bool = False) -> O
     return http_outcome(response, reached)
 
 
+# The script H runs: the tool called as ``data`` says, its value or the error it raised.
+SCRIPT = """
+try:
+    outcome = {'value': await call_tool(data['tool'], data['arguments'])}
+except RuntimeError as error:
+    outcome = {'raised': str(error)}
+outcome
+"""
+RAISED = re.compile(r"(?P<message>.*) \(error (?P<code>-?\d+)\)", re.S)
+
+
+def script_call(cell: Cell, role: str, mismatch: bool = False) -> Outcome:
+    """H: a 2026-07-28 call of execute_tool_script whose script calls the role's tool; a
+    refusal the script caught becomes the outcome's error (the client's message and code)."""
+    tool = GATE_TOOLS[role]
+    arguments = {"script": SCRIPT, "data": {"tool": f"gate_{tool}", "arguments": arguments_for(tool)}}
+    response, reached = counted(cell.world.gate, tool, lambda: modern_call(
+        cell.world.gateway("guarded").url, "execute_tool_script", arguments, cell.auth()))
+    outcome = http_outcome(response, reached)
+    raised = ((outcome.answer.get("result") or {}).get("structuredContent") or {}).get("raised")
+    if raised is None:
+        return outcome
+    found = RAISED.fullmatch(raised)
+    assert found, f"a script's failed call_tool names no error code: {outcome}"
+    return Outcome(outcome.status, {"error": {"code": int(found["code"]), "message": found["message"]}}, reached)
+
+
 # ----------------------------------------------------------------------------------
 # The checks
 # ----------------------------------------------------------------------------------
@@ -413,6 +448,7 @@ class EntryPoint:
     # check -> a cell of its own (None: the generic check of that column), or why it does not apply
     checks: Mapping[str, Callable[[EntryPoint, Cell], None] | str | None]
     runs_steps: bool = False  # a composite: its steps see tools the filter hides, by design
+    in_script: bool = False  # a script's call: a refusal raises inside it, with no HTTP status of its own
 
 
 def check_cedar(entry: EntryPoint, cell: Cell) -> None:
@@ -434,7 +470,7 @@ def check_rate_limit(entry: EntryPoint, cell: Cell) -> None:
     if entry.runs_steps:
         assert not second.ok and "Rate limit exceeded" in json.dumps(second.answer), second
     else:
-        assert second.refused_with(RATE_LIMITED, 429, "Rate limit exceeded"), second
+        assert second.refused_with(RATE_LIMITED, None if entry.in_script else 429, "Rate limit exceeded"), second
 
 
 def check_filter(entry: EntryPoint, cell: Cell) -> None:
@@ -508,6 +544,9 @@ NO_HEADERS_2025 = "2025-11-25 has no Mcp-Param-* headers"
 NO_HEADERS_IN_STEPS = "a composite's steps are the gateway's own calls: no client sends their headers"
 NO_HEADERS_CALL_TOOL = ("call_tool's own schema marks no x-mcp-header; the gateway derives the inner "
                         "tool's headers from its parameters")
+NO_HEADERS_IN_SCRIPTS = ("a script's call_tool is made inside the gateway: no client request carries its "
+                         "arguments, so no Mcp-Param-* header can disagree with them (execute_tool_script's own "
+                         "schema marks no x-mcp-header)")
 
 ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("A", "a 2025-11-25 session's tools/call", session_call,
@@ -538,6 +577,8 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                 FILTER: ("the filter is the process's config and a parked call lives only in the process whose "
                          "filter let it through: no state of a hidden tool can exist"),
                 HEADERS: check_parked_param_headers}),
+    EntryPoint("H", "a code mode script's call_tool (execute_tool_script, 2026-07-28)", script_call,
+               {AUTHZ: None, LIMITS: None, FILTER: None, HEADERS: NO_HEADERS_IN_SCRIPTS}, in_script=True),
 )
 
 # Cells that fail on the current code: the door is open. Strict: closing it fails the test
@@ -619,6 +660,19 @@ KNOWN_CALL_SITES: dict[tuple[str, str, str], str] = {
     ("core/_aggregated.py", "AggregatedBackends", "request"): "A B D25 D26 F (call_route)",
     ("core/_aggregated.py", "AggregatedBackends", "submit"): "E E.dotted E.task (submit_route)",
     ("core/_aggregated.py", "AggregatedBackends", "call_tool"): "C (resume: unasked input for a 2025 backend)",
+    # code mode (issue 39)
+    ("decorators/_code_mode.py", "CodeMode", "call_tool"): "H (a script's call_tool: the layer under the optimizer "
+                                                           "decides it, Cedar, filter and rate limits); every other "
+                                                           "row passes through it (a name not code mode's)",
+    ("decorators/_code_mode.py", "CodeMode", "resume"): "C F.C pass through it; a continuation naming code mode's "
+                                                        "own tool runs it again as a new call (H)",
+    ("codemode/_sandbox.py", "ScriptRun", "resume"): "no tool call: pydantic-monty's snapshot.resume hands the "
+                                                     "sandbox a call's result and runs the script on; the call itself "
+                                                     "is H's (CodeMode._inner_call)",
+    ("edge/_audit.py", "AuditLog", "event_type"): "no tool call: the audit event type of 'tools/call', for the line "
+                                                  "of a script's call (H)",
+    ("edge/_audit.py", "AuditLog", "write"): "no tool call: writes the audit line (method 'tools/call') of a "
+                                             "script's call (H)",
 }
 TOOL_CALLS = frozenset({"call_tool", "call_route", "submit_route", "resume"})
 

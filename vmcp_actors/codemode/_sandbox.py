@@ -1,11 +1,11 @@
 """Scripts in pydantic-monty's sandbox: a Rust interpreter of a Python subset, run in worker
 subprocesses the pool starts with an empty environment (by default each in bubblewrap too:
-no network, no files; ``codeMode.workerIsolation``).
+no network, no files, only ``PWD=/``; ``codeMode.workerIsolation``).
 
 A script sees ``data`` and one host function, ``call_tool(name, arguments)``; nothing
 else of the gateway. It has no files (an ``open`` is refused by the host), no environment,
 no network and no imports beyond the interpreter's own modules (json, re, math, datetime,
-asyncio, ...). The engine enforces its limits: the time its code runs
+asyncio, ...); its sleeps are waited for by the host, within its timeout. The engine enforces its limits: the time its code runs
 (``max_feed_duration_secs``: waiting on tools does not count), heap, recursion depth and
 suspensions; the host adds the wall time, the number of tool calls and how many run at once.
 
@@ -38,7 +38,7 @@ from vmcp_actors.backends._sandbox import script_worker_launcher
 from vmcp_actors.concurrency import Deadline
 from vmcp_actors.config import CodeModeConfig
 from vmcp_actors.metrics import METRICS
-from vmcp_actors.protocol import INTERNAL_ERROR, JsonRpcError
+from vmcp_actors.protocol import INTERNAL_ERROR, REQUEST_TIMEOUT, JsonRpcError
 
 if TYPE_CHECKING:
     import pydantic_monty as monty
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CALL_TOOL = "call_tool"  # the one host function a script may call
+ASYNC_SLEEP = "system.async_sleep"
+SLEEPS = ("system.sleep", ASYNC_SLEEP)  # the host's only OS functions: waits, within the script's timeout
 PRINT_LIMIT = 16 * 1024  # characters of a script's print() output kept for its result
 # Suspensions the engine allows per script beyond its tool calls (a call is answered with a
 # future, then the future resolved; name lookups count too): a backstop under maxToolCalls.
@@ -181,6 +183,7 @@ class ScriptRun:
         self._done = 0
         self._failed = 0
         self._settled: dict[int, dict[str, Any]] = {}  # results the script has not awaited yet
+        self._wakes: dict[int, float] = {}  # asyncio.sleep futures -> when they land (the run's thread only)
 
     # -- the caller's side ------------------------------------------------------------------
 
@@ -260,7 +263,9 @@ class ScriptRun:
                     if isinstance(snapshot, monty.FunctionSnapshot):
                         snapshot = self._answer(snapshot)
                     elif isinstance(snapshot, monty.NameLookupSnapshot):
-                        snapshot = snapshot.resume()  # an undefined name: NameError in the script
+                        # call_tool named, not called (f = call_tool): the host function; else NameError
+                        snapshot = snapshot.resume(value=_named_call_tool) \
+                            if snapshot.variable_name == CALL_TOOL and snapshot.object_id is None else snapshot.resume()
                     else:
                         snapshot = snapshot.resume(self._results_for(snapshot.pending_call_ids))
                 unawaited = self._unawaited()
@@ -284,8 +289,10 @@ class ScriptRun:
                            f"({self._settings.timeout:g}s, waiting on tools included).")
 
     def _answer(self, snapshot: Any) -> Any:  # a pydantic_monty.FunctionSnapshot
-        if snapshot.is_os_function:  # files, environment, sleeps, clocks the host would serve: none here
-            return snapshot.resume_not_handled()
+        if snapshot.is_os_function:
+            if snapshot.function_name in SLEEPS:
+                return self._sleep(snapshot)
+            return snapshot.resume_not_handled()  # files, environment: none here
         name = snapshot.function_name
         if name != CALL_TOOL:
             return snapshot.resume({"exc_type": "NameError", "message": f"name {name!r} is not defined"})
@@ -322,24 +329,51 @@ class ScriptRun:
             with self._lock:
                 self._calls[call_id] = (tool, call)
             call.outcome.add_done_callback(lambda done, call_id=call_id, tool=tool:
-                                           self._completions.put((call_id, _settled_answer(tool, done))))
+                                           self._completions.put((call_id, self._answer_of(tool, done))))
             started = True
         if started:
             self._tell()
 
+    def _sleep(self, snapshot: Any) -> Any:
+        """``time.sleep`` waits here (until the script's deadline at most, a cancel ends it);
+        ``asyncio.sleep`` is a future that lands when its time is up, so gathered sleeps overlap."""
+        seconds = snapshot.args[0] if snapshot.args else 0
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not seconds >= 0:
+            return snapshot.resume({"exc_type": "ValueError", "message": "sleep length must be a non-negative number"})
+        wake = time.monotonic() + min(float(seconds), max(0.0, self._deadline.remaining()))
+        if snapshot.function_name == ASYNC_SLEEP:
+            self._wakes[snapshot.call_id] = wake
+            return snapshot.resume({"future": ...})
+        self._cancelled.wait(max(0.0, wake - time.monotonic()))
+        self._check_going()
+        return snapshot.resume({"return_value": None})
+
+    def _answer_of(self, tool: str, done: cf.Future[dict[str, Any]]) -> dict[str, Any]:
+        answer = _settled_answer(tool, done)
+        error = None if done.cancelled() else done.exception()
+        if isinstance(error, JsonRpcError) and error.code == REQUEST_TIMEOUT and not self._deadline.expired:
+            answer["message"] += f" (codeMode.toolCallTimeout: {self._settings.tool_call_timeout:g}s)"
+        return answer
+
     def _results_for(self, pending: list[int]) -> dict[int, Any]:
-        """The results of the pending calls that have landed, waiting for at least one."""
+        """The results of the pending calls and sleeps that have landed, waiting for at least one."""
         wanted = set(pending)
         ready = {call_id: self._settled.pop(call_id) for call_id in list(self._settled) if call_id in wanted}
         block = not ready
         while True:
+            now = time.monotonic()
+            for call_id, wake in list(self._wakes.items()):
+                if wake <= now:
+                    del self._wakes[call_id]
+                    ready[call_id] = {"return_value": None}
+                    block = False
+            wait = max(0.0, min([self._deadline.remaining(), *(wake - now for wake in self._wakes.values())]))
             try:
-                landed = self._completions.get(timeout=max(0.0, self._deadline.remaining())) if block \
-                    else self._completions.get_nowait()
+                landed = self._completions.get(timeout=wait) if block else self._completions.get_nowait()
             except queue.Empty:
                 if not block:
                     return ready
-                self._check_going()  # the deadline passed
+                self._check_going()  # the deadline passed (or a sleep is up: the loop sees it)
                 continue
             if landed is None:
                 self._check_going()  # cancelled
@@ -391,6 +425,15 @@ class ScriptRun:
             self._waiting.clear()
         for call in calls:
             call.cancel()
+
+
+def _named_call_tool(*args: Any, **kwargs: Any) -> None:
+    """What ``call_tool`` is when a script names it without calling it: the sandbox calls
+    it back as the host function ``call_tool``, which the run answers (never run here)."""
+    raise AssertionError("answered by ScriptRun")
+
+
+_named_call_tool.__name__ = CALL_TOOL  # the name the sandbox calls it back by
 
 
 def _call_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, dict[str, Any], str | None]:

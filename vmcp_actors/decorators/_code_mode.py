@@ -333,14 +333,18 @@ class CodeMode(CoreLayer):
                                                f"({settings.max_script_size} bytes)")
         if data is not None and not isinstance(data, dict):
             raise JsonRpcError(INVALID_PARAMS, f"{SCRIPT_TOOL}: data must be an object")
-        if self._services.limiter is not None:
-            self._services.limiter.admit(identity, SCRIPT_TOOL)
         sandbox = self._services.sandbox
-        if not sandbox.take_slot():
+        if not sandbox.take_slot():  # before a token is spent: a refused script costs none
             raise JsonRpcError(INTERNAL_ERROR, "This gateway worker runs as many scripts as it may "
                                                f"(codeMode.maxConcurrentScripts: {settings.max_concurrent_scripts}); "
                                                "retry shortly", {"retryAfterSeconds": SCRIPT_RETRY_AFTER},
                                http_status=503)
+        try:
+            if self._services.limiter is not None:
+                self._services.limiter.admit(identity, SCRIPT_TOOL)
+        except BaseException:
+            sandbox.give_slot()
+            raise
         task = requested_task.get()
         takes_task = task is not None and not task.awaited and self._tasks is not None
         ends = time.monotonic() + settings.timeout
