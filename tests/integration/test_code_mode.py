@@ -553,3 +553,18 @@ def test_cancelling_an_inline_2025_script_call_stops_the_script_and_its_backend_
     assert streamed.done.wait(10)
     assert all("id" not in message for message in streamed.events)  # no answer to a cancelled call
     assert served.rpc(session, "ping", request_id=2)["result"] == {}
+
+
+def test_a_call_the_gateway_stops_waiting_for_is_cancelled_at_its_backend(gateway):
+    """MCP: a sender that gives up at its timeout sends notifications/cancelled. A client's
+    own call past the backend's timeout, and a script's call past toolCallTimeout, alike."""
+    served = gateway({"operational": {"timeouts": {"default": "1s"}}}, toolCallTimeout="1s")
+    session = served.initialize()
+    direct = served.rpc(session, "tools/call", {"name": "plain_hold", "arguments": {"label": "timed-out-direct"}})
+    assert direct["error"]["code"] == -32001
+    assert flag("cancelled", "timed-out-direct").wait(10)  # not left running at the backend
+    script = "try:\n    await call_tool('plain_hold', {'label': 'timed-out-inner'})\nexcept RuntimeError as e:\n    said = str(e)\nsaid"
+    answer = served.rpc(session, "tools/call", {"name": "execute_tool_script", "arguments": script_args(script)})
+    said = answer["result"]["content"][0]["text"]
+    assert "(error -32001)" in said and said.endswith("(codeMode.toolCallTimeout: 1s)")
+    assert flag("cancelled", "timed-out-inner").wait(10)

@@ -719,6 +719,10 @@ class BackendChannel:
             if deadline is not None:
                 timeout = deadline.cap(self.timeout)  # less what the wait for a place took
             return (yield from self._sent(method, message, handshake, headers, timeout, abort, mailbox))
+        except BackendTimeout:
+            # The gateway stops waiting: the backend is told, as MCP asks of a sender that gives up.
+            cancel(f"no answer within {timeout:g} s: the gateway stopped waiting")
+            raise
         finally:
             if place is not None:
                 place.leave()
