@@ -455,9 +455,10 @@ def test_a_sessions_later_requests_do_not_wait_the_budget_again_while_a_handshak
     assert seen["listed"] == seen["listed again"] == ["good_echo"]
     assert seen["echo"] == "good:hi"
     assert seen["list took"] < budget + 2, timings
-    # Waiting the budget again would take it (4 s) each time; what was found answers at once.
-    assert seen["call took"] < budget / 4, timings
-    assert seen["list again took"] < budget / 4, timings
+    # Waiting the budget again would take it (4 s) each time; what was found answers at once
+    # (half the budget: a margin for a loaded machine, where one call took 1.2 s).
+    assert seen["call took"] < budget / 2, timings
+    assert seen["list again took"] < budget / 2, timings
     hang_error, dead_error = seen["errors"]
     assert names_backend(hang_error, "hang"), hang_error.error
     assert names_backend(dead_error, "dead"), dead_error.error

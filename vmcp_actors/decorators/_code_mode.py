@@ -40,10 +40,10 @@ from vmcp_actors.config import CodeModeConfig
 from vmcp_actors.config import SCRIPT_TOOL, SEARCH_TOOLS, TOOL_SCHEMAS
 from vmcp_actors.core._aggregated import ANSWER_MARGIN
 from vmcp_actors.core._catalog import Route
-from vmcp_actors.core._exchange import CallCancelled, Exchange, Notification, ServerRequest, answered
+from vmcp_actors.core._exchange import SESSION_ENDED, CallCancelled, Exchange, Notification, ServerRequest, answered
 from vmcp_actors.core._explain import ADDS, PASSES, Explanation, Finding
 from vmcp_actors.core._interface import CoreLayer, UnknownTool, UserCore
-from vmcp_actors.core._tasks import requested_task
+from vmcp_actors.core._tasks import TaskRequest, requested_task
 from vmcp_actors.decorators._cedar import CALL_TOOL as CEDAR_CALL_TOOL, CedarPolicies, audit_denied
 from vmcp_actors.decorators._composite import TASK_EXECUTION
 from vmcp_actors.decorators._composite_tasks import UserTasks
@@ -373,7 +373,7 @@ class CodeMode(CoreLayer):
         if self._services.running is not None:
             self._services.running.remove(run)
 
-    def _follow(self, run: ScriptRun, task: Any, meta: Mapping[str, Any] | None, deadline: Deadline) -> Exchange:
+    def _follow(self, run: ScriptRun, task: TaskRequest | None, meta: Mapping[str, Any] | None, deadline: Deadline) -> Exchange:
         """The call's side of a run: its progress relayed (when the client asked for it),
         its result returned; or, once it has run ``taskAfter`` (at once for a 2025 client
         that asked for a task), a task the run goes on under."""
@@ -382,7 +382,8 @@ class CodeMode(CoreLayer):
         cancelled_by_client = threading.Event()
 
         def cancel(reason: str | None) -> None:
-            cancelled_by_client.set()
+            if reason != SESSION_ENDED:  # the client cancelled: it expects no answer
+                cancelled_by_client.set()
             run.cancel()
 
         sent = [0]  # notifications relayed: MCP wants each one's progress above the last's
@@ -431,7 +432,7 @@ class CodeMode(CoreLayer):
                 run.listen(None)
                 run.cancel()  # a no-op once it ended; else the client went away
 
-    def _as_task(self, run: ScriptRun, task: Any) -> dict[str, Any] | None:
+    def _as_task(self, run: ScriptRun, task: TaskRequest) -> dict[str, Any] | None:
         """The run goes on as a task: its record made, its progress and end written there."""
         assert self._tasks is not None
         user, tasks = self._tasks, self._tasks.tasks
