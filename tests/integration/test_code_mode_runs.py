@@ -55,7 +55,7 @@ def test_gathered_sleeps_overlap_and_a_plain_sleep_waits(sandbox):
     began = time.monotonic()
     assert text_of(started(sandbox, script)) == "[1,2,3,4]"
     took = time.monotonic() - began
-    assert 1.0 <= took < 3.0  # four sleeps of 1 s side by side (one after another: 4 s)
+    assert 1.0 <= took < 3.5  # four sleeps of 1 s side by side (one after another: 4 s or more)
     began = time.monotonic()
     assert text_of(started(sandbox, "import time\ntime.sleep(0.2)\n'woke'")) == "woke"
     assert time.monotonic() - began >= 0.2
