@@ -106,8 +106,7 @@ class Runtime:
 
     def scripts(self) -> list[dict[str, Any]]:
         """The admin state's code mode scripts running in this worker."""
-        running = self.code_mode.running if self.code_mode is not None else None
-        return running.snapshot() if running is not None else []
+        return self.code_mode.running.snapshot() if self.code_mode is not None else []
 
     def limits_state(self) -> dict[str, Any]:
         """The admin state's rate limits and bulkheads (this worker's counts; bucket levels
@@ -139,8 +138,7 @@ class Runtime:
         if self.processes is not None:
             self.processes.stop_all()  # what the users' release left: shared children, stragglers
         if self.code_mode is not None:
-            if self.code_mode.running is not None:
-                self.code_mode.running.cancel_all()
+            self.code_mode.running.cancel_all()
             self.code_mode.sandbox.close()  # its worker processes end
 
 

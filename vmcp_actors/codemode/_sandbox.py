@@ -181,7 +181,6 @@ class ScriptRun:
         self._waiting: deque[tuple[int, str, dict[str, Any]]] = deque()  # made, not yet started
         self._made = 0
         self._done = 0
-        self._failed = 0
         self._settled: dict[int, dict[str, Any]] = {}  # results the script has not awaited yet
         self._wakes: dict[int, float] = {}  # asyncio.sleep futures -> when they land (the run's thread only)
 
@@ -365,8 +364,11 @@ class ScriptRun:
             for call_id, wake in list(self._wakes.items()):
                 if wake <= now:
                     del self._wakes[call_id]
-                    ready[call_id] = {"return_value": None}
-                    block = False
+                    if call_id in wanted:
+                        ready[call_id] = {"return_value": None}
+                        block = False
+                    else:
+                        self._settled[call_id] = {"return_value": None}
             wait = max(0.0, min([self._deadline.remaining(), *(wake - now for wake in self._wakes.values())]))
             try:
                 landed = self._completions.get(timeout=wait) if block else self._completions.get_nowait()
@@ -390,7 +392,6 @@ class ScriptRun:
         with self._lock:
             self._calls.pop(call_id, None)
             self._done += 1
-            self._failed += "return_value" not in answer
         self._start_waiting()
         self._tell()
 
@@ -404,8 +405,11 @@ class ScriptRun:
                 logger.warning("script %s: progress not delivered", self.id, exc_info=True)
 
     def _unawaited(self) -> int:
-        """Calls the script made and never awaited (finished or not): those still under
-        way are cancelled when the run ends."""
+        """Calls the script made and never awaited (finished or not), at its end: none
+        waiting is started now, and those still under way are cancelled when the run ends."""
+        with self._lock:
+            never_started = len(self._waiting)
+            self._waiting.clear()
         while True:
             try:
                 landed = self._completions.get_nowait()
@@ -415,7 +419,7 @@ class ScriptRun:
                 self._finished(*landed)
                 self._settled[landed[0]] = landed[1]
         with self._lock:
-            return len(self._calls) + len(self._waiting) + len(self._settled)
+            return never_started + len(self._calls) + len(self._settled)
 
     def _end_calls(self) -> None:
         """The run is over: what it started and never awaited is cancelled at its backend."""
@@ -498,10 +502,12 @@ def _explained(display: str, settings: CodeModeConfig) -> str:
 
 
 def failure(message: str, printed: str = "") -> dict[str, Any]:
-    content = [{"type": "text", "text": message}]
-    if printed:
-        content.append({"type": "text", "text": "printed:\n" + printed})
-    return {"content": content, "isError": True}
+    return {"content": [{"type": "text", "text": message}, *_printed_block(printed)], "isError": True}
+
+
+def _printed_block(printed: str) -> list[dict[str, Any]]:
+    """What the script printed, as the last text block of its result (none when nothing)."""
+    return [{"type": "text", "text": "printed:\n" + printed}] if printed else []
 
 
 def script_result(value: Any, printed: str = "", unawaited: int = 0) -> dict[str, Any]:
@@ -519,8 +525,7 @@ def script_result(value: Any, printed: str = "", unawaited: int = 0) -> dict[str
     if unawaited:
         content.append({"type": "text", "text": f"note: {unawaited} call_tool(...) call(s) were never awaited (write "
                                                 "`await call_tool(...)`); those still running were cancelled"})
-    if printed:
-        content.append({"type": "text", "text": "printed:\n" + printed})
+    content.extend(_printed_block(printed))
     return result
 
 

@@ -59,14 +59,12 @@ class DecoratorStack:
         limited: UserCore = composites if self.limiter is None else \
             RateLimits(composites, self.limiter, also_named=(SCRIPT_TOOL,) if self.code_mode is not None else ())
         outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation)
-        optimizer = self.config.optimizer is not None
-        callee = outermost
-        for depth, wrap in enumerate(self.above_filter):
-            if depth == len(self.above_filter) - 1 and optimizer:
-                callee = outermost  # what a script's calls enter: under the optimizer
+        optimizer = self.config.optimizer is not None  # the last of above_filter, when configured
+        for wrap in self.above_filter[:-1] if optimizer else self.above_filter:
             outermost = wrap(outermost)
-        if not optimizer:
-            callee = outermost
+        callee = outermost  # what a script's calls enter: under the optimizer
+        if optimizer:
+            outermost = self.above_filter[-1](outermost)
         if self.code_mode is not None:
             outermost = CodeMode(outermost, callee, self.code_mode, optimizer=optimizer, tasks=tasks,
                                  user=user)
@@ -90,8 +88,7 @@ def stack(config: VmcpConfig, embedder_layers: Sequence[LayerFactory] = (),
         above.append(lambda inner: ToolOptimizer(inner, limit))
     code_mode = None
     if config.code_mode.enabled:
-        code_mode = CodeModeServices(config.code_mode, Sandbox(config.code_mode), policies, limiter, script_audit,
-                                     ScriptsRunning())
+        code_mode = CodeModeServices(config.code_mode, Sandbox(config.code_mode), policies, limiter, script_audit)
     return DecoratorStack(config, tuple(above), workflow_metrics or WorkflowMetrics(), limiter, policies, code_mode)
 
 

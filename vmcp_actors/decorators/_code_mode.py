@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vmcp_actors.backends import CallOpened, InputRequired
@@ -42,7 +42,7 @@ from vmcp_actors.core._aggregated import ANSWER_MARGIN
 from vmcp_actors.core._catalog import Route
 from vmcp_actors.core._exchange import SESSION_ENDED, CallCancelled, Exchange, Notification, ServerRequest, answered
 from vmcp_actors.core._explain import ADDS, PASSES, Explanation, Finding
-from vmcp_actors.core._interface import CoreLayer, UnknownTool, UserCore
+from vmcp_actors.core._interface import CoreLayer, PerList, UnknownTool, UserCore
 from vmcp_actors.core._tasks import TaskRequest, requested_task
 from vmcp_actors.decorators._cedar import CALL_TOOL as CEDAR_CALL_TOOL, CedarPolicies, audit_denied
 from vmcp_actors.decorators._composite import TASK_EXECUTION
@@ -121,19 +121,6 @@ InnerAudit = Callable[[Identity | None, str, str, Mapping[str, Any], str | None,
                        JsonRpcError | None, float], None]
 
 
-@dataclass(frozen=True)
-class CodeModeServices:
-    """What code mode shares across the process: the sandbox, the decisions a script's own
-    call passes, the audit of inner calls, and the scripts running (admin state)."""
-
-    settings: CodeModeConfig
-    sandbox: Sandbox
-    policies: CedarPolicies | None = None
-    limiter: RateLimiter | None = None
-    audit: InnerAudit | None = None
-    running: ScriptsRunning | None = None
-
-
 class ScriptsRunning:
     """The scripts this process runs, for operators (no script text, no data)."""
 
@@ -154,14 +141,24 @@ class ScriptsRunning:
             runs = list(self._runs.values())
         return sorted((run.status() for run in runs), key=lambda row: -row["ageSeconds"])
 
-    def of_user(self, user: str) -> list[dict[str, Any]]:
-        return [row for row in self.snapshot() if row["user"] == user]
-
     def cancel_all(self) -> None:
         with self._lock:
             runs = list(self._runs.values())
         for run in runs:
             run.cancel()
+
+
+@dataclass(frozen=True)
+class CodeModeServices:
+    """What code mode shares across the process: the sandbox, the decisions a script's own
+    call passes, the audit of inner calls, and the scripts running (admin state)."""
+
+    settings: CodeModeConfig
+    sandbox: Sandbox
+    policies: CedarPolicies | None = None
+    limiter: RateLimiter | None = None
+    audit: InnerAudit | None = None
+    running: ScriptsRunning = field(default_factory=ScriptsRunning)
 
 
 class CodeMode(CoreLayer):
@@ -183,8 +180,9 @@ class CodeMode(CoreLayer):
                                               tasks is not None)}
         if not optimizer:
             self._own.update({SEARCH_TOOLS: SEARCH_DEFINITION, TOOL_SCHEMAS: SCHEMAS_DEFINITION})
-        self._lock = threading.Lock()  # guards _index and _runs
-        self._index: tuple[tuple[dict[str, Any], ...], ToolIndex] | None = None
+        self._covered: PerList[tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]] = PerList()
+        self._index: PerList[ToolIndex] = PerList()  # over the covered tools, built at the first search
+        self._lock = threading.Lock()  # guards _runs
         self._runs: dict[str, ScriptRun] = {}  # this user's scripts under way
 
     # -- tools -----------------------------------------------------------------------------
@@ -221,10 +219,10 @@ class CodeMode(CoreLayer):
         return self._inner.lookup_tool(identity, name, deadline)
 
     def call_tool(self, identity, name, arguments, meta, deadline):
-        arguments = arguments or {}
         if name not in self._own or not self._may_script(identity, arguments, audited=True):
             # Not offered to this caller (Cedar): the name is what the layers below make of it.
             return self._inner.call_tool(identity, name, arguments, meta, deadline)
+        arguments = arguments or {}
         if name == SEARCH_TOOLS:
             return answered(self._search(identity, arguments, deadline))
         if name == TOOL_SCHEMAS:
@@ -258,11 +256,10 @@ class CodeMode(CoreLayer):
     def close(self) -> None:
         with self._lock:
             runs = list(self._runs.values())
-            index, self._index = self._index, None
         for run in runs:
             run.cancel()
-        if index is not None:
-            index[1].close()
+        self._index.clear()  # its SQLite connection closes with it (as a replaced one's does)
+        self._covered.clear()
         super().close()
 
     # -- the helpers -----------------------------------------------------------------------
@@ -270,8 +267,17 @@ class CodeMode(CoreLayer):
     def _covers(self, name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self._settings.tools)
 
-    def _covered_tools(self, identity: Identity | None, deadline: Deadline) -> tuple[dict[str, Any], ...]:
-        return tuple(tool for tool in self._callee.list_tools(identity, deadline) if self._covers(tool["name"]))
+    def _covered_tools(self, identity: Identity | None,
+                       deadline: Deadline) -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]:
+        """The tools scripts may call and this caller may call, and them by name: derived
+        once per list the layer below answers."""
+        below = self._callee.list_tools(identity, deadline)
+
+        def covered() -> tuple[tuple[dict[str, Any], ...], dict[str, dict[str, Any]]]:
+            tools = tuple(tool for tool in below if self._covers(tool["name"]))
+            return tools, {tool["name"]: tool for tool in tools}
+
+        return self._covered.get(below, covered)
 
     def _search(self, identity: Identity | None, arguments: Mapping[str, Any], deadline: Deadline) -> dict[str, Any]:
         query, limit = arguments.get("query"), arguments.get("limit", 8)
@@ -279,9 +285,10 @@ class CodeMode(CoreLayer):
             raise JsonRpcError(INVALID_PARAMS, f"{SEARCH_TOOLS}: query must say what the tools should do")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
             raise JsonRpcError(INVALID_PARAMS, f"{SEARCH_TOOLS}: limit must be an integer from 1 to 50")
-        tools = self._covered_tools(identity, deadline)
+        tools, _ = self._covered_tools(identity, deadline)
+        index = self._index.get(tools, lambda: ToolIndex(tools))
         found = [{"name": tool["name"], "description": _first_line(tool.get("description"))}
-                 for tool, _ in self._index_for(tools).search(query, "", limit)]
+                 for tool, _ in index.search(query, "", limit)]
         return {"content": [{"type": "text", "text": as_text({"tools": found})}],
                 "structuredContent": {"tools": found}, "isError": False}
 
@@ -292,7 +299,7 @@ class CodeMode(CoreLayer):
         if not isinstance(names, list) or not names or len(names) > 50 \
                 or not all(isinstance(name, str) for name in names):
             raise JsonRpcError(INVALID_PARAMS, f"{TOOL_SCHEMAS}: names must list 1 to 50 tool names")
-        by_name = {tool["name"]: tool for tool in self._covered_tools(identity, deadline)}
+        _, by_name = self._covered_tools(identity, deadline)
         tools, unknown = [], []
         for name in dict.fromkeys(names):
             tool = by_name.get(name)
@@ -306,19 +313,6 @@ class CodeMode(CoreLayer):
             tools.append(entry)
         answer: dict[str, Any] = {"tools": tools, **({"unknown": unknown} if unknown else {})}
         return {"content": [{"type": "text", "text": as_text(answer)}], "structuredContent": answer, "isError": False}
-
-    def _index_for(self, tools: tuple[dict[str, Any], ...]) -> ToolIndex:
-        # One index per covered list; the list below is the same tuple while its catalog is
-        # served, and the covered tuple is rebuilt per call, so compare by names and identity.
-        key = tuple(id(tool) for tool in tools)
-        with self._lock:
-            cached = self._index
-            if cached is not None and tuple(id(tool) for tool in cached[0]) == key:
-                return cached[1]
-        index = ToolIndex(tools)  # built outside the lock: a race only builds it twice
-        with self._lock:
-            self._index = (tools, index)  # a replaced index is left to the collector (a search may hold it)
-        return index
 
     # -- scripts ---------------------------------------------------------------------------
 
@@ -362,16 +356,14 @@ class CodeMode(CoreLayer):
             raise
         with self._lock:
             self._runs[run.id] = run
-        if self._services.running is not None:
-            self._services.running.add(run)
+        self._services.running.add(run)
         run.start()
         return self._follow(run, task if takes_task else None, meta, deadline)
 
     def _ended(self, run: ScriptRun) -> None:
         with self._lock:
             self._runs.pop(run.id, None)
-        if self._services.running is not None:
-            self._services.running.remove(run)
+        self._services.running.remove(run)
 
     def _follow(self, run: ScriptRun, task: TaskRequest | None, meta: Mapping[str, Any] | None, deadline: Deadline) -> Exchange:
         """The call's side of a run: its progress relayed (when the client asked for it),

@@ -232,8 +232,7 @@ class CompositeTasks:
                 run.changed = False
                 end = run.end
                 waiting = {step_id: request for step_id, (request, answer) in run.asks.items() if not answer.done()}
-                message = run.message if run.message is not None and not waiting \
-                    else _status_message(run.steps, waiting)
+                message = _status_message(run.steps, waiting, run.message)
             if end is not None:
                 self._write_end(run, end)
                 return
@@ -389,8 +388,7 @@ class CompositeTasks:
                 message = run.message
             rows.append({"task": run.record.task_id[:12], "user": run.record.user, "tool": run.record.tool,
                          "status": "input_required" if waiting else WORKING,
-                         "step": message if message is not None and not waiting
-                         else _status_message(steps, dict.fromkeys(waiting)),
+                         "step": _status_message(steps, dict.fromkeys(waiting), message),
                          "ageSeconds": round(now - run.record.created, 3)})
         return sorted(rows, key=lambda row: -row["ageSeconds"])
 
@@ -505,10 +503,13 @@ class UserTasks:
         return respond
 
 
-def _status_message(steps: Mapping[str, str], waiting: Mapping[str, Any]) -> str:
-    """What a client is told the task is doing: the step in progress."""
+def _status_message(steps: Mapping[str, str], waiting: Mapping[str, Any], said: str | None = None) -> str:
+    """What a client is told the task is doing: the step in progress (``said``: what a run
+    that has no steps says it does, a script's calls under way)."""
     if waiting:
         return "waiting for input: step " + ", ".join(repr(step) for step in waiting)
+    if said is not None:
+        return said
     running = [step for step, state in steps.items() if state == "running"]
     done = sum(1 for state in steps.values() if state in ("completed", "failed", "skipped"))
     if not running:

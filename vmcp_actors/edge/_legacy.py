@@ -16,8 +16,7 @@ import pykka
 
 from vmcp_actors.backends import InputRequired
 from vmcp_actors.concurrency import Deadline
-from vmcp_actors.config import VmcpConfig
-from vmcp_actors.config import SCRIPT_TOOL
+from vmcp_actors.config import SCRIPT_TOOL, VmcpConfig
 from vmcp_actors.core._catalog import connect_tool_name
 from vmcp_actors.core._exchange import Notification, ServerRequest, from_backend
 from vmcp_actors.edge._driver import Answered, CallRun, Failed, Outcome, Write
