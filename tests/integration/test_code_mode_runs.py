@@ -92,3 +92,16 @@ def test_an_inner_calls_own_timeout_is_named_in_the_script(sandbox):
     script = "try:\n    await call_tool('plain_sleep', {})\nexcept RuntimeError as error:\n    said = str(error)\nsaid"
     assert text_of(started(sandbox, script, call)) == \
         "backend 'plain' did not answer within 7s (error -32001) (codeMode.toolCallTimeout: 7s)"
+
+
+def test_a_call_that_runs_out_of_the_scripts_own_time_stops_the_script_at_its_timeout(sandbox):
+    """The call's deadline is the script's (sooner than toolCallTimeout): its timeout is the
+    script's, whichever of the call and the script's clock sees it first."""
+    def call(name: str, arguments: dict[str, Any], deadline: Deadline) -> InnerCall:
+        outcome: cf.Future[dict[str, Any]] = cf.Future()
+        outcome.set_exception(JsonRpcError(REQUEST_TIMEOUT, "backend 'plain' did not answer within 0.99s"))
+        return InnerCall(outcome, lambda: None)
+
+    script = "try:\n    await call_tool('plain_hold', {})\nexcept RuntimeError as error:\n    said = str(error)\nsaid"
+    assert text_of(started(sandbox, script, call, seconds=5.0)) == \
+        "The script was stopped: it ran longer than codeMode.timeout (10s, waiting on tools included)."

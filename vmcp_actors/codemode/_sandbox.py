@@ -88,6 +88,10 @@ class _Stopped(Exception):
     """The host stopped the script at one of its limits: the message says which."""
 
 
+# A call's answer when it ran out of the script's own time: the script stops at its timeout.
+_TIMED_OUT: dict[str, Any] = {"exc_type": "TimeoutError", "message": "codeMode.timeout"}
+
+
 @dataclass(frozen=True)
 class InnerCall:
     """A tool call a script made, under way: its result (a tools/call result, or a
@@ -284,8 +288,11 @@ class ScriptRun:
         if self._cancelled.is_set():
             raise ScriptCancelled()
         if self._deadline.expired:
-            raise _Stopped(f"The script was stopped: it ran longer than codeMode.timeout "
-                           f"({self._settings.timeout:g}s, waiting on tools included).")
+            raise self._out_of_time()
+
+    def _out_of_time(self) -> _Stopped:
+        return _Stopped(f"The script was stopped: it ran longer than codeMode.timeout "
+                        f"({self._settings.timeout:g}s, waiting on tools included).")
 
     def _answer(self, snapshot: Any) -> Any:  # a pydantic_monty.FunctionSnapshot
         if snapshot.is_os_function:
@@ -319,7 +326,9 @@ class ScriptRun:
                 if not self._waiting or len(self._calls) >= self._settings.parallel_max_concurrency:
                     break
                 call_id, tool, arguments = self._waiting.popleft()
-            deadline = Deadline(min(self._deadline.at, time.monotonic() + self._settings.tool_call_timeout))
+            own_limit = time.monotonic() + self._settings.tool_call_timeout
+            deadline = Deadline(min(self._deadline.at, own_limit))
+            by_script = self._deadline.at <= own_limit  # the script's timeout, not toolCallTimeout, bounds it
             try:
                 call = self._call_tool(tool, arguments, deadline)
             except JsonRpcError as refused:
@@ -327,8 +336,8 @@ class ScriptRun:
                 continue
             with self._lock:
                 self._calls[call_id] = (tool, call)
-            call.outcome.add_done_callback(lambda done, call_id=call_id, tool=tool:
-                                           self._completions.put((call_id, self._answer_of(tool, done))))
+            call.outcome.add_done_callback(lambda done, call_id=call_id, tool=tool, by_script=by_script:
+                                           self._completions.put((call_id, self._answer_of(tool, done, by_script))))
             started = True
         if started:
             self._tell()
@@ -347,10 +356,14 @@ class ScriptRun:
         self._check_going()
         return snapshot.resume({"return_value": None})
 
-    def _answer_of(self, tool: str, done: cf.Future[dict[str, Any]]) -> dict[str, Any]:
+    def _answer_of(self, tool: str, done: cf.Future[dict[str, Any]], by_script: bool) -> dict[str, Any]:
+        """A finished call as the script gets it; a call that ran out of the script's own time
+        is the script's timeout (``_TIMED_OUT``), whichever of the two the clock saw first."""
         answer = _settled_answer(tool, done)
         error = None if done.cancelled() else done.exception()
-        if isinstance(error, JsonRpcError) and error.code == REQUEST_TIMEOUT and not self._deadline.expired:
+        if isinstance(error, JsonRpcError) and error.code == REQUEST_TIMEOUT:
+            if by_script:
+                return _TIMED_OUT
             answer["message"] += f" (codeMode.toolCallTimeout: {self._settings.tool_call_timeout:g}s)"
         return answer
 
@@ -382,6 +395,8 @@ class ScriptRun:
                 continue
             call_id, answer = landed
             self._finished(call_id, answer)
+            if answer is _TIMED_OUT:
+                raise self._out_of_time()
             if call_id in wanted:
                 ready[call_id] = answer
                 block = False
