@@ -101,7 +101,7 @@ def shares(raw: Path) -> collections.Counter[str]:
     return counts
 
 
-def body(calls: int, rate: int) -> list:
+def body(calls: int, rate: int, raw_dir: Path | None) -> list:
     print_header("hot path: one echo call's gateway CPU by layer (py-spy)", "gunicorn",
                  ["backend: the SDK echo in its own process", f"{calls} calls per phase, one thread",
                   f"py-spy --rate {rate}, idle threads left out"])
@@ -125,6 +125,9 @@ def body(calls: int, rate: int) -> list:
 
             profile(gw.pid, calls * 0.01, rate, out, work)
             counts = shares(out)
+            if raw_dir is not None:  # the collapsed stacks, for a closer look
+                raw_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copy(out, raw_dir / out.name)
             total = sum(counts.values()) or 1
             cpu_ms = measured["cpu"] * 1000 / calls
             print(f"\n{phase}: {cpu_ms:.2f} ms of gateway worker CPU per call "
@@ -139,9 +142,10 @@ def main() -> None:
     def extra(parser) -> None:
         parser.add_argument("--calls", type=int, default=2000, help="echo calls per phase")
         parser.add_argument("--rate", type=int, default=997, help="py-spy samples per second")
+        parser.add_argument("--raw", type=Path, default=None, help="keep py-spy's collapsed stacks in this directory")
 
     args = parse_args(__doc__.splitlines()[0], extra=extra, gunicorn_only="the profile samples a gunicorn worker")
-    run_benchmark(lambda: body(args.calls, args.rate))
+    run_benchmark(lambda: body(args.calls, args.rate, args.raw))
 
 
 if __name__ == "__main__":

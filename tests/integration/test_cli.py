@@ -181,8 +181,9 @@ def raw_session_with_tools_list(http: requests.Session, url: str) -> tuple[str, 
 
 
 def gunicorn_log_checks(stderr: str) -> None:
-    """The process really runs gunicorn with the gthread worker and exactly one worker."""
-    assert re.search(r"Using worker: gthread", stderr), "gunicorn did not report the gthread worker"
+    """The process really runs gunicorn with the gateway's gthread worker and exactly one worker."""
+    assert re.search(r"Using worker: vmcp_actors\.web\.worker\.LingeringThreadWorker", stderr), \
+        "gunicorn did not report the gateway's worker"
     booted = re.findall(r"Booting worker with pid", stderr)
     assert len(booted) == 1, f"expected exactly one worker boot, saw {len(booted)}"
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import responses
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.backends import restartable_backend
 from tests.gateway import backend_entry
+from tests.scripted_http import ScriptedServer, clear_network_env
 from vmcp_actors import tracing
 from vmcp_actors.backends import McpHttpClient
 from vmcp_actors.config import TelemetryConfig
@@ -71,20 +71,22 @@ def test_without_telemetry_nothing_is_traced_or_sent(start_gateway, spans):
         backend.stop()
 
 
-@responses.activate
-def test_a_2026_07_28_backend_gets_the_traceparent_in_meta_too(spans):
-    tracing.configure(ON, exporter=spans)
-    url = "http://backend.invalid/mcp"
-    responses.add(responses.POST, url, json={"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
-    client = McpHttpClient("modern", url)
-    exchange = client.exchange({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                                "params": {"name": "x", "_meta": {"io.modelcontextprotocol/clientInfo": {}}}},
-                               session_id=None, protocol_version="2026-07-28", timeout=5)
-    with pytest.raises(StopIteration):
-        next(exchange)
-    # (responses intercepts every thread's requests: other tests' leftovers may be among them)
-    (sent,) = [call.request for call in responses.calls if call.request.url == url and call.request.method == "POST"]
-    body = json.loads(sent.body)
+def test_a_2026_07_28_backend_gets_the_traceparent_in_meta_too(spans, monkeypatch):
+    clear_network_env(monkeypatch)  # the client goes straight to loopback
+    with ScriptedServer() as backend:
+        backend.post(json={"jsonrpc": "2.0", "id": 1, "result": {"content": []}})
+        tracing.configure(ON, exporter=spans)
+        client = McpHttpClient("modern", backend.url())
+        try:
+            exchange = client.exchange({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                        "params": {"name": "x", "_meta": {"io.modelcontextprotocol/clientInfo": {}}}},
+                                       session_id=None, protocol_version="2026-07-28", timeout=5)
+            with pytest.raises(StopIteration):
+                next(exchange)
+        finally:
+            client.close()
+    (sent,) = backend.calls
+    body = sent.json()
     assert body["params"]["_meta"]["traceparent"] == sent.headers["traceparent"]
     assert body["params"]["_meta"]["io.modelcontextprotocol/clientInfo"] == {}  # the rest of _meta kept
     # (other threads of earlier tests may still finish exchanges: only this client's span counts)

@@ -35,6 +35,9 @@ class RecordingChannel:
     def speaks_modern(self) -> bool:
         return False
 
+    def capabilities(self) -> dict[str, Any]:
+        return {}  # no tasks: a call is not awaited as one
+
     def request(self, identity, method, params, deadline, headers=None):
         self.sent.append((method, params))
 
@@ -54,6 +57,10 @@ CONFIG = {
     "backends": [{"name": "a", "url": "http://127.0.0.1:1/mcp"}],
     "incomingAuth": {"authz": {"type": "cedar", "policies": ['permit(principal, action, resource);']}},
     "rateLimiting": {"tools": [{"name": "a_x", "shared": {"maxTokens": 100, "refillPeriod": "1h"}}]},
+    # every layer in the stack: a filter (that hides nothing here) and a composite tool
+    "aggregation": {"tools": [{"workload": "a", "filter": ["x", "y"]}]},
+    "compositeTools": [{"name": "combo", "description": "calls a.x", "parameters": {"type": "object", "properties": {}},
+                        "steps": [{"id": "s", "tool": "a.x"}]}],
 }
 
 
@@ -94,6 +101,23 @@ def test_a_call_that_skips_the_deciding_layers_is_refused_and_nothing_is_sent(bu
     assert refused.value.code == INTERNAL_ERROR and "was not admitted" in refused.value.message
     assert channel.sent == []
     assert "Cedar authz and advertising filter and rate limits did not decide" in caplog.text
+
+
+def test_a_stack_without_the_layers_the_config_gives_nothing_to_do_requires_no_stamp_of_theirs(caplog):
+    config = config_from_mapping({key: value for key, value in CONFIG.items()
+                                  if key not in ("aggregation", "compositeTools")})  # no filter, no composites
+    channel = RecordingChannel()
+    board, user = published(build_catalog({"a": caps("a", "x", "y")}, DOWN, config.aggregation))
+    backends = AggregatedBackends(user, MappingProxyType({"a": channel}), board)
+    from vmcp_actors.limits import MemoryBuckets, RateLimiter  # noqa: PLC0415
+
+    outermost, composites = stack(config, limiter=RateLimiter(config.rate_limiting, MemoryBuckets())).build(backends, {})
+    assert composites is None
+    _drive(outermost.call_tool(None, "a_x", {}, None, soon()))
+    with pytest.raises(JsonRpcError, match="was not admitted"):  # Cedar's and the limits' stamps still are
+        backends.call_tool(None, "a_x", {}, None, soon())
+    assert [params["name"] for _method, params in channel.sent] == ["x"]
+    assert "Cedar authz and rate limits did not decide" in caplog.text
 
 
 def test_a_continuation_that_skips_them_is_refused_too(built):

@@ -1,14 +1,16 @@
 """MCP 2026-07-28 pieces in isolation: the envelope checks and their order, header value
 encoding, sealed values, result shaping both ways, listen streams, the discovery cache
-bounded by backends' hints, and the backend era probe (``responses`` for its HTTP answers)."""
+bounded by backends' hints, and the backend era probe (a ScriptedServer on loopback for its
+HTTP answers)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 
 import pytest
-import responses
 
+from tests.scripted_http import ReceivedRequest, ScriptedServer, clear_network_env
 from vmcp_actors.backends import (
     BackendChannel,
     BackendEras,
@@ -221,30 +223,49 @@ def test_a_backends_ttl_hint_bounds_how_long_its_catalog_is_cached():
 # -- the backend era probe ---------------------------------------------------------------------
 
 
-def _channel(eras: BackendEras | None = None) -> BackendChannel:
-    return BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"sampling": {}}, eras=eras)
+@pytest.fixture
+def backend(monkeypatch) -> Iterator[ScriptedServer]:
+    clear_network_env(monkeypatch)  # the client goes straight to loopback
+    with ScriptedServer() as server:
+        yield server
 
 
-def _initialize_answers(rsps: responses.RequestsMock) -> None:
-    def initialized(request):
-        message = json.loads(request.body)
+@pytest.fixture
+def channel(backend) -> Iterator[Callable[..., BackendChannel]]:
+    """Factory: a channel to the backend, for a user whose clients take sampling, or (with
+    ``prefers_legacy``) one whose 2025 clients take roots; their HTTP clients closed after."""
+    clients: list[McpHttpClient] = []
+
+    def make(eras: BackendEras | None = None, prefers_legacy: bool = False) -> BackendChannel:
+        clients.append(McpHttpClient("b", backend.url()))
+        capabilities = {"roots": {}} if prefers_legacy else {"sampling": {}}
+        return BackendChannel("b", clients[-1], 5.0, client_capabilities=capabilities, eras=eras,
+                              prefers_legacy=prefers_legacy)
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def _initialize_answers(backend: ScriptedServer) -> None:
+    def initialized(request: ReceivedRequest):
         return 200, {"Mcp-Session-Id": "s1", "Content-Type": "application/json"}, json.dumps({
-            "jsonrpc": "2.0", "id": message["id"], "result": {
+            "jsonrpc": "2.0", "id": request.json()["id"], "result": {
                 "protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "old"}}})
 
-    rsps.add_callback(responses.POST, URL, callback=initialized)
-    rsps.add(responses.POST, URL, status=202)
+    backend.add_callback("POST", "/mcp", initialized)
+    backend.post(status=202)
 
 
-def test_a_modern_backend_answers_discover_and_gets_no_session():
+def test_a_modern_backend_answers_discover_and_gets_no_session(backend, channel):
     eras = BackendEras()
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.POST, URL, json={"jsonrpc": "2.0", "id": 1, "result": {
+    with backend.script():
+        backend.post(json={"jsonrpc": "2.0", "id": 1, "result": {
             "resultType": "complete", "supportedVersions": [MODERN], "capabilities": {"tools": {}},
             "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "new"}}}})
-        handshake = _channel(eras).perform_handshake(None)
-        sent = rsps.calls[0].request
-        body = json.loads(sent.body)
+        handshake = channel(eras).perform_handshake(None)
+        sent = backend.calls[0]
+        body = sent.json()
     assert handshake.session_id is None and handshake.is_modern and handshake.server_info == {"name": "new"}
     assert sent.headers["MCP-Protocol-Version"] == MODERN and sent.headers["Mcp-Method"] == "server/discover"
     assert body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] == {"sampling": {}}
@@ -258,84 +279,76 @@ def test_a_modern_backend_answers_discover_and_gets_no_session():
     {"status": 400, "body": "Bad Request: Missing session ID"},
     {"status": 405, "body": ""},
 ])
-def test_a_legacy_backend_refusing_discover_is_initialized_and_remembered(refusal):
+def test_a_legacy_backend_refusing_discover_is_initialized_and_remembered(backend, channel, refusal):
     eras = BackendEras()
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.POST, URL, **refusal)
-        _initialize_answers(rsps)
-        handshake = _channel(eras).perform_handshake(None)
-        methods = [json.loads(call.request.body).get("method") for call in rsps.calls]
+    with backend.script():
+        backend.post(**refusal)
+        _initialize_answers(backend)
+        handshake = channel(eras).perform_handshake(None)
+        methods = _methods(backend)
     assert handshake.session_id == "s1" and not handshake.is_modern
     assert methods == ["server/discover", "initialize", "notifications/initialized"]
     assert eras.get("b") == "legacy"
-    with responses.RequestsMock() as rsps:  # remembered: no probe the next time
-        _initialize_answers(rsps)
-        _channel(eras).perform_handshake(None)
-        assert [json.loads(call.request.body).get("method") for call in rsps.calls] == [
-            "initialize", "notifications/initialized"]
+    with backend.script():  # remembered: no probe the next time
+        _initialize_answers(backend)
+        channel(eras).perform_handshake(None)
+        assert _methods(backend) == ["initialize", "notifications/initialized"]
 
 
-def test_a_failing_backend_is_not_taken_for_a_legacy_one():
+def test_a_failing_backend_is_not_taken_for_a_legacy_one(backend, channel):
     eras = BackendEras()
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.POST, URL, status=503)
+    with backend.script():
+        backend.post(status=503)
         with pytest.raises(BackendHTTPError):
-            _channel(eras).perform_handshake(None)
+            channel(eras).perform_handshake(None)
     assert eras.get("b") is None
 
 
-def _discovered(request):
+def _discovered(request: ReceivedRequest):
     return 200, {"Content-Type": "application/json"}, json.dumps({
-        "jsonrpc": "2.0", "id": json.loads(request.body)["id"], "result": {
+        "jsonrpc": "2.0", "id": request.json()["id"], "result": {
             "resultType": "complete", "supportedVersions": [MODERN], "capabilities": {"tools": {}}}})
 
 
-def _methods(rsps: responses.RequestsMock) -> list[str]:
-    return [json.loads(call.request.body).get("method") for call in rsps.calls]
+def _methods(backend: ScriptedServer) -> list[str]:
+    return [call.json().get("method") for call in backend.calls]
 
 
-def test_a_user_whose_2025_clients_take_requests_initializes_first_without_a_probe():
+def test_a_user_whose_2025_clients_take_requests_initializes_first_without_a_probe(backend, channel):
     eras = BackendEras()
-    channel = BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"roots": {}}, eras=eras,
-                             prefers_legacy=True)
-    with responses.RequestsMock() as rsps:
-        _initialize_answers(rsps)
-        handshake = channel.perform_handshake(None)
-        assert _methods(rsps) == ["initialize", "notifications/initialized"]
+    legacy_first = channel(eras, prefers_legacy=True)
+    with backend.script():
+        _initialize_answers(backend)
+        handshake = legacy_first.perform_handshake(None)
+        assert _methods(backend) == ["initialize", "notifications/initialized"]
     assert not handshake.is_modern and eras.speaks("b", "legacy") is True and eras.speaks("b", "modern") is None
-    assert "takes sampling, elicitation or roots" in channel.era_reason
+    assert "takes sampling, elicitation or roots" in legacy_first.era_reason
 
 
-def test_a_2026_only_backend_refusing_initialize_is_discovered_and_remembered():
+def test_a_2026_only_backend_refusing_initialize_is_discovered_and_remembered(backend, channel):
     eras = BackendEras()
     refusal = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32022, "message": "Unsupported protocol version",
                                                     "data": {"supported": [MODERN]}}}
-
-    def channel() -> BackendChannel:
-        return BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"roots": {}}, eras=eras,
-                              prefers_legacy=True)
-
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.POST, URL, status=400, json=refusal)
-        rsps.add_callback(responses.POST, URL, callback=_discovered)
-        first = channel()
+    with backend.script():
+        backend.post(status=400, json=refusal)
+        backend.add_callback("POST", "/mcp", _discovered)
+        first = channel(eras, prefers_legacy=True)
         assert first.perform_handshake(None).is_modern
-        assert _methods(rsps) == ["initialize", "server/discover"]
+        assert _methods(backend) == ["initialize", "server/discover"]
     assert "refuses initialize" in first.era_reason and eras.speaks("b", "legacy") is False
-    with responses.RequestsMock() as rsps:  # remembered: straight to server/discover
-        rsps.add_callback(responses.POST, URL, callback=_discovered)
-        channel().perform_handshake(None)
-        assert _methods(rsps) == ["server/discover"]
+    with backend.script():  # remembered: straight to server/discover
+        backend.add_callback("POST", "/mcp", _discovered)
+        channel(eras, prefers_legacy=True).perform_handshake(None)
+        assert _methods(backend) == ["server/discover"]
 
 
-def test_an_initialize_failing_for_another_reason_is_not_taken_for_a_refusal():
+def test_an_initialize_failing_for_another_reason_is_not_taken_for_a_refusal(backend, channel):
     eras = BackendEras()
-    channel = BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"roots": {}}, eras=eras,
-                             prefers_legacy=True)
-    with responses.RequestsMock() as rsps:
-        rsps.add(responses.POST, URL, json={"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "boom"}})
+    legacy_first = channel(eras, prefers_legacy=True)
+    with backend.script():
+        backend.post(json={"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "boom"}})
         with pytest.raises(BackendRpcError):
-            channel.perform_handshake(None)
+            legacy_first.perform_handshake(None)
     assert eras.speaks("b", "legacy") is None
 
 
@@ -368,15 +381,15 @@ def test_what_a_backend_speaks_is_shared_with_other_processes_and_forgotten_afte
     assert learner.speaks("b", "modern") is None and learner.get("b") is None
 
 
-def test_a_pinned_era_is_never_probed():
-    with responses.RequestsMock() as rsps:
-        _initialize_answers(rsps)
-        _channel(BackendEras({"b": "legacy"})).perform_handshake(None)
-        assert json.loads(rsps.calls[0].request.body)["method"] == "initialize"
+def test_a_pinned_era_is_never_probed(backend, channel):
+    with backend.script():
+        _initialize_answers(backend)
+        channel(BackendEras({"b": "legacy"})).perform_handshake(None)
+        assert backend.calls[0].json()["method"] == "initialize"
 
 
 def test_requests_to_a_modern_backend_carry_metadata_and_headers_and_a_legacy_one_gets_none_of_it():
-    channel = _channel()
+    channel = BackendChannel("b", McpHttpClient("b", URL), 5.0, client_capabilities={"sampling": {}})
     modern = Handshake(None, MODERN)
     legacy = Handshake("s1", "2025-11-25")
     sent: dict[str, str] = {}

@@ -6,7 +6,7 @@ the negotiated protocol version and passes them to every call. Many threads call
 
 Error messages name the backend, never its URL nor any header value: they may reach MCP
 clients. Logs never carry the URL, header values (tokens) or the session id either; failures
-are logged by exception class name only, because requests' messages embed the URL.
+are logged by exception class name only, because urllib3's messages embed the URL.
 """
 
 from __future__ import annotations
@@ -16,20 +16,27 @@ import json
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import requests
 import urllib3
 import urllib3.connection
 import urllib3.exceptions
-from requests.adapters import HTTPAdapter
-from requests.structures import CaseInsensitiveDict
-from requests.utils import get_environ_proxies
+from requests.utils import (
+    DEFAULT_CA_BUNDLE_PATH,
+    get_auth_from_url,
+    get_environ_proxies,
+    prepend_scheme_if_needed,
+    select_proxy,
+)
+from urllib3 import HTTPHeaderDict, HTTPResponse
+from urllib3.util import make_headers
 
+from vmcp_actors import __version__
 from vmcp_actors.exceptions import (
     BackendCancelled,
     BackendError,
@@ -48,12 +55,15 @@ from vmcp_actors.protocol.mcp import (
     SESSION_HEADER,
 )
 from vmcp_actors.protocol.sse import iter_sse_events
-from vmcp_actors.tracing import backend_span
+from vmcp_actors.tracing import backend_span, tracing_on
 
 if TYPE_CHECKING:
     from vmcp_actors.backends._health import CircuitBreaker
 
 logger = logging.getLogger(__name__)
+# urllib3 logs each request's target at DEBUG, query string included (a backend's URL may
+# carry a key): those lines are never written.
+logging.getLogger("urllib3.connectionpool").setLevel(logging.INFO)
 # What of a 401 or 403 WWW-Authenticate header is kept (the scopes and metadata it names).
 _CHALLENGE_LIMIT = 2048
 
@@ -99,7 +109,7 @@ class Abort:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards the watched response or socket and the aborted flag; never nested
-        self._resp: requests.Response | None = None
+        self._resp: HTTPResponse | None = None
         self._sock: socket.socket | None = None
         self._callback: Callable[[], None] | None = None
         self.aborted = False
@@ -113,12 +123,12 @@ class Abort:
             self._callback = callback
             return True
 
-    def attach(self, resp: requests.Response) -> bool:
+    def attach(self, resp: HTTPResponse) -> bool:
         """Watch ``resp``; False (and ``resp`` closed) when the abort came first."""
         with self._lock:
             self._sock = None
             if self.aborted:
-                resp.close()
+                close_response(resp)
                 return False
             self._resp = resp
             return True
@@ -140,9 +150,21 @@ class Abort:
         if callback is not None:
             callback()
         if resp is not None:
-            sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+            sock = response_socket(resp)
         if sock is not None:
             _shut(sock)
+
+
+def response_socket(resp: HTTPResponse) -> socket.socket | None:
+    """The socket a response is read from (None once its connection went back to the pool)."""
+    return getattr(resp.connection, "sock", None)
+
+
+def close_response(resp: HTTPResponse) -> None:
+    """Done with ``resp``: a body read to its end has already given its connection back
+    to the pool (kept alive); one left unread closes the connection first."""
+    resp.close()
+    resp.release_conn()
 
 
 def _shut(sock: socket.socket) -> None:
@@ -205,12 +227,63 @@ class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
     ConnectionCls = _WatchedHTTPSConnection
 
 
-class _AbortableAdapter(HTTPAdapter):
-    """requests' adapter whose direct connections can be ended before their response begins."""
+_WATCHED_POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+# What every request says unless the backend's headers say otherwise.
+_DEFAULT_HEADERS = {
+    "User-Agent": f"vmcp-actors/{__version__}",
+    "Accept-Encoding": make_headers(accept_encoding=True)["accept-encoding"],
+}
 
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+
+class _Route:
+    """How requests reach one backend: urllib3's pools, direct or through the proxy the
+    environment names, with the CA bundle it names (requests' variables and rules,
+    read once here). Per call nothing is looked up, merged or read from the environment:
+    a direct request goes straight to the pool of the backend's origin."""
+
+    def __init__(self, url: str, pool_size: int):
+        tls = _tls_settings()
+        proxy = select_proxy(url, get_environ_proxies(url))
+        manager: urllib3.PoolManager
+        if proxy is not None and proxy.lower().startswith("socks"):
+            from urllib3.contrib.socks import SOCKSProxyManager  # noqa: PLC0415 - needs PySocks, only then
+
+            username, password = get_auth_from_url(proxy)
+            manager = SOCKSProxyManager(proxy, username=username or None, password=password or None,
+                                        maxsize=pool_size, **tls)
+        else:
+            if proxy is None:
+                manager = urllib3.PoolManager(maxsize=pool_size, **tls)
+            else:
+                proxy = prepend_scheme_if_needed(proxy, "http")
+                username, password = get_auth_from_url(proxy)
+                credentials = make_headers(proxy_basic_auth=f"{username}:{password}") if username else None
+                manager = urllib3.ProxyManager(proxy, proxy_headers=credentials, maxsize=pool_size, **tls)
+            manager.pool_classes_by_scheme = _WATCHED_POOLS
+        self._manager = manager
+        self._url = url
+        # Direct: the origin's pool, asked for the path (a proxy is asked through its manager).
+        self._pool = manager.connection_from_url(url) if proxy is None else None
+        self._path = urllib3.util.parse_url(url).request_uri
+
+    def open(self, method: str, headers: Mapping[str, str], body: bytes | None, timeout: float,
+             url: str | None) -> HTTPResponse:
+        options = dict(body=body, headers=headers, retries=False, redirect=False, timeout=urllib3.Timeout(timeout),
+                       preload_content=False, decode_content=False)
+        if self._pool is not None and url is None:
+            return self._pool.urlopen(method, self._path, assert_same_host=False, release_conn=False, **options)
+        return self._manager.urlopen(method, self._url if url is None else url, **options)
+
+    def close(self) -> None:
+        self._manager.clear()
+
+
+def _tls_settings() -> dict[str, Any]:
+    """Certificates are checked against the bundle REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE
+    names (a file or a directory), else requests' own (certifi's)."""
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or DEFAULT_CA_BUNDLE_PATH
+    where = "ca_cert_dir" if os.path.isdir(bundle) else "ca_certs"
+    return {"cert_reqs": "CERT_REQUIRED", where: bundle}
 
 
 @dataclass(frozen=True)
@@ -246,7 +319,7 @@ def _exc_chain(exc: BaseException) -> str:
     return "/".join(type(cause).__name__ for cause, _ in zip(_causes(exc), range(6)))
 
 
-def _media_type(resp: requests.Response) -> str:
+def _media_type(resp: HTTPResponse) -> str:
     return resp.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
 
 
@@ -296,27 +369,17 @@ class McpHttpClient:
         url: str,
         *,
         headers: Mapping[str, str] | None = None,
-        http: requests.Session | None = None,
         pool_size: int = 64,
         breaker: CircuitBreaker | None = None,
     ):
         self._name = backend_name
         self._breaker = breaker  # the backend's circuit, shared by every user (None: no breaker)
-        self._url = url
-        self._static_headers = dict(headers or {})
-        self._owns_http = http is None
-        if http is None:
-            http = requests.Session()
-            adapter = _AbortableAdapter(pool_connections=pool_size, pool_maxsize=pool_size)
-            http.mount("http://", adapter)
-            http.mount("https://", adapter)
-            # Read the proxy and CA settings once: with trust_env, requests re-reads the
-            # environment and ~/.netrc on every call (a tenth of the gateway's CPU per
-            # call), and netrc credentials would be sent to any backend listed there.
-            http.proxies = get_environ_proxies(url)
-            http.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
-            http.trust_env = False
-        self._http = http
+        self._static_headers = HTTPHeaderDict(_DEFAULT_HEADERS)
+        self._static_headers.update(headers or {})
+        # Proxy and CA settings are read once (requests re-read them and ~/.netrc on every
+        # call; netrc credentials would go to any backend listed there). No cookie jar:
+        # MCP carries its session in a header, and a cookie is not replayed.
+        self._route = _Route(url, pool_size)
 
     def __repr__(self) -> str:  # never the URL nor the headers
         return f"McpHttpClient(backend={self._name!r})"
@@ -348,18 +411,18 @@ class McpHttpClient:
             new_session = resp.headers.get(SESSION_HEADER)
             if not ("method" in message and "id" in message):
                 self._drain(resp, deadline, timeout)
-                return PostResult(resp.status_code, new_session, None)
+                return PostResult(resp.status, new_session, None)
             reopen = self._reopener(session_id, protocol_version, extra_headers, deadline, timeout, None)
             messages = self._messages(resp, message["id"], deadline, timeout, reopen)
             while True:
                 try:
                     notification = next(messages)
                 except StopIteration as answered:
-                    return PostResult(resp.status_code, new_session, answered.value)
+                    return PostResult(resp.status, new_session, answered.value)
                 if on_notification is not None:
                     on_notification(notification)
         finally:
-            resp.close()
+            close_response(resp)
 
     def exchange(
         self,
@@ -392,7 +455,7 @@ class McpHttpClient:
                     raise self._cancelled() from None
                 raise
         finally:
-            resp.close()
+            close_response(resp)
 
     def listen(
         self,
@@ -416,7 +479,7 @@ class McpHttpClient:
             resp = self._open(request, session_id, protocol_version, extra_headers, deadline, connect_timeout)
             if _media_type(resp) != _SSE:
                 answer = self._read_json(resp, request.get("id"), deadline, connect_timeout)
-                resp.close()
+                close_response(resp)
                 if "error" in answer:  # refused: as if it offered no stream
                     raise BackendHTTPError(self._name, f"backend {self._name!r} refused to open a stream", status=405)
                 return  # answered at once: the subscription ended
@@ -438,7 +501,7 @@ class McpHttpClient:
                 return
             raise
         finally:
-            resp.close()
+            close_response(resp)
 
     def delete_session(
         self,
@@ -454,18 +517,17 @@ class McpHttpClient:
             headers = self._headers(session_id, protocol_version, extra_headers)
             resp = self._send("DELETE", headers, None, deadline, timeout)
             try:
-                logger.debug("backend %r answered HTTP %d to the session DELETE", self._name, resp.status_code)
-                if 200 <= resp.status_code < 300:
+                logger.debug("backend %r answered HTTP %d to the session DELETE", self._name, resp.status)
+                if 200 <= resp.status < 300:
                     self._drain(resp, deadline, timeout)
             finally:
-                resp.close()
+                close_response(resp)
         except Exception as exc:  # best effort by contract
             logger.debug("deleting the session on backend %r failed: %s", self._name, _exc_chain(exc))
 
     def close(self) -> None:
-        """Close the pooled connections (only when this client created the requests.Session)."""
-        if self._owns_http:
-            self._http.close()
+        """Close the pooled connections."""
+        self._route.close()
 
     # ------------------------------------------------------------------ HTTP
 
@@ -478,29 +540,34 @@ class McpHttpClient:
         deadline: float,
         timeout: float,
         abort: Abort | None = None,
-    ) -> requests.Response:
+    ) -> HTTPResponse:
         headers = self._headers(session_id, protocol_version, extra_headers)
         headers["Content-Type"] = _JSON
+        if not tracing_on():
+            return self._post(message, headers, session_id, deadline, timeout, abort)
         with backend_span(self._name, message.get("method"), headers) as span:
             if span is not None and protocol_version is not None and protocol_version >= MODERN_PROTOCOL_VERSION:
                 message = _with_traceparent(message, headers["traceparent"])  # 2026-07-28: in _meta too
-            body = wire_bytes(message)
-            resp = self._send("POST", headers, body, deadline, timeout, abort)
-            if span is not None:
-                span.set_attribute("http.response.status_code", resp.status_code)
-            try:
-                self._check_status(resp, session_id, deadline, timeout)
-            except BaseException:
-                resp.close()
-                raise
-            return resp
+            return self._post(message, headers, session_id, deadline, timeout, abort, span)
+
+    def _post(self, message: dict, headers: Mapping[str, str], session_id: str | None, deadline: float,
+              timeout: float, abort: Abort | None, span: Any = None) -> HTTPResponse:
+        resp = self._send("POST", headers, wire_bytes(message), deadline, timeout, abort)
+        if span is not None:
+            span.set_attribute("http.response.status_code", resp.status)
+        try:
+            self._check_status(resp, session_id, deadline, timeout)
+        except BaseException:
+            close_response(resp)
+            raise
+        return resp
 
     def _reopener(self, session_id: str | None, protocol_version: str | None,
                   extra_headers: Mapping[str, str] | None, deadline: float, timeout: float,
-                  abort: Abort | None) -> Callable[[str], requests.Response]:
+                  abort: Abort | None) -> Callable[[str], HTTPResponse]:
         """How to resume a call's event stream after ``last_event_id`` (a GET)."""
 
-        def reopen(last_event_id: str) -> requests.Response:
+        def reopen(last_event_id: str) -> HTTPResponse:
             resp = self._get_stream(session_id, protocol_version, extra_headers, deadline, timeout, last_event_id)
             if abort is not None and not abort.attach(resp):
                 raise self._cancelled()
@@ -510,7 +577,7 @@ class McpHttpClient:
 
     def _get_stream(self, session_id: str | None, protocol_version: str | None,
                     extra_headers: Mapping[str, str] | None, deadline: float, timeout: float,
-                    last_event_id: str | None = None) -> requests.Response:
+                    last_event_id: str | None = None) -> HTTPResponse:
         """GET an event stream: the standalone one, or a call's resumed after ``last_event_id``."""
         headers = self._headers(session_id, protocol_version, extra_headers)
         headers["Accept"] = _SSE
@@ -523,18 +590,18 @@ class McpHttpClient:
                 raise BackendProtocolError(self._name, f"backend {self._name!r} answered a stream request "
                                                        "without an event stream")
         except BaseException:
-            resp.close()
+            close_response(resp)
             raise
         return resp
 
     def _messages(
-        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float,
-        reopen: Callable[[str], requests.Response] | None = None,
+        self, resp: HTTPResponse, request_id: Any, deadline: float, timeout: float,
+        reopen: Callable[[str], HTTPResponse] | None = None,
     ) -> Generator[dict, None, dict]:
         """The notifications streamed before the response to ``request_id``; returns the response."""
-        if resp.status_code in (202, 204):
+        if resp.status in (202, 204):
             raise BackendProtocolError(
-                self._name, f"backend {self._name!r} answered HTTP {resp.status_code} to a request"
+                self._name, f"backend {self._name!r} answered HTTP {resp.status} to a request"
             )
         media = _media_type(resp)
         if media == _JSON:
@@ -545,9 +612,8 @@ class McpHttpClient:
 
     def _headers(
         self, session_id: str | None, protocol_version: str | None, extra: Mapping[str, str] | None
-    ) -> CaseInsensitiveDict:
-        headers: CaseInsensitiveDict = CaseInsensitiveDict()
-        headers.update(self._static_headers)
+    ) -> HTTPHeaderDict:
+        headers = self._static_headers.copy()
         if extra:
             headers.update(extra)
         # Transport headers last: static or extra headers cannot clobber them.
@@ -572,7 +638,7 @@ class McpHttpClient:
     def _send(
         self, method: str, headers: Mapping[str, str], body: bytes | None, deadline: float, timeout: float,
         abort: Abort | None = None, url: str | None = None,
-    ) -> requests.Response:
+    ) -> HTTPResponse:
         """``abort`` (a call's): aborted before the response begins, the send ends with
         BackendCancelled and its socket is shut, so the backend sees the request end.
         ``url``: another URL of the backend's than its own (a 2024-11-05 SSE message endpoint)."""
@@ -591,7 +657,7 @@ class McpHttpClient:
         try:
             try:
                 resp = self._request(method, headers, body, remaining, url)
-            except requests.exceptions.ConnectionError as exc:
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if not _caused_by(exc, StaleConnection) or (abort is not None and abort.aborted):
                     raise
                 logger.debug("backend %r closed a kept-alive connection as a request went out; sent again",
@@ -605,55 +671,42 @@ class McpHttpClient:
             if breaker is not None:
                 # Unreachable or silent counts against the backend; anything else answered.
                 (breaker.failed if isinstance(mapped, (BackendUnavailable, BackendTimeout)) else breaker.succeeded)()
-            # `from None`: requests' messages carry the URL; keep it out of tracebacks.
+            # `from None`: urllib3's messages carry the URL; keep it out of tracebacks.
             raise mapped from None
         finally:
             _SENDING.abort = None
-        record_backend(self._name, "ok" if resp.status_code < 500 else "http_5xx", time.monotonic() - started)
+        record_backend(self._name, "ok" if resp.status < 500 else "http_5xx", time.monotonic() - started)
         if breaker is not None:
-            (breaker.failed if resp.status_code >= 500 else breaker.succeeded)()
+            (breaker.failed if resp.status >= 500 else breaker.succeeded)()
         return resp
 
     def _request(self, method: str, headers: Mapping[str, str], body: bytes | None, remaining: float,
-                 url: str | None) -> requests.Response:
-        return self._http.request(
-            method,
-            self._url if url is None else url,
-            data=body,
-            headers=headers,
-            timeout=(remaining, remaining),
-            stream=True,
-            # A redirect would replay our headers (tokens) to wherever it points.
-            allow_redirects=False,
-        )
+                 url: str | None) -> HTTPResponse:
+        # No redirect is followed: it would replay our headers (tokens) to wherever it points.
+        return self._route.open(method, headers, body, remaining, url)
 
     def _map_exception(self, exc: Exception, timeout: float) -> Exception:
         """Translate a requests/urllib3 failure; other exceptions pass through unchanged."""
         if isinstance(exc, BackendError):
             return exc
         logger.debug("exchange with backend %r failed: %s", self._name, _exc_chain(exc))
-        if isinstance(exc, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError)):
-            return self._timeout_error(timeout)
-        if isinstance(exc, (requests.exceptions.ContentDecodingError, urllib3.exceptions.DecodeError)):
-            return BackendProtocolError(self._name, f"backend {self._name!r} sent a body that cannot be decoded")
-        if isinstance(
-            exc,
-            (
-                requests.exceptions.ConnectionError,
-                requests.exceptions.ChunkedEncodingError,
-                urllib3.exceptions.HTTPError,
-                OSError,
-            ),
-        ):
+        if isinstance(exc, urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError subclass, but refused
             return BackendUnavailable(self._name, f"backend {self._name!r} is unreachable")
-        if isinstance(exc, requests.exceptions.RequestException):
-            return BackendError(self._name, f"backend {self._name!r} request failed ({type(exc).__name__})")
+        if isinstance(exc, (urllib3.exceptions.TimeoutError, TimeoutError)):
+            return self._timeout_error(timeout)
+        if _caused_by(exc, ssl.SSLCertVerificationError):  # an operator's fix, not an outage: say which
+            return BackendUnavailable(self._name, f"backend {self._name!r} is unreachable: its TLS certificate "
+                                                  "is not trusted")
+        if isinstance(exc, urllib3.exceptions.DecodeError):
+            return BackendProtocolError(self._name, f"backend {self._name!r} sent a body that cannot be decoded")
+        if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
+            return BackendUnavailable(self._name, f"backend {self._name!r} is unreachable")
         return exc
 
     def _check_status(
-        self, resp: requests.Response, session_id: str | None, deadline: float, timeout: float
+        self, resp: HTTPResponse, session_id: str | None, deadline: float, timeout: float
     ) -> None:
-        status = resp.status_code
+        status = resp.status
         if 200 <= status < 300:
             return
         if status == 404 and session_id is not None:
@@ -679,11 +732,11 @@ class McpHttpClient:
         raise BackendHTTPError(self._name, f"backend {self._name!r} answered HTTP {status}", status=status,
                                challenge=challenge)
 
-    def _error_body(self, resp: requests.Response, deadline: float) -> dict | None:
+    def _error_body(self, resp: HTTPResponse, deadline: float) -> dict | None:
         """The JSON-RPC error object of a small JSON error body, or None."""
         try:
             self._set_read_timeout(resp, max(0.05, min(deadline - time.monotonic(), 2.0)))
-            body = resp.raw.read(_ERROR_BODY_LIMIT + 1, decode_content=True) or b""
+            body = resp.read(_ERROR_BODY_LIMIT + 1, decode_content=True) or b""
             if len(body) > _ERROR_BODY_LIMIT:
                 return None
             message = json.loads(body)
@@ -692,59 +745,46 @@ class McpHttpClient:
         error = message.get("error") if isinstance(message, dict) else None
         return error if isinstance(error, dict) else None
 
-    def _body_prefix(self, resp: requests.Response, deadline: float) -> bytes:
+    def _body_prefix(self, resp: HTTPResponse, deadline: float) -> bytes:
         try:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return b""
             self._set_read_timeout(resp, min(remaining, 1.0))
-            read1 = getattr(resp.raw, "read1", None)
-            if read1 is not None:
-                return read1(_ERROR_BODY_PREFIX, decode_content=True) or b""
-            return next(resp.iter_content(_ERROR_BODY_PREFIX), b"")
+            return resp.read1(_ERROR_BODY_PREFIX, decode_content=True) or b""
         except Exception:
             return b""
 
     # ------------------------------------------------------------------ bodies
 
     @staticmethod
-    def _set_read_timeout(resp: requests.Response, seconds: float | None) -> None:
+    def _set_read_timeout(resp: HTTPResponse, seconds: float | None) -> None:
         # Narrow the socket timeout to what is left of the deadline, so one stalled read
         # cannot overrun it (None: no limit, for a standalone stream). urllib3 resets the
         # timeout when it reuses the connection.
-        sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+        sock = response_socket(resp)
         if sock is not None:
             try:
                 sock.settimeout(None if seconds is None else max(seconds, 0.001))
             except OSError:
                 pass
 
-    def _iter_chunks(self, resp: requests.Response, deadline: float, timeout: float) -> Iterator[bytes]:
+    def _iter_chunks(self, resp: HTTPResponse, deadline: float, timeout: float) -> Iterator[bytes]:
         """Body bytes as they arrive, checking the deadline before every read."""
         try:
-            read1 = getattr(resp.raw, "read1", None)
-            if read1 is None:  # not a urllib3 2 response: blocks until a chunk is full
-                for chunk in resp.iter_content(_CHUNK):
-                    self._remaining(deadline, timeout)
-                    yield chunk
-                return
             while True:
                 self._set_read_timeout(resp, self._remaining(deadline, timeout))
-                chunk = read1(_CHUNK, decode_content=True)
+                chunk = resp.read1(_CHUNK, decode_content=True)
                 if not chunk:
                     return
                 yield chunk
         except Exception as exc:
             raise self._map_exception(exc, timeout) from None
 
-    def _iter_stream(self, resp: requests.Response) -> Iterator[bytes]:
+    def _iter_stream(self, resp: HTTPResponse) -> Iterator[bytes]:
         """A standalone stream's bytes as they arrive, with no deadline."""
         try:
-            read1 = getattr(resp.raw, "read1", None)
-            if read1 is None:
-                yield from resp.iter_content(_CHUNK)
-                return
-            while chunk := read1(_CHUNK, decode_content=True):
+            while chunk := resp.read1(_CHUNK, decode_content=True):
                 yield chunk
         except Exception as exc:
             raise self._map_exception(exc, 0) from None
@@ -752,18 +792,18 @@ class McpHttpClient:
     def _cancelled(self) -> BackendCancelled:
         return BackendCancelled(self._name, f"the call to backend {self._name!r} was cancelled")
 
-    def _drain(self, resp: requests.Response, deadline: float, timeout: float) -> None:
+    def _drain(self, resp: HTTPResponse, deadline: float, timeout: float) -> None:
         """Read a short body to its end so the connection returns to the pool."""
         read = 0
         try:
             for chunk in self._iter_chunks(resp, deadline, timeout):
                 read += len(chunk)
                 if read > _DRAIN_LIMIT:
-                    return  # resp.close() drops the connection instead
+                    return  # close_response() drops the connection instead
         except BackendError:
             pass
 
-    def _read_json(self, resp: requests.Response, request_id: Any, deadline: float, timeout: float) -> dict:
+    def _read_json(self, resp: HTTPResponse, request_id: Any, deadline: float, timeout: float) -> dict:
         body = b"".join(self._iter_chunks(resp, deadline, timeout))
         msg = self._parse(body)
         answer = self._as_answer(msg, request_id)
@@ -774,8 +814,8 @@ class McpHttpClient:
         return answer
 
     def _read_sse(
-        self, resp: requests.Response, request_id: Any, deadline: float, timeout: float,
-        reopen: Callable[[str], requests.Response] | None = None,
+        self, resp: HTTPResponse, request_id: Any, deadline: float, timeout: float,
+        reopen: Callable[[str], HTTPResponse] | None = None,
     ) -> Generator[dict, None, dict]:
         """The stream's messages until the answer; a stream the backend ends first is
         resumed from its last event id (its ``retry`` later), when it gave ids."""
@@ -816,15 +856,15 @@ class McpHttpClient:
                     time.sleep(wait)
                 logger.debug("backend %r ended a call's stream early; resuming it", self._name)
                 if current is not resp:
-                    current.close()
+                    close_response(current)
                 current = reopen(last_id)
         finally:
             if current is not resp:
-                current.close()
+                close_response(current)
 
-    def _finish_stream(self, resp: requests.Response, deadline: float) -> None:
+    def _finish_stream(self, resp: HTTPResponse, deadline: float) -> None:
         """Briefly wait for the end of an answered stream, to keep the connection alive."""
-        if getattr(resp.raw, "connection", None) is None or not hasattr(resp.raw, "read1"):
+        if resp.connection is None:
             return
         grace_deadline = min(deadline, time.monotonic() + _DRAIN_GRACE)
         self._drain(resp, grace_deadline, _DRAIN_GRACE)

@@ -7,7 +7,7 @@ carried by a ``MessageBus``: a dropped stream is opened again on the next use an
 the same ``initialize`` first, so the channel never notices.
 
 Every GET and POST goes through the backend's ``McpHttpClient``, as a streamable HTTP
-backend's would: its session (the environment's proxies and CA bundle, no netrc), its
+backend's would: its pools (the environment's proxies and CA bundle, no netrc), its
 circuit breaker, its metrics, no redirects, and the deadline of the call it is for.
 """
 
@@ -23,10 +23,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
-from requests.adapters import DEFAULT_POOLSIZE
-
 from vmcp_actors.backends._bus import SEND_TIMEOUT, BusClient, MessageBus
-from vmcp_actors.backends._http import McpHttpClient, PostResult, _split_lines
+from vmcp_actors.backends._http import McpHttpClient, PostResult, _split_lines, close_response, response_socket
 from vmcp_actors.exceptions import (
     BackendError,
     BackendHTTPError,
@@ -42,6 +40,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CHUNK = 64 * 1024
+# Idle connections one user's client keeps to an SSE backend: its stream and a few POSTs.
+_POOL_SIZE = 10
 
 
 class _CallDeadline(threading.local):
@@ -93,10 +93,10 @@ class SseLink:
         deadline, timeout = _deadline_here()
         self._stream = client._send("GET", {**self._headers, "Accept": "text/event-stream"}, None, deadline, timeout,
                                     url=url)
-        if self._stream.status_code != 200:
-            self._stream.close()
-            raise BackendHTTPError(bus.backend, f"backend {bus.backend!r} answered HTTP {self._stream.status_code} "
-                                                "to its event stream's GET", status=self._stream.status_code)
+        if self._stream.status != 200:
+            close_response(self._stream)
+            raise BackendHTTPError(bus.backend, f"backend {bus.backend!r} answered HTTP {self._stream.status} "
+                                                "to its event stream's GET", status=self._stream.status)
         self._endpoint_due: tuple[float, float] | None = (deadline, timeout)  # until the endpoint event came
         self._events = iter_sse_events(_split_lines(self._chunks()))
         self.endpoint = self._read_endpoint(url, timeout)
@@ -114,11 +114,11 @@ class SseLink:
         answer = self._client._send("POST", {**self._headers, "Content-Type": "application/json"}, body,
                                     deadline, timeout, url=self.endpoint)
         try:
-            if 200 <= answer.status_code < 300:
+            if 200 <= answer.status < 300:
                 self._client._drain(answer, deadline, timeout)  # so its connection goes back to the pool
         finally:
-            answer.close()
-        if answer.status_code == 404:
+            close_response(answer)
+        if answer.status == 404:
             # The server no longer knows this stream's session (it restarted; the stream was
             # cut off without the gateway hearing of it): the link is dead however open it
             # looks. The channel re-initializes on a new one and sends the message again.
@@ -126,27 +126,24 @@ class SseLink:
             self.close()
             raise BackendSessionExpired(self._bus.backend, f"backend {self._bus.backend!r} no longer knows our "
                                                            "session (HTTP 404)", status=404)
-        if not 200 <= answer.status_code < 300:
+        if not 200 <= answer.status < 300:
             raise BackendHTTPError(self._bus.backend, f"backend {self._bus.backend!r} answered HTTP "
-                                                      f"{answer.status_code} to a message", status=answer.status_code)
+                                                      f"{answer.status} to a message", status=answer.status)
 
     def close(self) -> None:
         """Ends the stream at once: its socket is shut down first, so the reader's blocked
         read returns and closing waits for nothing."""
         self._closed.set()
-        sock = getattr(getattr(self._stream.raw, "connection", None), "sock", None)
+        sock = response_socket(self._stream)
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._stream.close()
+        close_response(self._stream)
 
     def _chunks(self) -> Iterator[bytes]:
-        read1 = getattr(self._stream.raw, "read1", None)
-        if read1 is None:
-            yield from self._stream.iter_content(_CHUNK)
-            return
+        read1 = self._stream.read1
         while True:
             if self._endpoint_due is not None:  # a backend trickling comments cannot hold the opener past it
                 McpHttpClient._set_read_timeout(self._stream, self._client._remaining(*self._endpoint_due))
@@ -165,18 +162,18 @@ class SseLink:
                                                                       "endpoint on another origin")
                     return endpoint
         except BackendError:
-            self._stream.close()
+            close_response(self._stream)
             raise
         except UnicodeDecodeError:
-            self._stream.close()
+            close_response(self._stream)
             raise BackendProtocolError(self._bus.backend, f"backend {self._bus.backend!r} sent an event that is "
                                                           "not UTF-8") from None
         except Exception as error:  # noqa: BLE001 - mapped as the HTTP client maps a body read's failure
-            self._stream.close()
+            close_response(self._stream)
             raise self._client._map_exception(error, timeout) from None
         finally:
             self._endpoint_due = None
-        self._stream.close()
+        close_response(self._stream)
         raise BackendProtocolError(self._bus.backend, f"backend {self._bus.backend!r} ended its event stream "
                                                       "before naming an endpoint")
 
@@ -206,8 +203,7 @@ class LegacySseClient(BusClient):
         """``one_client``: the connection serves one client session (else a person's
         2026-07-28 requests, among which a request outside a call cannot be placed).
         ``breaker``: the backend's circuit, shared with every user's client."""
-        # Idle connections kept: a plain requests.Session's, not the shared HTTP client's many.
-        http = McpHttpClient(backend, url, breaker=breaker, pool_size=DEFAULT_POOLSIZE)
+        http = McpHttpClient(backend, url, breaker=breaker, pool_size=_POOL_SIZE)
         bus = MessageBus(backend, lambda bus, headers: SseLink(bus, http, url, headers), one_client=one_client)
         super().__init__(bus, lambda _view: (bus.close(), http.close()))
 

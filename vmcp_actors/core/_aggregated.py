@@ -39,7 +39,7 @@ from vmcp_actors.core._explain import ABSENT, OFFERS, Explanation, Finding
 from vmcp_actors.core._interface import Continuation, UnknownTool
 from vmcp_actors.core._shared_names import OwnName, chosen_meaning
 from vmcp_actors.core._task_relay import AskedStore, TaskRelay
-from vmcp_actors.core._tasks import TaskHandles, requested_task
+from vmcp_actors.core._tasks import TASKS_EXTENSION, TaskHandles, requested_task
 from vmcp_actors.identity import Identity
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
@@ -327,11 +327,15 @@ class AggregatedBackends:
             return from_backend(self._connect(identity, route, deadline), route.backend)
         params = _with_meta({"name": route.original_name, "arguments": arguments or {}}, meta)
         headers = self._param_headers(identity, route, arguments, deadline)
-        task = requested_task.get()
-        if task is not None:
-            tool = None if task.awaited else self._backend_tool(identity, route, deadline)
-            params = self._tasks.call_params(route.backend, tool, params, task)
         channel = self._channels[route.backend]
+        task = requested_task.get()
+        asked = task is not None and not task.awaited  # the client accepts a task of this call
+        # A call the client accepts no task of meets the task relay only at a backend that
+        # may make one anyway (it is awaited then); any other call passes none of its code.
+        awaited = not asked and _makes_tasks(channel)
+        if asked or (awaited and task is not None):
+            tool = self._backend_tool(identity, route, deadline) if asked else None
+            params = self._tasks.call_params(route.backend, tool, params, task)
 
         def start() -> RawExchange:
             return channel.request(identity, "tools/call", params, deadline, headers)
@@ -339,9 +343,9 @@ class AggregatedBackends:
         raw = self._connected_first(identity, route, params, start, deadline) \
             if channel.personal is not None else start()
         exchange = from_backend(raw, route.backend, self._shown_updates(identity, route.backend, deadline))
-        if task is None or task.awaited:
-            return self._tasks.unasked(identity, route.backend, exchange, deadline)
-        return self._tasks.call(route.backend, exchange, task)
+        if asked:
+            return self._tasks.call(route.backend, exchange, task)
+        return self._tasks.unasked(identity, route.backend, exchange, deadline) if awaited else exchange
 
     def _connect(self, identity: Identity | None, route: Route, deadline: Deadline) -> RawExchange:
         """The connect tool: asks the person to connect, unless they have."""
@@ -652,6 +656,16 @@ def _contents_shown(read: Exchange, backend: str, catalog: Catalog) -> Exchange:
     shown = [{**item, "uri": catalog.shown_uri(backend, item["uri"])}
              if isinstance(item, dict) and isinstance(item.get("uri"), str) else item for item in contents]
     return {**result, "contents": shown}
+
+
+def _makes_tasks(channel: BackendChannel) -> bool:
+    """Whether ``channel``'s backend may answer a call with a task: its current handshake
+    declared tasks (a 2026-07-28 backend the extension, a 2025-11-25 one the capability)."""
+    capabilities = channel.capabilities()
+    if channel.speaks_modern():
+        extensions = capabilities.get("extensions")
+        return isinstance(extensions, Mapping) and TASKS_EXTENSION in extensions
+    return "tasks" in capabilities
 
 
 def _with_meta(params: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from vmcp_actors.core._pagination import paginate
 from vmcp_actors.core._shared_names import OwnName, chosen_meaning
 from vmcp_actors.core._tasks import (
     TaskRequest,
+    requested_task,
     task_requested,
     tasks_extension_required,
 )
@@ -85,8 +86,14 @@ class McpDispatcher:
         task = _task_requested(params, modern, takes_tasks) if method == "tools/call" else None
         if task is None:
             return handler(identity, params, deadline)
-        with task_requested(task):
-            return handler(identity, {key: value for key, value in params.items() if key != "task"}, deadline)
+        # Every 2025 call sets one (AWAITED): the variable itself, not ``task_requested``'s
+        # context manager, so a call that meets no task runs none of the tasks' code.
+        token = requested_task.set(task)
+        try:
+            return handler(identity, params if task.awaited else
+                           {key: value for key, value in params.items() if key != "task"}, deadline)
+        finally:
+            requested_task.reset(token)
 
     def tool_called(self, identity: Identity | None, name: str, deadline: Deadline) -> str:
         """The name a tools/call of ``name`` is decided and made under: ``name`` itself,

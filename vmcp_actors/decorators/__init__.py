@@ -5,7 +5,8 @@ rate limits -> composite tools -> aggregated backends (``vmcp_actors.core``). Ev
 but composite tools, the optimizer's two meta-tools and code mode's script tool and helpers;
 an embedder's layer sits behind ``SubtractOnly``, which holds it to that. The filter sits
 above composite tools so steps see every backend tool's schema. A script's calls enter
-under the optimizer, as a client's call would without it.
+under the optimizer, as a client's call would without it. A layer is in the stack only
+when the config gives it something to do: a call passes no code of a feature it does not use.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from vmcp_actors.decorators._cedar import CedarAuthz, CedarPolicies
 from vmcp_actors.decorators._code_mode import CodeMode, CodeModeServices, InnerAudit, ScriptsRunning
 from vmcp_actors.decorators._composite import CompositeTools, WorkflowMetrics
 from vmcp_actors.decorators._composite_tasks import CompositeTasks, UserTasks
-from vmcp_actors.decorators._filter import AdvertisingFilter, is_advertised
+from vmcp_actors.decorators._filter import AdvertisingFilter, hides_tools, is_advertised
 from vmcp_actors.decorators._guard import SubtractOnly
 from vmcp_actors.decorators._optimizer import (
     CALL_TOOL,
@@ -47,18 +48,26 @@ class DecoratorStack:
     code_mode: CodeModeServices | None = None  # the script tool over everything (None: codeMode off)
 
     def build(self, backends: Any, client_capabilities: Mapping[str, Any],
-              tasks: UserTasks | None = None, user: str = "") -> tuple[UserCore, CompositeTools]:
+              tasks: UserTasks | None = None, user: str = "") -> tuple[UserCore, CompositeTools | None]:
         """One user's stack over its ``AggregatedBackends``: the outermost layer, and the
         composite tools layer (its runs are the user's to cancel; ``tasks``: where the
-        runs clients accept tasks of go; ``user``: its label, for operators)."""
+        runs clients accept tasks of go; ``user``: its label, for operators).
+
+        A layer the config gives nothing to do is left out, so a call pays nothing for it:
+        the filter when no tool is hidden, composite tools when there are none and no code
+        mode (whose script tasks are answered there, as the gateway's own)."""
         admission = StepAdmission(self.policies, self.limiter)
-        backends.require(admission.requirements())  # no backend call without these layers' decisions
-        composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
-                                    self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks,
-                                    admission=admission)
-        limited: UserCore = composites if self.limiter is None else \
-            RateLimits(composites, self.limiter, also_named=(SCRIPT_TOOL,) if self.code_mode is not None else ())
-        outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation)
+        filtered = hides_tools(self.config.aggregation)
+        backends.require(admission.requirements(filtered))  # no backend call without these layers' decisions
+        composites = None
+        if self.config.composite_tools or self.code_mode is not None:
+            composites = CompositeTools(backends, self.config.composite_tools, self.config.aggregation,
+                                        self.workflow_metrics, client_capabilities=client_capabilities, tasks=tasks,
+                                        admission=admission)
+        below: UserCore = composites if composites is not None else backends
+        limited: UserCore = below if self.limiter is None else \
+            RateLimits(below, self.limiter, also_named=(SCRIPT_TOOL,) if self.code_mode is not None else ())
+        outermost: UserCore = AdvertisingFilter(limited, self.config.aggregation) if filtered else limited
         optimizer = self.config.optimizer is not None  # the last of above_filter, when configured
         for wrap in self.above_filter[:-1] if optimizer else self.above_filter:
             outermost = wrap(outermost)

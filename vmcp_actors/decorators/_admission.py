@@ -40,10 +40,11 @@ class StepAdmission:
         """What a step's call is decided by (what ``AggregatedBackends`` requires of it)."""
         return frozenset(check for check, used in ((AUTHZ, self.policies), (LIMITS, self.limiter)) if used is not None)
 
-    def requirements(self) -> Requirements:
-        """What the stack requires of a client's call (the filter, always), of a step's, and
-        of a prompt's get or a resource's read (Cedar's decision)."""
-        return Requirements(client=self.checks | {FILTER}, step=self.checks,
+    def requirements(self, filtered: bool) -> Requirements:
+        """What the stack requires of a client's call (the filter's decision too, when the
+        stack has the filter: ``filtered``), of a step's, and of a prompt's get or a
+        resource's read (Cedar's decision)."""
+        return Requirements(client=(self.checks | {FILTER}) if filtered else self.checks, step=self.checks,
                             reads=frozenset({AUTHZ}) if self.policies is not None else frozenset())
 
     def decides(self) -> bool:

@@ -36,6 +36,14 @@ def is_advertised(aggregation: AggregationConfig, route: Route) -> bool:
     return route.composite or route.connect or aggregation.is_advertised(route.backend, route.resolved_name, route.original_name)
 
 
+def hides_tools(aggregation: AggregationConfig) -> bool:
+    """Whether the config hides any backend tool (``excludeAllTools``, a backend's
+    ``excludeAll`` or ``filter``): without one the filter has nothing to do, and the stack
+    leaves it out."""
+    return aggregation.exclude_all_tools or any(tools.exclude_all or tools.filter is not None
+                                                for tools in aggregation.tools)
+
+
 class AdvertisingFilter(CoreLayer):
     """UserCore minus the tools the config hides from clients (the filter only
     subtracts tools; everything else passes through)."""

@@ -33,6 +33,10 @@ TASK_PREFIX = 12
 class AuditLog:
     def __init__(self, config: AuditConfig):
         self._config = config
+        # The event type a request of a method is audited as (None: not audited), decided
+        # here once: with audit off, each request's look-up is a dict's, and nothing more.
+        self.event_type: Callable[[str | None], str | None] = \
+            {method: event for method, event in EVENT_TYPES.items() if config.records(event)}.get
         self._logger = logging.getLogger("vmcp_actors.audit")
         if config.enabled and config.log_file:
             # Its own logger and file: audit lines do not mix with the process log.
@@ -45,11 +49,6 @@ class AuditLog:
             for previous in self._logger.handlers:  # a gateway started again in this process
                 previous.close()
             self._logger.handlers = [handler]
-
-    def event_type(self, method: str | None) -> str | None:
-        """The event type a request of ``method`` is audited as; None when it is not."""
-        event = EVENT_TYPES.get(method or "")
-        return event if event is not None and self._config.records(event) else None
 
     def write(self, event_type: str, *, identity: Identity | None, session_id: str | None, method: str,
               params: Any, backend: str | None, answer: dict[str, Any] | None, http_status: int,

@@ -168,7 +168,7 @@ class UserHandle:
     proxy: Any  # ActorProxy[UserActor], made once (a proxy costs an introspection)
     core: UserCore  # the outermost layer of the user's decorated core
     dispatcher: McpDispatcher
-    composites: CompositeTools
+    composites: CompositeTools | None  # None: no composite tools and no code mode (not in the stack)
     backends: AggregatedBackends  # the innermost layer: for what goes to every backend
 
     def close(self) -> None:

@@ -36,8 +36,8 @@ def collect_admin_state(gateway: Any, parked_calls: int = 0, processes: Any = No
             **snapshot,
             "idleSeconds": idle,
             "inFlight": in_flight,
-            "compositeProblems": list(user.composites.problems()),
-            "workflowRuns": user.composites.running(),
+            "compositeProblems": list(user.composites.problems()) if user.composites is not None else [],
+            "workflowRuns": user.composites.running() if user.composites is not None else [],
             "tasks": [row for row in task_rows if row["user"] == user.key.label],
             "scripts": [row for row in script_rows if row["user"] == user.key.label],
         }

@@ -32,6 +32,10 @@ def _nothing() -> None:
     pass
 
 
+_WAITS_SEE_NEW_SOCKETS = tuple(getattr(selectors, name) for name in ("EpollSelector", "KqueueSelector")
+                               if hasattr(selectors, name))
+
+
 class Hangups:
     """Watches sockets for their client's hang-up; ``watch`` calls back at most once."""
 
@@ -42,6 +46,9 @@ class Hangups:
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
         self._selector.register(self._wake_reader, selectors.EVENT_READ)
+        # epoll and kqueue watch a socket registered while their wait is under way; the
+        # others (select, poll) must be woken to see it: a thread switch per request.
+        self._wake_on_watch = not isinstance(self._selector, _WAITS_SEE_NEW_SOCKETS)
         self._watched: dict[int, Callable[[], None]] = {}  # by file descriptor
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="vmcp-hangups", daemon=True)
@@ -66,7 +73,8 @@ class Hangups:
             except (OSError, ValueError):
                 return _nothing
             self._watched[fd] = on_hangup
-        self._wake()
+        if self._wake_on_watch:
+            self._wake()
 
         def unwatch() -> None:
             with self._lock:

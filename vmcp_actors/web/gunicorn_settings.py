@@ -9,15 +9,15 @@ started before a fork look alive in the child and never answer.
 from __future__ import annotations
 
 import logging
-import queue
 import signal
-from logging.handlers import QueueHandler, QueueListener
 
 import pykka
 
 from vmcp_actors.concurrency import wait_for_io
+from vmcp_actors.web._log_writer import BatchedLogWriter
 
-worker_class = "gthread"
+# gthread, whose thread serves a busy connection's next request itself (vmcp_actors.web.worker).
+worker_class = "vmcp_actors.web.worker.LingeringThreadWorker"
 workers = 1
 # A client's standalone stream (GET /mcp) holds a thread while it is open: at most
 # STANDALONE_STREAM_LIMIT of them (vmcp_actors.users._live), the rest serve requests.
@@ -41,21 +41,18 @@ keepalive = 75
 control_socket_disable = True
 
 
-_log_writer: QueueListener | None = None
+_log_writer: BatchedLogWriter | None = None
 
 
 def post_fork(server, worker):  # noqa: ANN001 - gunicorn hook signature
-    """The worker's log lines go through a queue to one writer thread: a handler lock held
-    across a write would otherwise convoy every request thread (and the Gateway actor)
-    behind the GIL under load. Started here, in the worker, as no thread survives a fork."""
+    """The worker's log lines go through a queue to one writer thread, in batches
+    (vmcp_actors.web._log_writer). Started here, in the worker, as no thread survives a fork."""
     global _log_writer
     root = logging.getLogger()
-    writers = [handler for handler in root.handlers if not isinstance(handler, QueueHandler)]
-    if not writers:
+    if not root.handlers:
         return
-    lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    _log_writer = QueueListener(lines, *writers, respect_handler_level=True)
-    root.handlers = [QueueHandler(lines)]
+    _log_writer = BatchedLogWriter(root.handlers)
+    root.handlers = [_log_writer.handler]
     _log_writer.start()
 
 

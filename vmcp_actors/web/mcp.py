@@ -27,6 +27,7 @@ from vmcp_actors.protocol import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
     JsonRpcError,
+    Message,
     error_response,
     parse_message,
 )
@@ -37,7 +38,7 @@ from vmcp_actors.protocol.mcp import (
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
 )
-from vmcp_actors.tracing import request_span
+from vmcp_actors.tracing import request_span, tracing_on
 from vmcp_actors.users._gateway import short_id
 from vmcp_actors.web._hangups import process_hangups, request_socket
 from vmcp_actors.web._installed import current_runtime
@@ -161,19 +162,29 @@ def post_message() -> Response:
     except JsonRpcError as error:
         return _write(Answer(400, error_response(None, error)), "-", started)
     session_id = request.headers.get(SESSION_HEADER)
+    if not tracing_on():
+        return _answer(message, session_id, started)
     params = message.params if isinstance(message.params, dict) else {}
     target = params.get("uri" if message.method == "resources/read" else "name")
     with request_span(message.method or message.kind, request.headers, {
             "mcp.method.name": message.method, "mcp.session.id": short_id(session_id) if session_id else None,
             "mcp.target": target if isinstance(target, str) else None}):
-        answer = current_runtime().service.post(
-            message, _identity(), session_id, _field(PROTOCOL_VERSION_HEADER),
-            _field(METHOD_HEADER), _field(NAME_HEADER),
-            {name[len(PARAM_HEADER_PREFIX):].lower(): _ows(value) for name, value in request.headers.items()
-             if name.lower().startswith(PARAM_HEADER_PREFIX.lower())},
-            _hangup_watch(),
-        )
-        return _write(answer, message.method or message.kind, started)
+        return _answer(message, session_id, started)
+
+
+def _answer(message: Message, session_id: str | None, started: float) -> Response:
+    answer = current_runtime().service.post(
+        message, _identity(), session_id, _field(PROTOCOL_VERSION_HEADER),
+        _field(METHOD_HEADER), _field(NAME_HEADER),
+        {name[len(PARAM_HEADER_PREFIX):].lower(): _ows(value) for name, value in request.headers.items()
+         if name[:_PARAM_PREFIX_LENGTH].lower() == _PARAM_PREFIX},
+        _hangup_watch(),
+    )
+    return _write(answer, message.method or message.kind, started)
+
+
+_PARAM_PREFIX = PARAM_HEADER_PREFIX.lower()
+_PARAM_PREFIX_LENGTH = len(PARAM_HEADER_PREFIX)
 
 
 def _write(answer: Answer, method: str, started: float) -> Response:
