@@ -677,9 +677,11 @@ def _gunicorn(config_path: Path, log_path: Path, tree: str | Path | None = None)
 @contextlib.contextmanager
 def serve_subprocess(command: Callable[[int], list[str]], log_path: Path,
                      ready_timeout: float = 30.0, *, cwd: Path = ROOT,
-                     env: Mapping[str, str] | None = None) -> Iterator[tuple[str, int | None]]:
+                     env: Mapping[str, str] | None = None,
+                     worker: Callable[[int], int | None] | None = None) -> Iterator[tuple[str, int | None]]:
     """Run ``command(port)`` (a gunicorn server, in ``cwd`` with ``env``) until its /readyz
-    answers 200; yields (base URL, worker pid); SIGTERM on exit."""
+    answers 200; yields (base URL, worker pid); SIGTERM on exit. ``worker`` finds the
+    process that serves from the started one's pid (default: gunicorn's one worker)."""
     last_error = "not started"
     for _attempt in range(3):  # the free port may be taken between probing and binding
         port = free_port()
@@ -689,7 +691,7 @@ def serve_subprocess(command: Callable[[int], list[str]], log_path: Path,
                                     cwd=cwd, env=env, preexec_fn=_die_with_parent)
         try:
             if _wait_ready(proc, base, ready_timeout):
-                yield base, _only_child(proc.pid)
+                yield base, (worker or _only_child)(proc.pid)
                 return
             last_error = _tail(log_path)
         finally:

@@ -20,6 +20,14 @@ The benchmark code, test backends and clients are the working tree's for both si
   what a rate-limit decision costs per call). ``--redis`` keeps both sides' records in a
   local redis-server (and so the after side's buckets); ``--users`` puts both behind OIDC
   (a local IdP), each client thread a user of its own, so ``perUser`` buckets decide.
+  The peer: when scripts/install-fastmcp's venv exists (``.venv-fastmcp``, or
+  $VMCP_FASTMCP_VENV) and without ``--no-peer``, the FastMCP proxy over the same backend
+  (bench/_fastmcp_proxy.py, its own process) is a mode too, per era it serves (an era it
+  cannot serve is skipped, saying why): the rounds then take each era's four modes in the
+  orders of two Williams Latin squares (each mode in each position alike), and it makes
+  fewer calls (it is ~20x slower: PEER_CALL_DIVISOR); per era: its throughput / direct, p50
+  overhead, CPU per call (its process's, as the gateway worker's), and the after gateway's
+  throughput / its.
 * any other benchmark (e.g. ``threads``): whole runs of ``python -m bench.NAME``, sides
   alternating (before, after, after, before, ...) for ``--rounds``; the metrics and
   targets each run records (VMCP_BENCH_RESULTS) side by side, medians over rounds. Extra
@@ -28,7 +36,8 @@ The benchmark code, test backends and clients are the working tree's for both si
   side's tree the same way.
 
     .venv/bin/python -m bench.compare --ref REF [--after-ref REF] [--rounds N] [--eras legacy,modern]
-                                      [--after-config FILE] [--redis] [--users] [overhead] [threads ...] [ARGS]
+                                      [--after-config FILE] [--redis] [--users] [--no-peer]
+                                      [overhead] [threads ...] [ARGS]
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
 import yaml
 
 from bench._common import (
@@ -73,6 +83,7 @@ from bench._common import (
     record,
     run_benchmark,
     run_threads,
+    serve_subprocess,
     settle_heap,
     table,
 )
@@ -86,6 +97,16 @@ SCRIPT_TIMEOUT = 300.0  # one run of a benchmark script (bench.threads takes up 
 # T3: "no worse than before", with room for what this shared 2-vCPU machine adds run to run.
 TARGET_THROUGHPUT_RATIO = 0.90  # after / before, gateway calls/s with 16 threads
 TARGET_SEQUENTIAL_SLACK_MS = 0.30  # after's sequential p50 overhead at most before's + this
+PEER = "fastmcp"  # overhead's peer: the FastMCP proxy (bench/_fastmcp_proxy.py), mode names fastmcp-ERA
+PEER_LABEL = "FastMCP proxy"
+FASTMCP_VENV_ENV = "VMCP_FASTMCP_VENV"  # where scripts/install-fastmcp installs (default .venv-fastmcp)
+# The FastMCP proxy answers ~20x fewer calls/s than the gateway here (a fresh backend client
+# per request), so it makes 1/15 of their calls per round (at least one per thread), warms
+# up on 2 calls per thread and joins every 7th sequential rotation: its rounds take about as
+# long as theirs and the run ~90 s instead of ~50 s.
+PEER_CALL_DIVISOR = 15
+PEER_WARMUP = 2
+PEER_SEQUENTIAL_EVERY = 7  # coprime with the 8 or 16 orders: it meets each of them
 
 
 # ----------------------------------------------------------------------------------
@@ -118,12 +139,37 @@ def extracted(commit: str) -> Iterator[Path]:
 # ----------------------------------------------------------------------------------
 
 
-def overhead_orders(eras: Sequence[str]) -> list[list[str]]:
-    """The rounds' mode orders: every order of (direct, before, after) within an era, each
-    with the eras in both orders (one era: just the six orders). Mode names: ``SIDE-ERA``."""
-    era_orders = [list(eras)] if len(eras) == 1 else [list(eras), list(eras)[::-1]]
-    return [[f"{mode}-{era}" for era in era_order for mode in triple]
-            for triple in itertools.permutations(("direct", *SIDES)) for era_order in era_orders]
+def overhead_orders(kinds: Mapping[str, Sequence[str]]) -> list[list[str]]:
+    """The rounds' mode orders (mode names ``KIND-ERA``) for ``kinds`` ({era: its kinds,
+    e.g. direct, before, after}): round k takes each era's order k (:func:`balanced_orders`,
+    cycled when an era has fewer), the eras in both orders (one era: just its orders)."""
+    eras = list(kinds)
+    per_era = {era: balanced_orders(kinds[era]) for era in eras}
+    era_orders = [eras] if len(eras) == 1 else [eras, eras[::-1]]
+    return [[f"{kind}-{era}" for era in era_order for kind in per_era[era][k % len(per_era[era])]]
+            for k in range(max(len(orders) for orders in per_era.values())) for era_order in era_orders]
+
+
+def balanced_orders(kinds: Sequence[str]) -> list[list[str]]:
+    """Orders of ``kinds`` with each kind in each position equally often: all of them for
+    up to three (six), else two Williams Latin squares (2n orders: each kind in each
+    position twice, right after each other kind twice), so four kinds take eight rounds,
+    not 24."""
+    if len(kinds) <= 3:
+        return [list(order) for order in itertools.permutations(kinds)]
+    n = len(kinds)
+    first = [0]  # 0, 1, n-1, 2, n-2, ...
+    low, high = 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[kinds[(shift + j) % n] for j in first] for shift in range(n)]
+    if n % 2:  # an odd n's square balances the neighbours only with its rows reversed
+        return rows + [row[::-1] for row in rows]
+    return rows + [[kinds[(shift - j) % n] for j in first] for shift in range(n)]  # the mirrored square
 
 
 @dataclass(frozen=True)
@@ -182,11 +228,69 @@ def rate_limit_use(gw: RunningGateway) -> dict[str, Any] | None:
     return admin_state(gw).get("rateLimits")
 
 
+@dataclass(frozen=True)
+class RunningPeer:
+    url: str
+    pid: int  # the proxy's one process
+    version: str  # "fastmcp X.Y.Z", as its /readyz says
+
+
+def fastmcp_python() -> Path:
+    return Path(os.environ.get(FASTMCP_VENV_ENV) or ROOT / ".venv-fastmcp") / "bin" / "python"
+
+
+@contextlib.contextmanager
+def fastmcp_proxy(backend_url: str) -> Iterator[RunningPeer]:
+    """bench/_fastmcp_proxy.py over ``backend_url`` on a loopback port, run by the python of
+    fastmcp's venv in isolated mode (-I: neither bench/ nor PYTHON* variables on its path, so
+    nothing of the project), stopped on exit; like the gateway, it dies with this process."""
+    script = ROOT / "bench" / "_fastmcp_proxy.py"
+    with tempfile.TemporaryDirectory(prefix="vmcp-fastmcp-") as tmp:
+        with serve_subprocess(lambda port: [str(fastmcp_python()), "-I", str(script), backend_url, str(port)],
+                              Path(tmp) / "fastmcp.log", worker=lambda pid: pid) as (base, pid):
+            yield RunningPeer(base + "/mcp", pid, requests.get(base + "/readyz", timeout=10).text.strip())
+
+
+def kind_of(mode: str) -> str:
+    """direct, before, after or fastmcp, of a mode name ``KIND-ERA``."""
+    return mode.split("-", 1)[0]
+
+
+def era_of(mode: str) -> str:
+    return mode.split("-", 1)[1]
+
+
+@contextlib.contextmanager
+def peer_for(backend_url: str, eras: Sequence[str],
+             targets: dict[str, tuple[str, str, bool]]) -> Iterator[RunningPeer | None]:
+    """The FastMCP proxy over the backend, its modes added to ``targets`` for each era it
+    serves (one echo call from a fresh client of that era tells); why not, printed, for an
+    era it cannot serve or if it does not start (then None)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            proxy = stack.enter_context(fastmcp_proxy(backend_url))
+        except (RuntimeError, OSError, requests.RequestException) as exc:
+            print(f"{PEER_LABEL}: not measured: it did not start: {exc}")
+            proxy = None
+        if proxy is None:
+            yield None
+            return
+        print(f"{PEER_LABEL}: {proxy.version}, create_proxy(backend URL) with its defaults, process {proxy.pid}")
+        for era in eras:
+            try:
+                with McpClient(proxy.url, modern=era == "modern") as probe:
+                    probe.initialize()
+                    echo(probe, "echo", "probe")
+            except Exception as exc:  # noqa: BLE001 - reported: the era is skipped, the run goes on
+                print(f"{PEER_LABEL}, {era} client ({ERA_LABELS[era]}): not measured: it cannot serve it: {exc!r}")
+                continue
+            targets[f"{PEER}-{era}"] = (proxy.url, "echo", era == "modern")
+        yield proxy
+
+
 def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
-                     eras: Sequence[str] = ("legacy",), setup: Setup = Setup()) -> list[Check]:
-    modes = [f"{mode}-{era}" for era in eras for mode in ("direct", *SIDES)]
-    orders = overhead_orders(eras)  # every mode in every position alike
-    per_round = max(1, calls // len(orders))
+                     eras: Sequence[str] = ("legacy",), setup: Setup = Setup(), peer: bool = False) -> list[Check]:
+    """``peer``: the FastMCP proxy over the same backend too (each era it can serve)."""
     with contextlib.ExitStack() as stack:
         backend = stack.enter_context(backend_process("sdk", "echo", "echo"))
         configs, idp = stack.enter_context(side_configs(setup))
@@ -196,15 +300,24 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
             print(f"{side}: gateway worker {gws[side].pid} runs {gws[side].source}")
         for line in setup.describe():
             print(line)
+        servers = {side: gws[side].pid for side in SIDES}  # kind: the process whose CPU is measured
         targets = {}  # mode: (url, tool, a 2026-07-28 client)
         for era in eras:
             targets[f"direct-{era}"] = (backend.mcp_url, "echo", era == "modern")
             for side in SIDES:
                 targets[f"{side}-{era}"] = (gws[side].url, "echo_echo", era == "modern")
+        proxy = stack.enter_context(peer_for(backend.mcp_url, eras, targets)) if peer else None
+        if proxy is not None:
+            servers[PEER] = proxy.pid
+        kinds = {era: [kind for kind in ("direct", *SIDES, PEER) if f"{kind}-{era}" in targets] for era in eras}
+        modes = [f"{kind}-{era}" for era in eras for kind in kinds[era]]
+        orders = overhead_orders(kinds)  # every mode in every position alike
+        per_round = max(1, calls // len(orders))
+        peer_per_round = max(1, per_round // PEER_CALL_DIVISOR)
 
         def headers(mode: str, index: int) -> dict[str, str]:
             """Thread ``index``'s user, the same one on both sides and in both eras."""
-            if idp is None or mode.startswith("direct-"):
+            if idp is None or kind_of(mode) not in SIDES:
                 return {}
             return {"Authorization": f"Bearer {idp.issue_token(f'bench-user-{index}', AUDIENCE, expires_in=3600)}"}
 
@@ -215,7 +328,7 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
         def warm(index: int) -> None:
             for mode, (_, tool, _modern) in targets.items():
                 clients[mode][index].initialize()
-                for i in range(WARMUP):
+                for i in range(PEER_WARMUP if kind_of(mode) == PEER else WARMUP):
                     echo(clients[mode][index], tool, f"w{i}")
 
         raise_failures(run_threads(threads, warm))
@@ -227,27 +340,28 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
 
         latencies: dict[str, list[float]] = {mode: [] for mode in modes}
         wall = dict.fromkeys(modes, 0.0)
-        cpu = dict.fromkeys(modes, 0.0)  # each gateway worker's CPU seconds while its mode was measured
+        cpu = dict.fromkeys(modes, 0.0)  # each gateway worker's (or proxy's) CPU seconds while its mode was measured
         backend_cpu = dict.fromkeys(modes, 0.0)  # the backend process's, each mode
         for mode in itertools.chain.from_iterable(orders):
             tool = targets[mode][1]
-            side = mode.split("-", 1)[0]
+            count = peer_per_round if kind_of(mode) == PEER else per_round
 
-            def work(index: int, mode: str = mode, tool: str = tool) -> list[float]:
+            def work(index: int, mode: str = mode, tool: str = tool, count: int = count) -> list[float]:
                 samples = []
-                for i in range(per_round):
+                for i in range(count):
                     started = time.perf_counter()
                     echo(clients[mode][index], tool, f"{index}-{i}")
                     samples.append(time.perf_counter() - started)
                 return samples
 
-            cpu_before = gws[side].cpu_seconds() if side in gws else None
+            server = servers.get(kind_of(mode))
+            cpu_before = process_cpu_seconds(server) if server is not None else None
             backend_before = process_cpu_seconds(backend.pid)
             started = time.perf_counter()
             results = run_threads(threads, work, timeout=60)
             wall[mode] += time.perf_counter() - started
             if cpu_before is not None:
-                cpu[mode] += gws[side].cpu_seconds() - cpu_before
+                cpu[mode] += process_cpu_seconds(server) - cpu_before
             backend_cpu[mode] += process_cpu_seconds(backend.pid) - backend_before
             try:
                 raise_failures(results)
@@ -259,6 +373,8 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
         sequential: dict[str, list[float]] = {mode: [] for mode in modes}
         for i in range(SEQUENTIAL_CALLS):
             for mode in orders[i % len(orders)]:
+                if kind_of(mode) == PEER and i % PEER_SEQUENTIAL_EVERY:
+                    continue
                 started = time.perf_counter()
                 echo(clients[mode][0], targets[mode][1], f"s{i}")
                 sequential[mode].append(time.perf_counter() - started)
@@ -267,21 +383,25 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
     conc = {mode: Stats.of(samples) for mode, samples in latencies.items()}
     seq = {mode: Stats.of(samples) for mode, samples in sequential.items()}
     rate = {mode: len(latencies[mode]) / wall[mode] for mode in modes}
-    gw_modes = [f"{side}-{era}" for era in eras for side in SIDES]
-    cpu_ms = {mode: cpu[mode] / len(latencies[mode]) * 1000 for mode in gw_modes}
+    proxied = [mode for mode in modes if kind_of(mode) != "direct"]
+    cpu_ms = {mode: cpu[mode] / len(latencies[mode]) * 1000 for mode in proxied}
     backend_ms = {mode: backend_cpu[mode] / len(latencies[mode]) * 1000 for mode in modes}
-    over_conc = {mode: conc[mode].p50 - conc[f"direct-{mode.split('-', 1)[1]}"].p50 for mode in gw_modes}
-    over_seq = {mode: seq[mode].p50 - seq[f"direct-{mode.split('-', 1)[1]}"].p50 for mode in gw_modes}
-    ratio = {mode: rate[mode] / rate[f"direct-{mode.split('-', 1)[1]}"] for mode in gw_modes}
+    over_conc = {mode: conc[mode].p50 - conc[f"direct-{era_of(mode)}"].p50 for mode in proxied}
+    over_seq = {mode: seq[mode].p50 - seq[f"direct-{era_of(mode)}"].p50 for mode in proxied}
+    ratio = {mode: rate[mode] / rate[f"direct-{era_of(mode)}"] for mode in proxied}
+    peer_modes = [mode for mode in modes if kind_of(mode) == PEER]
 
-    print(f"\nconcurrent ({threads} threads, {len(latencies[modes[0]])} calls per mode, "
-          f"{len(orders)} rounds per mode: every order of direct/before/after"
+    print(f"\nconcurrent ({threads} threads, {len(latencies[modes[0]])} calls per mode"
+          + "".join(f", {mode} {len(latencies[mode])}" for mode in peer_modes) + f"; {len(orders)} rounds per mode: "
+          + ("each era's modes in the orders of two Williams Latin squares" if peer_modes
+             else "every order of direct/before/after")
           + (", the eras in both orders)" if len(eras) > 1 else ")"))
     print(table(["mode", "p50", "p99", "mean", "throughput", "gateway CPU per call", "backend CPU per call"], [
         (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{rate[mode]:.0f} calls/s",
          f"{cpu_ms[mode]:.2f} ms" if mode in cpu_ms else "", f"{backend_ms[mode]:.2f} ms")
         for mode, s in conc.items()]))
-    print(f"\nsequential (1 thread, {SEQUENTIAL_CALLS} calls per mode)")
+    print(f"\nsequential (1 thread, {SEQUENTIAL_CALLS} calls per mode"
+          + "".join(f", {mode} {len(sequential[mode])}" for mode in peer_modes) + ")")
     print(table(["mode", "p50", "p99", "mean", "min"], [
         (mode, f"{s.p50:.2f} ms", f"{s.p99:.2f} ms", f"{s.mean:.2f} ms", f"{s.min:.2f} ms")
         for mode, s in seq.items()]))
@@ -348,6 +468,27 @@ def compare_overhead(trees: Mapping[str, Path], threads: int, calls: int,
         gap = over_seq["after-modern"] - over_seq["after-legacy"]
         checks.append(Check("after: modern p50 overhead (sequential) minus legacy's", f"{gap:+.2f} ms",
                             "<= +0.00 ms", gap <= 0.0))
+    for mode in peer_modes:
+        era = era_of(mode)
+        a = f"after-{era}"
+        print(f"\n{PEER_LABEL} ({proxy.version}) vs the gateway (after), {era} client ({ERA_LABELS[era]})")
+        print(table(["measure", PEER_LABEL, "gateway (after)", "after / FastMCP"], [
+            (f"throughput, {threads} threads", f"{rate[mode]:.1f} calls/s", f"{rate[a]:.0f} calls/s",
+             f"{rate[a] / rate[mode]:.1f}"),
+            ("throughput / direct", f"{ratio[mode]:.3f}", f"{ratio[a]:.2f}", ""),
+            ("p50 overhead over direct, sequential", f"{over_seq[mode]:.2f} ms", f"{over_seq[a]:.2f} ms",
+             f"{over_seq[a] / over_seq[mode]:.3f}"),
+            (f"p50 overhead over direct, {threads} threads", f"{over_conc[mode]:.2f} ms", f"{over_conc[a]:.2f} ms",
+             f"{over_conc[a] / over_conc[mode]:.3f}"),
+            ("CPU per call (its process)", f"{cpu_ms[mode]:.2f} ms", f"{cpu_ms[a]:.2f} ms",
+             f"{cpu_ms[a] / cpu_ms[mode]:.3f}"),
+            ("backend CPU per call", f"{backend_ms[mode]:.2f} ms", f"{backend_ms[a]:.2f} ms",
+             f"{backend_ms[a] / backend_ms[mode]:.3f}"),
+        ]))
+        record(f"{era}, {PEER}: throughput proxy / direct", round(ratio[mode], 4))
+        record(f"{era}, {PEER}: p50 overhead sequential ms", round(over_seq[mode], 3))
+        record(f"{era}, {PEER}: CPU per call ms", round(cpu_ms[mode], 3))
+        record(f"{era}: throughput after / {PEER}", round(rate[a] / rate[mode], 2))
     return checks
 
 
@@ -464,6 +605,9 @@ def main() -> None:
                         help="overhead: both sides keep their records in a local redis-server")
     parser.add_argument("--users", action="store_true",
                         help="overhead: both sides behind OIDC (a local IdP), a user per client thread")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="overhead: leave out the FastMCP proxy (measured when scripts/install-fastmcp's "
+                             "venv exists)")
     parser.add_argument("benchmarks", nargs="*", metavar="NAME", default=["overhead"],
                         help="overhead (default) and/or any bench.NAME that reports targets, e.g. threads, "
                              "discovery_eras")
@@ -485,6 +629,14 @@ def main() -> None:
     if (after_config or args.redis or args.users) and set(args.benchmarks) != {"overhead"}:
         parser.error("--after-config, --redis and --users are options of overhead only")
 
+    peer = "overhead" in args.benchmarks and not args.no_peer and fastmcp_python().exists()
+    peer_lines = []
+    if "overhead" in args.benchmarks and not args.no_peer:
+        venv = fastmcp_python().parents[1]
+        peer_lines.append(f"peer in overhead: the {PEER_LABEL}, run by {venv}" if peer else
+                          f"peer in overhead: the {PEER_LABEL} skipped: no {venv} "
+                          "(scripts/install-fastmcp installs it)")
+
     before = resolve(args.ref)
     after = resolve(args.after_ref) if args.after_ref else None
     labels = {"before": f"{args.ref} = {before[:8]}",
@@ -494,6 +646,7 @@ def main() -> None:
         f"after: {labels['after']}" + ("" if after else f" ({ROOT}, served from it)"),
         f"benchmarks: {', '.join(args.benchmarks)}" + (f"; passed on: {' '.join(passed_on)}" if passed_on else ""),
         *([f"--after-config {args.after_config}"] if args.after_config else []), *setup.describe(),
+        *peer_lines,
     ])
 
     def body() -> list[Check]:
@@ -503,9 +656,9 @@ def main() -> None:
                      "after": stack.enter_context(extracted(after)) if after else ROOT}
             for name in args.benchmarks:  # each with its own watchdog
                 if name == "overhead":
-                    faulthandler.dump_traceback_later(WATCHDOG_SECONDS * len(eras), exit=True)
+                    faulthandler.dump_traceback_later(WATCHDOG_SECONDS * (len(eras) + peer), exit=True)
                     print(f"\n######## overhead: before ({labels['before']}) vs after ({labels['after']}) ########\n")
-                    checks += compare_overhead(trees, args.threads, args.calls, eras, setup)
+                    checks += compare_overhead(trees, args.threads, args.calls, eras, setup, peer)
                 else:
                     faulthandler.dump_traceback_later(args.rounds * 2 * (SCRIPT_TIMEOUT + 30), exit=True)
                     checks += compare_script(name, trees, labels, args.rounds, passed_on)

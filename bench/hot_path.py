@@ -3,9 +3,11 @@
 The gateway (``vmcp-actors serve``: gunicorn gthread, one worker) over the echo tool of one
 official-SDK backend in its own process; one client thread sends echo calls one after the
 other, as a 2025-11-25 session and as a 2026-07-28 client (each phase on its own). py-spy
-samples the gunicorn worker (every thread, idle waits left out) while the calls run, and
-each sample is put in one layer by the innermost frame that names one (the first rule in
-``LAYERS`` that matches, from the innermost frame out):
+samples the gunicorn worker while the calls run, only the thread that holds the GIL
+(``--gil``: Python at work; a thread blocked in a read, a poll or a lock wait holds none,
+and py-spy's own idle test counts those waits as work here), and each sample is put in one
+layer by the innermost frame that names one (the first rule in ``LAYERS`` that matches,
+from the innermost frame out):
 
 * JSON: ``json`` and ``orjson`` (encoding and decoding, whoever calls them);
 * sockets and selectors: the syscalls of both hops (client and backend), whoever makes them;
@@ -17,7 +19,9 @@ each sample is put in one layer by the innermost frame that names one (the first
   its client's own code), protocol, concurrency / pooled / metrics / tracing; pykka;
 * anything else (the rest of the standard library, the interpreter).
 
-The worker's CPU per call (from /proc, over the phase) is split by those shares.
+The worker's CPU per call (from /proc, over the phase) is split in two: its system time
+(the kernel's side of the syscalls) and its user time, split by those shares (``perf``
+shows that user time is the interpreter's: 85 % of the worker's samples are libpython).
 
     .venv/bin/python -m bench.hot_path [--calls 2000] [--rate 997]
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -82,7 +87,8 @@ def profile(pid: int, seconds_hint: float, rate: int, out: Path, work) -> None:
     """py-spy records ``pid`` while ``work()`` runs (started first, stopped after)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     recorder = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
-                                 "--output", str(out), "--nonblocking", "--duration", str(int(seconds_hint) + 60)],
+                                 "--output", str(out), "--nonblocking", "--gil",
+                                 "--duration", str(int(seconds_hint) + 60)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(1.0)  # py-spy attaches: a start-up delay, not an event we can wait on
     try:
@@ -104,7 +110,7 @@ def shares(raw: Path) -> collections.Counter[str]:
 def body(calls: int, rate: int, raw_dir: Path | None) -> list:
     print_header("hot path: one echo call's gateway CPU by layer (py-spy)", "gunicorn",
                  ["backend: the SDK echo in its own process", f"{calls} calls per phase, one thread",
-                  f"py-spy --rate {rate}, idle threads left out"])
+                  f"py-spy --rate {rate} --gil: the thread holding the GIL"])
     with contextlib.ExitStack() as stack:
         backend = stack.enter_context(backend_process("sdk", "echo", "echo"))
         gw = stack.enter_context(gateway({"echo": backend.mcp_url}))
@@ -118,10 +124,12 @@ def body(calls: int, rate: int, raw_dir: Path | None) -> list:
             measured = {}
 
             def work() -> None:
-                cpu, began = gw.cpu_seconds(), time.perf_counter()
+                (user, system), began = _user_and_system(gw.pid), time.perf_counter()
                 for i in range(calls):
                     client.call_tool("echo_echo", {"text": f"c{i}"})
-                measured["cpu"], measured["wall"] = gw.cpu_seconds() - cpu, time.perf_counter() - began
+                user_after, system_after = _user_and_system(gw.pid)
+                measured["user"], measured["system"] = user_after - user, system_after - system
+                measured["wall"] = time.perf_counter() - began
 
             profile(gw.pid, calls * 0.01, rate, out, work)
             counts = shares(out)
@@ -129,13 +137,20 @@ def body(calls: int, rate: int, raw_dir: Path | None) -> list:
                 raw_dir.mkdir(parents=True, exist_ok=True)
                 shutil.copy(out, raw_dir / out.name)
             total = sum(counts.values()) or 1
-            cpu_ms = measured["cpu"] * 1000 / calls
-            print(f"\n{phase}: {cpu_ms:.2f} ms of gateway worker CPU per call "
-                  f"({measured['wall'] * 1000 / calls:.2f} ms wall per call), {total} samples")
-            layer_rows = [[layer, f"{count / total:.1%}", f"{cpu_ms * count / total:.3f} ms"]
+            user_ms, system_ms = (measured[part] * 1000 / calls for part in ("user", "system"))
+            print(f"\n{phase}: {user_ms + system_ms:.2f} ms of gateway worker CPU per call ({user_ms:.2f} user, "
+                  f"{system_ms:.2f} system; {measured['wall'] * 1000 / calls:.2f} ms wall per call), "
+                  f"{total} samples")
+            layer_rows = [[layer, f"{count / total:.1%}", f"{user_ms * count / total:.3f} ms"]
                           for layer, count in counts.most_common()]
-            print(table(["layer", "share of samples", "CPU per call"], layer_rows))
+            layer_rows.append(["system time (the kernel's side of the syscalls)", "", f"{system_ms:.3f} ms"])
+            print(table(["layer", "share of GIL samples", "CPU per call"], layer_rows))
     return []
+
+
+def _user_and_system(pid: int) -> tuple[float, float]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
