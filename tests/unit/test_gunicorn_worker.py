@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 
 import pytest
 from gunicorn.config import Config
-from gunicorn.workers.gthread import TConn
+from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from tests.gateway import wait_until
 from vmcp_actors.web import worker as worker_module
 from vmcp_actors.web.worker import LingeringThreadWorker
 
@@ -100,3 +102,31 @@ def test_a_thread_lingers_while_the_pool_has_room(pair, monkeypatch):
     assert worker._next_request_came(conn) is False
     assert time.monotonic() - began >= 0.015, "it waited its linger"
     assert worker._lingering == 1, "and gave its slot back"
+
+
+def test_a_request_for_the_pool_ends_a_linger_at_once(pair, monkeypatch):
+    """Work that comes in while a thread lingers wakes that thread, which hands its own
+    connection back (False) to take the work, instead of making it wait out the linger."""
+    conn, _client = pair
+    monkeypatch.setattr(worker_module, "LINGER", LONG_LINGER)
+    monkeypatch.setattr(ThreadWorker, "enqueue_req", lambda self, conn: None)  # the pool itself is not under test
+    worker = make_worker(threads=8)
+    outcome: dict[str, object] = {}
+
+    def linger() -> None:
+        began = time.monotonic()
+        outcome["came"] = worker._next_request_came(conn)
+        outcome["took"] = time.monotonic() - began
+
+    lingering = threading.Thread(target=linger)
+    lingering.start()
+    wait_until(lambda: worker._lingering == 1, timeout=LONG_LINGER / 2)
+    worker.enqueue_req(object())
+    lingering.join(timeout=LONG_LINGER * 2)
+    assert outcome["came"] is False and outcome["took"] < LONG_LINGER / 2
+    assert (worker._lingering, worker._waiting, worker._to_wake) == (0, 1, {})
+    worker._waiting = 0
+    monkeypatch.setattr(worker_module, "LINGER", 0.05)
+    began = time.monotonic()
+    assert worker._next_request_came(conn) is False
+    assert time.monotonic() - began >= 0.04, "the next linger is not cut short by the old poke"

@@ -33,7 +33,7 @@ from requests.utils import (
     prepend_scheme_if_needed,
     select_proxy,
 )
-from urllib3 import HTTPHeaderDict, HTTPResponse
+from urllib3 import HTTPResponse
 from urllib3.util import make_headers
 
 from vmcp_actors import __version__
@@ -228,6 +228,11 @@ class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
 
 
 _WATCHED_POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+# Headers of the transport itself: set per request, never taken from a backend's headers.
+_TRANSPORT_HEADERS = frozenset(name.lower() for name in ("Accept", "Content-Type", "Last-Event-ID", SESSION_HEADER,
+                                                         PROTOCOL_VERSION_HEADER))
+# Sent once: a backend that fails is failed, not asked again (a retry is the channel's choice).
+_NO_RETRIES = urllib3.Retry(False, redirect=False)
 # What every request says unless the backend's headers say otherwise.
 _DEFAULT_HEADERS = {
     "User-Agent": f"vmcp-actors/{__version__}",
@@ -268,8 +273,9 @@ class _Route:
 
     def open(self, method: str, headers: Mapping[str, str], body: bytes | None, timeout: float,
              url: str | None) -> HTTPResponse:
-        options = dict(body=body, headers=headers, retries=False, redirect=False, timeout=urllib3.Timeout(timeout),
-                       preload_content=False, decode_content=False)
+        options = dict(body=body, headers=headers, retries=_NO_RETRIES, redirect=False,
+                       timeout=urllib3.Timeout(connect=timeout, read=timeout), preload_content=False,
+                       decode_content=False)
         if self._pool is not None and url is None:
             return self._pool.urlopen(method, self._path, assert_same_host=False, release_conn=False, **options)
         return self._manager.urlopen(method, self._url if url is None else url, **options)
@@ -374,8 +380,12 @@ class McpHttpClient:
     ):
         self._name = backend_name
         self._breaker = breaker  # the backend's circuit, shared by every user (None: no breaker)
-        self._static_headers = HTTPHeaderDict(_DEFAULT_HEADERS)
-        self._static_headers.update(headers or {})
+        # The headers every request carries, by their lower-case name (the last given wins),
+        # without the transport's own, which each request sets.
+        merged = {name.lower(): (name, value) for name, value in {**_DEFAULT_HEADERS, **(headers or {})}.items()}
+        self._static_headers = {name: value for lowered, (name, value) in merged.items()
+                                if lowered not in _TRANSPORT_HEADERS}
+        self._static_names = {lowered: name for lowered, (name, _) in merged.items()}
         # Proxy and CA settings are read once (requests re-read them and ~/.netrc on every
         # call; netrc credentials would go to any backend listed there). No cookie jar:
         # MCP carries its session in a header, and a cookie is not replayed.
@@ -612,16 +622,22 @@ class McpHttpClient:
 
     def _headers(
         self, session_id: str | None, protocol_version: str | None, extra: Mapping[str, str] | None
-    ) -> HTTPHeaderDict:
+    ) -> dict[str, str]:
         headers = self._static_headers.copy()
         if extra:
-            headers.update(extra)
-        # Transport headers last: static or extra headers cannot clobber them.
+            given: dict[str, str] = {}  # lower-case name -> the name it was last given as
+            for name, value in extra.items():
+                lowered = name.lower()
+                if lowered in _TRANSPORT_HEADERS:
+                    continue  # the transport's own headers are not the caller's to set
+                shadowed = given.get(lowered, self._static_names.get(lowered))
+                if shadowed is not None and shadowed != name:
+                    headers.pop(shadowed, None)
+                given[lowered] = name
+                headers[name] = value
         headers["Accept"] = _ACCEPT
         if session_id is not None:
             headers[SESSION_HEADER] = session_id
-        else:
-            headers.pop(SESSION_HEADER, None)
         if protocol_version is not None:
             headers[PROTOCOL_VERSION_HEADER] = protocol_version
         return headers

@@ -3,6 +3,10 @@
 Thin on purpose: HTTP checks, the JSON-RPC envelope, identity; the edge's McpService
 runs the request and this writes the Answer it is given, as JSON or SSE, and closes it
 however the response ends (the answer's lifetime lets go of what the request held).
+
+A POST to /mcp, the request every tool call is, skips Flask's request machinery
+(``McpPosts``, the app's WSGI entry): the same checks, in the same order, by the same
+functions, on a werkzeug request.
 """
 
 from __future__ import annotations
@@ -11,8 +15,12 @@ import logging
 import time
 from dataclasses import replace
 
-from flask import Blueprint, Response, current_app, g, request
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flask import Blueprint, Flask, Response, g, request
 from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.wrappers import Request
 
 from vmcp_actors.edge._auth import (
     AuthError,
@@ -22,6 +30,7 @@ from vmcp_actors.edge._auth import (
 from vmcp_actors.edge._modern import WatchHangup
 from vmcp_actors.edge._service import Answer
 from vmcp_actors.identity import Identity, anonymous_with
+from vmcp_actors.runtime import Runtime
 from vmcp_actors.metrics import record_request
 from vmcp_actors.protocol import (
     INTERNAL_ERROR,
@@ -41,8 +50,8 @@ from vmcp_actors.protocol.mcp import (
 from vmcp_actors.tracing import request_span, tracing_on
 from vmcp_actors.users._gateway import short_id
 from vmcp_actors.web._hangups import process_hangups, request_socket
-from vmcp_actors.web._installed import current_runtime
-from vmcp_actors.web._responses import json_response, rpc_error
+from vmcp_actors.web._installed import EXTENSION_KEY, current_runtime
+from vmcp_actors.web._responses import error_answer, json_response, rpc_error
 from vmcp_actors.web._security import host_allowed, origin_allowed
 from vmcp_actors.web.wellknown import advertised_scopes, resource_metadata_url
 
@@ -61,10 +70,9 @@ CORS_EXPOSED = f"{SESSION_HEADER}, {PROTOCOL_VERSION_HEADER}, WWW-Authenticate, 
 CORS_MAX_AGE = "600"
 
 
-def _cors_origin() -> str | None:
+def _cors_origin(runtime: Runtime, origin: str | None) -> str | None:
     """The request's Origin when it is one the operator listed for browser hosts."""
-    origin = request.headers.get("Origin")
-    return origin if origin is not None and origin in current_runtime().config.operational.allowed_origins else None
+    return origin if origin is not None and origin in runtime.config.operational.allowed_origins else None
 
 
 @bp.before_request
@@ -72,7 +80,7 @@ def answer_preflight() -> Response | None:
     """A browser's CORS preflight, before anything asks for credentials (it carries none)."""
     if request.method != "OPTIONS":
         return None
-    origin = _cors_origin()
+    origin = _cors_origin(current_runtime(), request.headers.get("Origin"))
     response = Response(status=204)
     response.headers["Vary"] = "Origin"
     if origin is None:
@@ -88,7 +96,11 @@ def answer_preflight() -> Response | None:
 
 @bp.after_request
 def allow_listed_origin(response: Response) -> Response:
-    origin = _cors_origin()
+    return _with_cors(response, current_runtime(), request.headers.get("Origin"))
+
+
+def _with_cors(response: Response, runtime: Runtime, origin_header: str | None) -> Response:
+    origin = _cors_origin(runtime, origin_header)
     if origin is not None and "Access-Control-Allow-Origin" not in response.headers:
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED
@@ -98,8 +110,11 @@ def allow_listed_origin(response: Response) -> Response:
 
 @bp.before_request
 def protect_from_dns_rebinding() -> Response | None:
-    runtime = current_runtime()
-    if not host_allowed(runtime, request.host) or not origin_allowed(runtime, request.headers.get("Origin")):
+    return _rebinding_refusal(current_runtime(), request)
+
+
+def _rebinding_refusal(runtime: Runtime, asked: Request) -> Response | None:
+    if not host_allowed(runtime, asked.host) or not origin_allowed(runtime, asked.headers.get("Origin")):
         return rpc_error(403, INVALID_REQUEST, "Forbidden: Host or Origin not allowed")
     return None
 
@@ -108,25 +123,37 @@ def protect_from_dns_rebinding() -> Response | None:
 def authenticate() -> Response | None:
     """Who is calling, before anything of the request is parsed. The views pass the
     identity on explicitly; nothing below the web layer reads it from here."""
-    runtime = current_runtime()
+    identity = _caller(current_runtime(), request)
+    if isinstance(identity, Response):
+        return identity
+    g.vmcp_identity = identity
+    return None
+
+
+def _caller(runtime: Runtime, asked: Request) -> Identity | Response:
+    """Who is calling, or the refusal to answer (once: checking a token may end its grant)."""
     try:
-        identity = runtime.authenticator.authenticate(request.headers.get("Authorization"))
+        identity = runtime.authenticator.authenticate(asked.headers.get("Authorization"))
     except AuthError as error:
         response = json_response({"error": error.error or "unauthorized", "error_description": error.reason}, 401)
-        response.headers["WWW-Authenticate"] = www_authenticate(resource_metadata_url(), error, advertised_scopes())
-        _log(request.method, request.headers.get(SESSION_HEADER), time.monotonic(), 401)
+        response.headers["WWW-Authenticate"] = www_authenticate(
+            resource_metadata_url(runtime, asked.host_url), error, advertised_scopes(runtime))
+        _log(asked.method, asked.headers.get(SESSION_HEADER), time.monotonic(), 401)
         return response
     except IdentityProviderUnavailable:
         return rpc_error(503, INTERNAL_ERROR, "Service Unavailable: the identity provider cannot be reached")
+    return _with_forwarded(runtime, asked, identity)
+
+
+def _with_forwarded(runtime: Runtime, asked: Request, identity: Identity | None) -> Identity:
+    """The caller, with the headers the config passes through to backends."""
     forwarded = tuple(
-        (name, request.headers[name]) for name in runtime.config.outgoing_auth.passthrough_headers
-        if name in request.headers
+        (name, asked.headers[name]) for name in runtime.config.outgoing_auth.passthrough_headers
+        if name in asked.headers
     )
     if identity is None:
-        g.vmcp_identity = anonymous_with(forwarded)
-    else:
-        g.vmcp_identity = replace(identity, forwarded_headers=forwarded) if forwarded else identity
-    return None
+        return anonymous_with(forwarded)
+    return replace(identity, forwarded_headers=forwarded) if forwarded else identity
 
 
 @bp.get("/mcp")
@@ -151,34 +178,65 @@ def end_session() -> Response:
 
 @bp.post("/mcp")
 def post_message() -> Response:
+    return _post(request, current_runtime(), _identity())
+
+
+class McpPosts:
+    """The app's WSGI entry: a POST to /mcp is served here, on a werkzeug request, with the
+    checks Flask's hooks make for it (Host and Origin, identity, CORS) and the app's error
+    answers; any other request goes to Flask."""
+
+    def __init__(self, app: Flask):
+        self._flask = app.wsgi_app
+        self._runtime: Runtime = app.extensions[EXTENSION_KEY]
+        self._body_limit = app.config["MAX_CONTENT_LENGTH"]
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") != "/mcp":
+            return self._flask(environ, start_response)
+        asked = Request(environ)
+        asked.max_content_length = self._body_limit
+        runtime = self._runtime
+        try:
+            response = _rebinding_refusal(runtime, asked)
+            if response is None:
+                identity = _caller(runtime, asked)
+                response = identity if isinstance(identity, Response) else _post(asked, runtime, identity)
+        except Exception as error:  # noqa: BLE001 - answered as the app's error handlers answer it
+            response = error_answer(error)
+        return _with_cors(response, runtime, asked.headers.get("Origin"))(environ, start_response)
+
+
+def _post(asked: Request, runtime: Runtime, identity: Identity) -> Response:
     started = time.monotonic()
-    accept = request.accept_mimetypes  # quality() honours wildcards and q=0 refusals
+    accept = asked.accept_mimetypes  # quality() honours wildcards and q=0 refusals
     if accept.quality("application/json") <= 0 or accept.quality("text/event-stream") <= 0:
         return rpc_error(406, INVALID_REQUEST, "Not Acceptable: Accept must include application/json and text/event-stream")
-    if request.mimetype != "application/json":
+    if asked.mimetype != "application/json":
         return rpc_error(415, INVALID_REQUEST, "Unsupported Media Type: Content-Type must be application/json")
     try:
-        message = parse_message(_read_body())
+        message = parse_message(_read_body(asked))
     except JsonRpcError as error:
         return _write(Answer(400, error_response(None, error)), "-", started)
-    session_id = request.headers.get(SESSION_HEADER)
+    session_id = asked.headers.get(SESSION_HEADER)
     if not tracing_on():
-        return _answer(message, session_id, started)
+        return _answer(asked, runtime, identity, message, session_id, started)
     params = message.params if isinstance(message.params, dict) else {}
     target = params.get("uri" if message.method == "resources/read" else "name")
-    with request_span(message.method or message.kind, request.headers, {
+    with request_span(message.method or message.kind, asked.headers, {
             "mcp.method.name": message.method, "mcp.session.id": short_id(session_id) if session_id else None,
             "mcp.target": target if isinstance(target, str) else None}):
-        return _answer(message, session_id, started)
+        return _answer(asked, runtime, identity, message, session_id, started)
 
 
-def _answer(message: Message, session_id: str | None, started: float) -> Response:
-    answer = current_runtime().service.post(
-        message, _identity(), session_id, _field(PROTOCOL_VERSION_HEADER),
-        _field(METHOD_HEADER), _field(NAME_HEADER),
-        {name[len(PARAM_HEADER_PREFIX):].lower(): _ows(value) for name, value in request.headers.items()
+def _answer(asked: Request, runtime: Runtime, identity: Identity, message: Message, session_id: str | None,
+            started: float) -> Response:
+    answer = runtime.service.post(
+        message, identity, session_id, _field(asked, PROTOCOL_VERSION_HEADER),
+        _field(asked, METHOD_HEADER), _field(asked, NAME_HEADER),
+        {name[_PARAM_PREFIX_LENGTH:].lower(): _ows(value) for name, value in asked.headers.items()
          if name[:_PARAM_PREFIX_LENGTH].lower() == _PARAM_PREFIX},
-        _hangup_watch(),
+        _hangup_watch(asked),
     )
     return _write(answer, message.method or message.kind, started)
 
@@ -222,26 +280,26 @@ def _retry_after_of(body: dict | None) -> int | None:
     return seconds if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0 else None
 
 
-def _read_body() -> bytes:
+def _read_body(asked: Request) -> bytes:
     """The body, refusing more than MAX_CONTENT_LENGTH bytes (413) even without a Content-Length:
     werkzeug's limited stream stops quietly at the limit, which would parse a truncated body."""
-    if request.content_length is not None:
-        return request.get_data(cache=False)
-    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if asked.content_length is not None:
+        return asked.get_data(cache=False)
+    limit = asked.max_content_length
     chunks: list[bytes] = []
     size = 0
-    while chunk := request.stream.read(65536):
+    while chunk := asked.stream.read(65536):
         size += len(chunk)
-        if size > limit:
+        if limit is not None and size > limit:
             raise RequestEntityTooLarge()
         chunks.append(chunk)
-    if request.stream.read(1):  # data beyond the limit that the stream held back
+    if asked.stream.read(1):  # data beyond the limit that the stream held back
         raise RequestEntityTooLarge()
     return b"".join(chunks)
 
 
-def _hangup_watch() -> WatchHangup | None:
-    sock = request_socket(request.environ)
+def _hangup_watch(asked: Request) -> WatchHangup | None:
+    sock = request_socket(asked.environ)
     if sock is None:
         return None
     hangups = process_hangups()
@@ -252,8 +310,8 @@ def _ows(value: str) -> str:
     return value.strip(" \t")  # RFC 9110 5.5: a field value excludes the whitespace around it
 
 
-def _field(name: str) -> str | None:
-    value = request.headers.get(name)
+def _field(asked: Request, name: str) -> str | None:
+    value = asked.headers.get(name)
     return _ows(value) if value is not None else None
 
 

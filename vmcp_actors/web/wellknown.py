@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, request
 
 from vmcp_actors.edge._auth import protected_resource_metadata
+from vmcp_actors.runtime import Runtime
 from vmcp_actors.web._installed import current_runtime
 from vmcp_actors.web._responses import json_response
 
@@ -23,19 +24,20 @@ def resource_url() -> str:
     return request.host_url.rstrip("/") + "/mcp"
 
 
-def advertised_scopes() -> tuple[str, ...]:
+def advertised_scopes(runtime: Runtime) -> tuple[str, ...]:
     """The scopes a 401 names (RFC 6750 ``scope``), as the resource metadata lists them."""
-    incoming = current_runtime().config.incoming_auth
+    incoming = runtime.config.incoming_auth
     if incoming.oauth is not None:
         return incoming.oauth.advertised_scopes
     return incoming.oidc.scopes if incoming.oidc is not None else ()
 
 
-def resource_metadata_url() -> str:
-    oauth = current_runtime().config.incoming_auth.oauth
+def resource_metadata_url(runtime: Runtime, host_url: str) -> str:
+    """Where a 401 sends the client (``host_url``: this request's, ``https://host/``)."""
+    oauth = runtime.config.incoming_auth.oauth
     if oauth is not None:  # the public URL, whatever Host a proxy passed on
         return oauth.issuer + METADATA_PATH + "/mcp"
-    return request.host_url.rstrip("/") + METADATA_PATH
+    return host_url.rstrip("/") + METADATA_PATH
 
 
 @bp.get(METADATA_PATH)

@@ -41,7 +41,8 @@ class LingeringThreadWorker(ThreadWorker):
         self._busy = 0  # threads serving a connection (lingering ones included)
         self._lingering = 0  # threads waiting for their connection's next request
         self._to_wake: dict[int, int] = {}  # lingering threads not yet woken: thread id -> its wake pipe
-        self._linger_cap = max(1, self.cfg.threads // 4)
+        self._threads = self.cfg.threads  # read once: gunicorn's settings are looked up by name
+        self._linger_cap = max(1, self._threads // 4)
         self._wake_pipes = _WakePipes()
 
     def enqueue_req(self, conn: Any) -> None:
@@ -78,12 +79,15 @@ class LingeringThreadWorker(ThreadWorker):
             return False
         if conn.parser.unreader.buf.getvalue() or _pending_tls_bytes(conn.sock):
             return True  # already read ahead, or decrypted and held by TLS
-        woken, poke = self._wake_pipes.mine()
-        _drain(woken)  # a poke that came as this thread's last linger ended
+        pipe = self._wake_pipes.mine()
+        woken, poke = pipe.ends
+        if pipe.poked:  # its last linger was ended by a poke: empty the pipe of it
+            pipe.poked = False
+            _drain(woken)
         me = threading.get_ident()
         with self._load_lock:
             if (self._waiting or self._lingering >= self._linger_cap
-                    or self._busy > self.cfg.threads - self._linger_cap):
+                    or self._busy > self._threads - self._linger_cap):
                 return False
             self._lingering += 1
             self._to_wake[me] = poke
@@ -98,7 +102,15 @@ class LingeringThreadWorker(ThreadWorker):
         finally:
             with self._load_lock:
                 self._lingering -= 1
-                self._to_wake.pop(me, None)
+                pipe.poked = self._to_wake.pop(me, None) is None  # gone: taken by the thread that poked it
+
+
+class _WakePipe:
+    def __init__(self) -> None:
+        self.ends = os.pipe()  # (read end, write end)
+        for end in self.ends:
+            os.set_blocking(end, False)
+        self.poked = False  # a poke may be in it (only its thread reads or writes this)
 
 
 class _WakePipes:
@@ -106,16 +118,13 @@ class _WakePipes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards _made; never nested
-        self._made: list[tuple[int, int]] = []
+        self._made: list[_WakePipe] = []
         self._mine = threading.local()
 
-    def mine(self) -> tuple[int, int]:
-        """This thread's (read end, write end)."""
+    def mine(self) -> _WakePipe:
         pipe = getattr(self._mine, "pipe", None)
         if pipe is None:
-            pipe = self._mine.pipe = os.pipe()
-            for end in pipe:
-                os.set_blocking(end, False)
+            pipe = self._mine.pipe = _WakePipe()
             with self._lock:
                 self._made.append(pipe)
         return pipe
@@ -124,7 +133,7 @@ class _WakePipes:
         with self._lock:
             made, self._made = self._made, []
         for pipe in made:
-            for end in pipe:
+            for end in pipe.ends:
                 os.close(end)
 
 
