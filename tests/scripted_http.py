@@ -77,6 +77,10 @@ class _TrackedServer(socketserver.TCPServer):
     """127.0.0.1 on a port the system picks, a thread per connection; it keeps the threads
     and the sockets, so :meth:`stop` ends them all (and fails if a thread outlives it)."""
 
+    # Many clients connect at once in some tests: socketserver's backlog of 5 would refuse
+    # some under load, which is not what they test.
+    request_queue_size = 128
+
     def __init__(self, handler: type[socketserver.BaseRequestHandler], owner: Any,
                  tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), handler)

@@ -73,14 +73,14 @@ def test_a_client_that_hangs_up_while_the_thread_waits_ends_the_wait(pair, monke
     assert result is True and took < LONG_LINGER / 2
 
 
-@pytest.mark.parametrize("load", ["a request waits for a thread", "a quarter of the threads linger",
+@pytest.mark.parametrize("load", ["more requests wait than threads are free", "a quarter of the threads linger",
                                   "too few threads are free", "the worker is stopping"])
 def test_no_linger_when_other_work_needs_the_thread(pair, monkeypatch, load):
     conn, _client = pair
     monkeypatch.setattr(worker_module, "LINGER", LONG_LINGER)
     worker = make_worker(threads=8)  # lingering at most 2, and only while at most 6 are busy
-    if load == "a request waits for a thread":
-        worker._waiting = 1
+    if load == "more requests wait than threads are free":
+        worker._waiting, worker._busy = 3, 6
     elif load == "a quarter of the threads linger":
         worker._lingering = 2
     elif load == "too few threads are free":
@@ -104,13 +104,7 @@ def test_a_thread_lingers_while_the_pool_has_room(pair, monkeypatch):
     assert worker._lingering == 1, "and gave its slot back"
 
 
-def test_a_request_for_the_pool_ends_a_linger_at_once(pair, monkeypatch):
-    """Work that comes in while a thread lingers wakes that thread, which hands its own
-    connection back (False) to take the work, instead of making it wait out the linger."""
-    conn, _client = pair
-    monkeypatch.setattr(worker_module, "LINGER", LONG_LINGER)
-    monkeypatch.setattr(ThreadWorker, "enqueue_req", lambda self, conn: None)  # the pool itself is not under test
-    worker = make_worker(threads=8)
+def linger_in_thread(worker: LingeringThreadWorker, conn: TConn) -> tuple[threading.Thread, dict[str, object]]:
     outcome: dict[str, object] = {}
 
     def linger() -> None:
@@ -121,12 +115,36 @@ def test_a_request_for_the_pool_ends_a_linger_at_once(pair, monkeypatch):
     lingering = threading.Thread(target=linger)
     lingering.start()
     wait_until(lambda: worker._lingering == 1, timeout=LONG_LINGER / 2)
+    return lingering, outcome
+
+
+def test_a_request_for_the_pool_when_no_thread_is_free_ends_a_linger_at_once(pair, monkeypatch):
+    """Work that finds no free thread wakes a lingering one, which hands its own connection
+    back (False) to take the work, instead of making it wait out the linger."""
+    conn, _client = pair
+    monkeypatch.setattr(worker_module, "LINGER", LONG_LINGER)
+    monkeypatch.setattr(ThreadWorker, "enqueue_req", lambda self, conn: None)  # the pool itself is not under test
+    worker = make_worker(threads=8)
+    lingering, outcome = linger_in_thread(worker, conn)
+    worker._busy = 8  # every thread is serving (or lingering on) a connection
     worker.enqueue_req(object())
     lingering.join(timeout=LONG_LINGER * 2)
     assert outcome["came"] is False and outcome["took"] < LONG_LINGER / 2
     assert (worker._lingering, worker._waiting, worker._to_wake) == (0, 1, {})
-    worker._waiting = 0
+    worker._waiting, worker._busy = 0, 0
     monkeypatch.setattr(worker_module, "LINGER", 0.05)
     began = time.monotonic()
     assert worker._next_request_came(conn) is False
     assert time.monotonic() - began >= 0.04, "the next linger is not cut short by the old poke"
+
+
+def test_a_request_for_the_pool_with_threads_free_leaves_a_linger_alone(pair, monkeypatch):
+    """The control: a free thread takes the work, and the lingering one keeps waiting."""
+    conn, _client = pair
+    monkeypatch.setattr(worker_module, "LINGER", 0.3)
+    monkeypatch.setattr(ThreadWorker, "enqueue_req", lambda self, conn: None)
+    worker = make_worker(threads=8)
+    lingering, outcome = linger_in_thread(worker, conn)
+    worker.enqueue_req(object())
+    lingering.join(timeout=LONG_LINGER)
+    assert outcome["came"] is False and outcome["took"] >= 0.25

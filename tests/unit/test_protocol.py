@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 
@@ -10,8 +11,10 @@ from vmcp_actors.protocol import (
     JsonRpcError,
     encode_sse_event,
     iter_sse_events,
+    json_value,
     negotiate_protocol_version,
     parse_message,
+    wire_bytes,
 )
 
 
@@ -83,3 +86,45 @@ def test_sse_events_carry_id_and_retry_and_an_id_only_event_is_dispatched():
     text = "id: s-0\nretry: 500\ndata:\n\nid: s-1\ndata: {}\n\nretry: x\n\n"
     events = list(iter_sse_events(text.splitlines()))
     assert [(e.id, e.retry, e.data) for e in events] == [("s-0", 500, ""), ("s-1", None, "{}")]
+
+
+# ---------------------------------------------------------------- json's rules, orjson's speed
+
+
+@pytest.mark.parametrize("text, expected", [
+    (b'{"id": 123456789012345678901234567890}', {"id": 123456789012345678901234567890}),  # not a float
+    (b'{"id": -18446744073709551617}', {"id": -18446744073709551617}),
+    (b'{"x": 1e400}', {"x": math.inf}),
+    ('{"s": "\\ud800"}', {"s": "\ud800"}),  # a lone surrogate, as json reads it
+    ('{"a": 1}'.encode("utf-16"), {"a": 1}),
+    (b'{"a": 1, "a": 2}', {"a": 2}),
+    (b'{"text": "caf\\u00e9 \xc3\xa9"}', {"text": "café é"}),
+])
+def test_json_value_reads_what_json_reads_as_json_reads_it(text, expected):
+    assert json_value(text) == expected == json.loads(text)
+    assert type(json_value(text)) is type(json.loads(text))
+
+
+def test_json_value_reads_nan_as_json_does_and_refuses_what_json_refuses():
+    assert math.isnan(json_value(b"NaN"))
+    for bad in (b"{", b'{"a": 1,}', b"\xff", b'"\x01"'):
+        with pytest.raises(ValueError):
+            json.loads(bad)
+        with pytest.raises(ValueError):
+            json_value(bad)
+
+
+@pytest.mark.parametrize("value", [
+    {"jsonrpc": "2.0", "id": 2**70, "result": {}},
+    {"text": "\ud800"},
+    {"nested": {"é": [1, 2.5, None, True]}},
+    [[[[]]]],
+])
+def test_wire_bytes_says_what_json_says(value):
+    assert json.loads(wire_bytes(value)) == value
+
+
+def test_a_deeply_nested_body_is_a_parse_error_not_a_crash():
+    with pytest.raises(JsonRpcError) as info:
+        parse_message(b"[" * 100_000 + b"]" * 100_000)
+    assert info.value.code == PARSE_ERROR

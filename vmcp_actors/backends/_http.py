@@ -48,7 +48,7 @@ from vmcp_actors.exceptions import (
     BackendUnavailable,
 )
 from vmcp_actors.metrics import record_backend
-from vmcp_actors.protocol import wire_bytes
+from vmcp_actors.protocol import json_value, wire_bytes
 from vmcp_actors.protocol.mcp import (
     MODERN_PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,
@@ -889,7 +889,7 @@ class McpHttpClient:
 
     def _parse(self, data: bytes | str) -> dict:
         try:
-            msg = json.loads(data)
+            msg = json_value(data)
         except ValueError:  # includes UnicodeDecodeError
             raise BackendProtocolError(self._name, f"backend {self._name!r} sent invalid JSON") from None
         if not isinstance(msg, dict):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -10,14 +9,14 @@ from flask import Response
 from werkzeug.exceptions import HTTPException
 
 from vmcp_actors.edge._service import Unavailable
-from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError, error_response
+from vmcp_actors.protocol import INTERNAL_ERROR, INVALID_REQUEST, JsonRpcError, error_response, wire_bytes
 from vmcp_actors.users._store import StoreUnavailable
 
 logger = logging.getLogger("vmcp_actors.web")
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json", headers=headers)
+    return Response(wire_bytes(body), status=status, mimetype="application/json", headers=headers)
 
 
 def rpc_error(status: int, code: int, message: str, request_id: Any = None) -> Response:

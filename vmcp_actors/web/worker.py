@@ -8,11 +8,12 @@ moment on the connection itself and serves the next request when it comes within
 ``LINGER`` seconds, which is what a client making calls one after another does. A
 connection that stays quiet goes back to the poller as before.
 
-A thread lingers only while others are free for new work: no request is waiting for a
-thread, at most a quarter of the threads linger, and a quarter of them stay free besides
-(a client's standalone stream holds a thread for as long as it is open). A request that
-comes in for the pool while threads linger wakes one of them (its own pipe), which hands
-its connection back to the poller and takes that request: lingering never delays others.
+A thread lingers only while others are free for new work: the requests waiting for a
+thread do not outnumber the free ones, at most a quarter of the threads linger, and a
+quarter of them stay free besides (a client's standalone stream holds a thread for as long
+as it is open). A request that comes in for the pool when no thread is free wakes a
+lingering one (its own pipe), which hands its connection back to the poller and takes
+that request: lingering never delays others, and while threads are free it costs nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class LingeringThreadWorker(ThreadWorker):
     def enqueue_req(self, conn: Any) -> None:
         with self._load_lock:
             self._waiting += 1
-            wake = self._to_wake.popitem()[1] if self._to_wake else None
+            short = self._to_wake and self._waiting > self._threads - self._busy  # no thread free to take it
+            wake = self._to_wake.popitem()[1] if short else None
         if wake is not None:
             _poke(wake)
         super().enqueue_req(conn)
@@ -86,7 +88,7 @@ class LingeringThreadWorker(ThreadWorker):
             _drain(woken)
         me = threading.get_ident()
         with self._load_lock:
-            if (self._waiting or self._lingering >= self._linger_cap
+            if (self._waiting > self._threads - self._busy or self._lingering >= self._linger_cap
                     or self._busy > self._threads - self._linger_cap):
                 return False
             self._lingering += 1
