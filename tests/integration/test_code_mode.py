@@ -562,6 +562,12 @@ def test_a_call_the_gateway_stops_waiting_for_is_cancelled_at_its_backend(gatewa
     own call past the backend's timeout, and a script's call past toolCallTimeout, alike."""
     served = gateway({"operational": {"timeouts": {"default": "1s"}}}, toolCallTimeout="1s")
     session = served.initialize()
+
+    def discovered() -> bool:  # the backends' handshakes have the same 1 s: a loaded machine may need another go
+        schema = served.rpc(session, "tools/call", {"name": "get_tool_schema", "arguments": {"names": ["plain_hold"]}})
+        return "plain_hold" in json.dumps(schema.get("result", {}).get("structuredContent", {}))
+
+    assert wait_until(discovered, timeout=30, interval=0.2)
     direct = served.rpc(session, "tools/call", {"name": "plain_hold", "arguments": {"label": "timed-out-direct"}})
     assert direct["error"]["code"] == -32001
     assert flag("cancelled", "timed-out-direct").wait(10)  # not left running at the backend
