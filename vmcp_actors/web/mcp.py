@@ -234,15 +234,16 @@ def _answer(asked: Request, runtime: Runtime, identity: Identity, message: Messa
     answer = runtime.service.post(
         message, identity, session_id, _field(asked, PROTOCOL_VERSION_HEADER),
         _field(asked, METHOD_HEADER), _field(asked, NAME_HEADER),
-        {name[_PARAM_PREFIX_LENGTH:].lower(): _ows(value) for name, value in asked.headers.items()
-         if name[:_PARAM_PREFIX_LENGTH].lower() == _PARAM_PREFIX},
+        # werkzeug's header names, from the environ directly: Mcp-Param-X-Y is HTTP_MCP_PARAM_X_Y
+        {key[_PARAM_KEY_LENGTH:].replace("_", "-").lower(): _ows(value) for key, value in asked.environ.items()
+         if key.startswith(_PARAM_KEY)},
         _hangup_watch(asked),
     )
     return _write(answer, message.method or message.kind, started)
 
 
-_PARAM_PREFIX = PARAM_HEADER_PREFIX.lower()
-_PARAM_PREFIX_LENGTH = len(PARAM_HEADER_PREFIX)
+_PARAM_KEY = "HTTP_" + PARAM_HEADER_PREFIX.upper().replace("-", "_")
+_PARAM_KEY_LENGTH = len(_PARAM_KEY)
 
 
 def _write(answer: Answer, method: str, started: float) -> Response:
